@@ -1,0 +1,216 @@
+/* model.h: the checkpoint format, the model's structs, and the prototypes that
+ * run.c, tokenizer.c and the tests share.
+ *
+ * Dimension names used in every shape comment below (example values are
+ * llama2.c's stories15M):
+ *   dim        model width                          e.g. 288
+ *   hidden_dim SwiGLU inner width                   e.g. 768
+ *   n_layers   transformer blocks                   e.g. 6
+ *   n_heads    query heads                          e.g. 6
+ *   n_kv_heads key/value heads (GQA when < n_heads) e.g. 6
+ *   head_size  dim / n_heads                        e.g. 48
+ *   kv_dim     n_kv_heads * head_size               e.g. 288
+ *   rot_dim    rotated dims per head (<= head_size) e.g. 48
+ *   vocab_size tokens                               e.g. 32000
+ *   seq_len    training context                     e.g. 256
+ *   n_ctx      context this run allocates (--ctx; may exceed seq_len)
+ */
+#ifndef MODEL_H
+#define MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ------------------------------------------------------------------------
+ * Checkpoint format, version 1 ("LRPE")
+ *
+ * All values little-endian. A fixed 256-byte header, then the tensors as
+ * float32, each starting at a file offset that is a multiple of 64 bytes
+ * (zero padding between them). export.py (write_checkpoint, TENSOR_TABLE) is
+ * the only writer; run.c (weight_table) walks the same ordered table. Keep the
+ * two in step: reordering one without the other is a format change.
+ *
+ *  offset type    field             meaning
+ *    0    u32     magic             0x4550524c, the bytes "LRPE"
+ *    4    i32     version           1
+ *    8    i32     dim
+ *   12    i32     hidden_dim
+ *   16    i32     n_layers
+ *   20    i32     n_heads
+ *   24    i32     n_kv_heads        divides n_heads
+ *   28    i32     vocab_size
+ *   32    i32     seq_len           training context (the "L" of rope-spec.md)
+ *   36    i32     shared_classifier 1: logits use token_embedding; 0: wcls follows
+ *   40    i32     bos_id            e.g. 1
+ *   44    i32     eos_id            e.g. 2
+ *   48    i32     weight_type       0 = float32 (the only type of version 1)
+ *   52    i32     group_size        0 for float32 (room for quantized types)
+ *   56    f32     norm_eps          RMSNorm epsilon, e.g. 1e-5
+ *   60    f32     rope_theta        RoPE base b, e.g. 10000
+ *   64    i32     rope_layout       0 = interleaved pairs (2i, 2i+1), 1 = neox halves (i, i+rot/2)
+ *   68    i32     rot_dim           even, 2..head_size (partial rotary when < head_size)
+ *   72    i32     rope_scaling      0 none, 1 linear, 2 ntk, 3 dynamic, 4 yarn, 5 llama3
+ *   76    f32     rope_factor       scale s (1 = no scaling)
+ *   80    i32     rope_orig_ctx     original context for the scaling; 0 = seq_len
+ *   84    f32     yarn_beta_fast    default 32
+ *   88    f32     yarn_beta_slow    default 1
+ *   92    f32     yarn_attn_factor  0 = derive 0.1 ln s + 1
+ *   96    f32     llama3_low_freq   default 1
+ *  100    f32     llama3_high_freq  default 4
+ *  104..255       reserved, must be zero
+ *
+ * Tensors, in this order (shapes row-major; "L" = n_layers):
+ *   token_embedding  (vocab_size, dim)
+ *   rms_att_weight   (L, dim)
+ *   wq               (L, n_heads*head_size, dim)
+ *   wk               (L, kv_dim, dim)
+ *   wv               (L, kv_dim, dim)
+ *   wo               (L, dim, n_heads*head_size)
+ *   rms_ffn_weight   (L, dim)
+ *   w1               (L, hidden_dim, dim)    gate
+ *   w2               (L, dim, hidden_dim)    down
+ *   w3               (L, hidden_dim, dim)    up
+ *   rms_final_weight (dim)
+ *   wcls             (vocab_size, dim)       only when shared_classifier == 0
+ * The file size must equal the end of the last tensor exactly.
+ *
+ * The legacy llama2.c format (version 0, no magic) is read too: 7 int32
+ * (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a
+ * negative vocab_size means an unshared classifier), then float32 tensors in
+ * the order above with no padding, with two unused (seq_len, head_size/2)
+ * freq_cis tables between rms_final_weight and wcls. Its conventions are
+ * fixed: interleaved RoPE, base 10000, eps 1e-5, BOS 1, EOS 2.
+ * ------------------------------------------------------------------------ */
+
+#define CKPT_MAGIC 0x4550524cu /* "LRPE" read as a little-endian u32 */
+#define CKPT_VERSION 1
+#define CKPT_HEADER_BYTES 256
+#define CKPT_ALIGN 64
+#define LEGACY_HEADER_BYTES 28
+
+enum { WEIGHT_F32 = 0 };
+enum { ROPE_INTERLEAVED = 0, ROPE_NEOX = 1 };
+enum { ROPE_NONE = 0, ROPE_LINEAR, ROPE_NTK, ROPE_DYNAMIC, ROPE_YARN, ROPE_LLAMA3, ROPE_N_SCALINGS };
+
+typedef struct {
+    int dim;               // model width, e.g. 288
+    int hidden_dim;        // SwiGLU inner width, e.g. 768
+    int n_layers;          // e.g. 6
+    int n_heads;           // query heads, e.g. 6
+    int n_kv_heads;        // key/value heads, e.g. 6 (GQA when fewer than n_heads)
+    int vocab_size;        // e.g. 32000
+    int seq_len;           // training context in tokens, e.g. 256
+    int shared_classifier; // 1 = logits reuse token_embedding
+    int bos_id, eos_id;    // e.g. 1, 2
+    float norm_eps;        // RMSNorm epsilon, e.g. 1e-5
+    int version;           // 0 = legacy llama2.c file, 1 = ours
+} Config;
+
+/* RoPE parameters: the checkpoint's, then overridden by command-line flags.
+ * rope-spec.md is the reference for every field. */
+typedef struct {
+    double base;        // b, e.g. 10000
+    int layout;         // ROPE_INTERLEAVED | ROPE_NEOX
+    int rot_dim;        // d, rotated dims per head, even, <= head_size
+    int scaling;        // ROPE_NONE .. ROPE_LLAMA3
+    double factor;      // s, 1 = unscaled
+    int orig_ctx;       // L used by the scaling, e.g. seq_len
+    double beta_fast;   // YaRN, default 32
+    double beta_slow;   // YaRN, default 1
+    double attn_factor; // YaRN magnitude; 0 = 0.1 ln s + 1
+    double low_freq;    // Llama 3 low_freq_factor, default 1
+    double high_freq;   // Llama 3 high_freq_factor, default 4
+} RopeConfig;
+
+/* Pointers into the read-only mapping; never written, never freed one by one. */
+typedef struct {
+    const float *token_embedding;  // (vocab_size, dim)
+    const float *rms_att_weight;   // (n_layers, dim)
+    const float *wq;               // (n_layers, dim, dim)
+    const float *wk;               // (n_layers, kv_dim, dim)
+    const float *wv;               // (n_layers, kv_dim, dim)
+    const float *wo;               // (n_layers, dim, dim)
+    const float *rms_ffn_weight;   // (n_layers, dim)
+    const float *w1;               // (n_layers, hidden_dim, dim)
+    const float *w2;               // (n_layers, dim, hidden_dim)
+    const float *w3;               // (n_layers, hidden_dim, dim)
+    const float *rms_final_weight; // (dim)
+    const float *wcls;             // (vocab_size, dim); == token_embedding when shared
+} Weights;
+
+/* Activations for one token, the KV cache and the RoPE table. Owned by
+ * Transformer; allocated in build_transformer, freed in free_transformer. */
+typedef struct {
+    float *x;           // (dim) residual stream
+    float *xb;          // (dim) normalized input / attention output
+    float *xb2;         // (dim) projection output before the residual add
+    float *hb;          // (hidden_dim) gate, then SwiGLU output
+    float *hb2;         // (hidden_dim) up projection
+    float *q;           // (dim) query heads
+    float *k;           // (kv_dim) this token's key
+    float *v;           // (kv_dim) this token's value
+    float *att;         // (n_heads, n_ctx) attention weights
+    float *logits;      // (vocab_size)
+    float *key_cache;   // (n_layers, n_ctx, kv_dim), keys already rotated
+    float *value_cache; // (n_layers, n_ctx, kv_dim)
+    float *rope_cos;    // (n_ctx, rot_dim/2), multiplied by attn factor
+    float *rope_sin;    // (n_ctx, rot_dim/2), multiplied by attn factor
+} RunState;
+
+typedef struct {
+    Config config;
+    RopeConfig rope;
+    int n_ctx;          // positions this run can hold (KV cache and table rows)
+    Weights weights;
+    RunState state;
+    void *mapping;      // the whole checkpoint file, mmap'd read-only
+    size_t file_size;
+} Transformer;
+
+/* ------------------------------------------------------------------------
+ * Tokenizer (tokenizer.c): llama2.c's tokenizer.bin layout
+ *   i32 max_token_length
+ *   vocab_size times: f32 score, i32 len, len bytes (no terminator)
+ * ------------------------------------------------------------------------ */
+
+typedef struct {
+    char **vocab;        // (vocab_size) NUL-terminated piece bytes
+    int *vocab_len;      // (vocab_size) piece lengths in bytes
+    float *scores;       // (vocab_size) merge priority, higher merges first
+    int vocab_size;
+    int max_token_length;
+    int byte_offset;     // id of "<0x00>", or -1 when the vocabulary has no byte tokens
+    unsigned char *mergeable; // (vocab_size) 1 = a normal piece BPE may produce
+    int *sorted_ids;     // (vocab_size) ids of mergeable pieces sorted by bytes, for lookup
+    int n_sorted;
+    int bos_id, eos_id;
+} Tokenizer;
+
+/* Streaming decode state: bytes of a UTF-8 sequence not yet complete. */
+typedef struct {
+    unsigned char pending[4];
+    int n_pending;
+} DecodeState;
+
+/* Load path, check it holds exactly vocab_size entries. On failure returns -1
+ * and writes a one-line message (naming the file, expected and actual) to err. */
+int tokenizer_build(Tokenizer *t, const char *path, int vocab_size, int bos_id, int eos_id,
+                    char *err, size_t err_len);
+void tokenizer_free(Tokenizer *t);
+/* Upper bound on the ids tokenizer_encode writes for n_bytes of text. */
+size_t tokenizer_bound(size_t n_bytes);
+/* Encode text[0..n_bytes) like sentencepiece (dummy prefix, BPE by score,
+ * byte fallback), optionally with BOS first and EOS last. tokens must hold
+ * tokenizer_bound(n_bytes). Returns the number of ids, or -1 if out of memory. */
+int tokenizer_encode(const Tokenizer *t, const char *text, size_t n_bytes, int add_bos, int add_eos,
+                     int *tokens);
+/* Upper bound on the bytes one tokenizer_decode call writes. */
+size_t tokenizer_decode_bound(const Tokenizer *t);
+/* Append the text of `token` (following `prev`) to out, printing only whole
+ * UTF-8 code points; returns the number of bytes written. */
+size_t tokenizer_decode(const Tokenizer *t, DecodeState *st, int prev, int token, char *out);
+/* Emit what is still pending at the end of a stream (as U+FFFD per byte). */
+size_t tokenizer_decode_flush(DecodeState *st, char *out);
+
+#endif
