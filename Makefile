@@ -1,0 +1,77 @@
+# Makefile: flat, one recipe per target. `make` builds ./run; `make test` runs
+# every test; `make help` lists the rest. CC and PYTHON can be overridden:
+#   make CC=clang PYTHON=python3
+CC ?= cc
+# Debian's python3 sees the Debian packages (numpy, pytest, sentencepiece);
+# a pyenv or venv python on PATH may not.
+PYTHON ?= /usr/bin/python3
+
+# Compiler flags, one job each:
+#   -O3            optimize, including loop vectorization of the matmul rows
+#   -march=native  use every instruction set this CPU has (AVX2/AVX-512 on the
+#                  development machines); `make portable` leaves it out
+#   -fopenmp       split matmul rows and attention heads over threads
+#                  (OMP_NUM_THREADS); without it the pragmas are ignored
+#   -std=c11 -Wall -Wextra   standard C, and the common warnings
+OPT ?= -O3 -march=native
+OMP ?= -fopenmp
+WARN = -std=c11 -Wall -Wextra
+LDLIBS = -lm
+SRC = run.c tokenizer.c
+HDR = model.h
+
+# Sanitizer build: AddressSanitizer (out-of-bounds, use-after-free, leaks) and
+# UndefinedBehaviorSanitizer (overflow, misaligned loads, bad shifts); any
+# report aborts the program, so the test fails.
+SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+
+.PHONY: all build portable run test test-c test-py sanitize clean help
+
+all: build
+
+help:
+	@echo "make            build ./run (optimized for this CPU, OpenMP)"
+	@echo "make portable   build ./run with -O2 only (any x86-64 / ARM machine)"
+	@echo "make test       C unit tests, sanitizer run, then the Python tests"
+	@echo "make sanitize   unit tests and a short generation under ASan + UBSan"
+	@echo "make clean      remove what the build made"
+
+# ./run is rebuilt on every call (about a second): `make run` must stay the
+# phony "build and generate" target, so the binary has no file rule of its own.
+build:
+	$(CC) $(OPT) $(OMP) $(WARN) -o run $(SRC) $(LDLIBS)
+
+portable:
+	$(CC) -O2 $(OMP) $(WARN) -o run $(SRC) $(LDLIBS)
+
+# C unit tests #include the sources under -DTESTING (no main from run.c; the
+# mode functions that only main calls are then unused, hence the -Wno).
+TWARN = $(WARN) -Wno-unused-function
+tests/test_run: tests/test_run.c $(SRC) $(HDR)
+	$(CC) -O2 $(OMP) $(TWARN) -I. -o $@ tests/test_run.c tokenizer.c $(LDLIBS)
+tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
+	$(CC) -O2 $(WARN) -I. -o $@ tests/test_tokenizer.c $(LDLIBS)
+tests/tok_driver: tests/tok_driver.c tokenizer.c $(HDR)
+	$(CC) -O2 $(WARN) -I. -o $@ tests/tok_driver.c $(LDLIBS)
+
+test-c: tests/test_run tests/test_tokenizer
+	./tests/test_run
+	./tests/test_tokenizer
+
+sanitize:
+	$(CC) $(SAN) $(OMP) $(TWARN) -I. -o tests/test_run-san tests/test_run.c tokenizer.c $(LDLIBS)
+	$(CC) $(SAN) $(WARN) -I. -o tests/test_tokenizer-san tests/test_tokenizer.c $(LDLIBS)
+	$(CC) $(SAN) $(OMP) $(WARN) -o run-san $(SRC) $(LDLIBS)
+	./tests/test_run-san
+	./tests/test_tokenizer-san
+	RUN=./run-san $(PYTHON) tests/sanitize_smoke.py
+
+test-py: build tests/tok_driver
+	TOK_DRIVER=./tests/tok_driver $(PYTHON) -m pytest -q tests
+
+# Everything; pytest's summary is the closing line.
+test: build test-c sanitize test-py
+
+clean:
+	rm -f run run-san tests/test_run tests/test_tokenizer tests/tok_driver tests/*-san
+	rm -rf tests/__pycache__ .pytest_cache

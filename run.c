@@ -1,0 +1,1348 @@
+/* run.c: inference for Llama-architecture models in one file of plain C.
+ *
+ * Read it top to bottom; the sections follow the data:
+ *   1. errors and small helpers
+ *   2. checkpoint: read header -> validate -> expected size == file size -> mmap -> pointers
+ *   3. RoPE: inverse frequencies (every scaling method) -> cos/sin table, built once
+ *   4. ops: rmsnorm, matmul, rope, attention, swiglu, residual_add, each one formula
+ *   5. forward: one token through every layer, as a sequence of those ops
+ *   6. sampler: repetition penalty -> temperature -> top-k -> top-p -> min-p -> draw
+ *   7. modes: generate, chat, tokenize, ppl, rope
+ *   8. command line and main (left out when tests #define TESTING and #include this file)
+ * model.h describes the checkpoint format and every struct field's shape;
+ * tokenizer.c is the only code that knows BPE; export.py is the only writer.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "model.h"
+
+#define PI 3.14159265358979323846 /* M_PI is not in strict C11 */
+
+/* ==========================================================================
+ * 1. Errors and small helpers
+ * ========================================================================== */
+
+/* Exit codes (DESIGN.md §3): 1 = bad input or runtime failure, 2 = bad usage. */
+enum { EXIT_BAD_INPUT = 1, EXIT_USAGE = 2 };
+
+/* Print one line to stderr and exit with `code`. Every message names the file
+ * or flag at fault and what was expected; nothing is printed to stdout. */
+static void die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+static void die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(code);
+}
+
+/* Write a one-line error into err (used by functions the tests call directly). */
+static int fail(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t err_len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Read a whole regular file into a NUL-terminated heap buffer. Returns NULL
+ * and a message naming `what` (e.g. "-f") and the path on any failure. */
+static char *read_text_file(const char *path, const char *what, size_t *n_out, char *err, size_t err_len) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fail(err, err_len, "%s %s: expected a regular file, got a %s", what, path,
+             S_ISDIR(st.st_mode) ? "directory" : "special file");
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        fail(err, err_len, "%s %s: cannot allocate %zu bytes", what, path, n + 1);
+        return NULL;
+    }
+    size_t got = fread(buf, 1, n, f);
+    fclose(f);
+    if (got != n) {
+        free(buf);
+        fail(err, err_len, "%s %s: read %zu of %zu bytes", what, path, got, n);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *n_out = n;
+    return buf;
+}
+
+/* ==========================================================================
+ * 2. Checkpoint: header -> validation -> size check -> mmap -> weight pointers
+ * ========================================================================== */
+
+/* Little-endian reads from the header bytes (independent of the host's order). */
+static int32_t read_i32(const unsigned char *p) {
+    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    int32_t v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+static float read_f32(const unsigned char *p) {
+    int32_t i = read_i32(p);
+    float f;
+    memcpy(&f, &i, sizeof f);
+    return f;
+}
+
+/* Sanity limits on header values: far above any model this program can run on
+ * a CPU, low enough that every size below fits in 64 bits without overflow. */
+#define MAX_DIM (1 << 16)
+#define MAX_HIDDEN (1 << 18)
+#define MAX_LAYERS 1024
+#define MAX_VOCAB (1 << 22)
+#define MAX_SEQ_LEN (1 << 24)
+
+/* One entry of the ordered tensor table: where a tensor's pointer goes and how
+ * many floats it holds. export.py's TENSOR_TABLE is the other side. */
+typedef struct {
+    const char *name;
+    const float **dst; // NULL for data that is skipped (legacy freq_cis tables)
+    size_t n_floats;
+} TensorSpec;
+
+/* Fill `table` with the checkpoint's tensors in file order; returns the count. */
+static int weight_table(const Config *c, Weights *w, TensorSpec table[16]) {
+    size_t dim = (size_t)c->dim, hidden = (size_t)c->hidden_dim, layers = (size_t)c->n_layers;
+    size_t head_size = dim / (size_t)c->n_heads;
+    size_t kv_dim = head_size * (size_t)c->n_kv_heads;
+    size_t vocab = (size_t)c->vocab_size;
+    int n = 0;
+    table[n++] = (TensorSpec){"token_embedding", &w->token_embedding, vocab * dim};
+    table[n++] = (TensorSpec){"rms_att_weight", &w->rms_att_weight, layers * dim};
+    table[n++] = (TensorSpec){"wq", &w->wq, layers * dim * dim};
+    table[n++] = (TensorSpec){"wk", &w->wk, layers * kv_dim * dim};
+    table[n++] = (TensorSpec){"wv", &w->wv, layers * kv_dim * dim};
+    table[n++] = (TensorSpec){"wo", &w->wo, layers * dim * dim};
+    table[n++] = (TensorSpec){"rms_ffn_weight", &w->rms_ffn_weight, layers * dim};
+    table[n++] = (TensorSpec){"w1", &w->w1, layers * hidden * dim};
+    table[n++] = (TensorSpec){"w2", &w->w2, layers * dim * hidden};
+    table[n++] = (TensorSpec){"w3", &w->w3, layers * hidden * dim};
+    table[n++] = (TensorSpec){"rms_final_weight", &w->rms_final_weight, dim};
+    if (c->version == 0) { // llama2.c's unused freq_cis_real and freq_cis_imag
+        table[n++] = (TensorSpec){"freq_cis_real", NULL, (size_t)c->seq_len * head_size / 2};
+        table[n++] = (TensorSpec){"freq_cis_imag", NULL, (size_t)c->seq_len * head_size / 2};
+    }
+    if (!c->shared_classifier) table[n++] = (TensorSpec){"wcls", &w->wcls, vocab * dim};
+    return n;
+}
+
+/* Byte offset where each tensor starts: version 1 aligns to CKPT_ALIGN. */
+static size_t tensor_start(const Config *c, size_t offset) {
+    if (c->version == 0) return offset;
+    return (offset + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN;
+}
+
+/* Total bytes a checkpoint with this header must have. */
+static size_t expected_file_size(const Config *c) {
+    Weights unused;
+    TensorSpec table[16];
+    int n = weight_table(c, &unused, table);
+    size_t offset = c->version == 0 ? LEGACY_HEADER_BYTES : CKPT_HEADER_BYTES;
+    for (int i = 0; i < n; i++) offset = tensor_start(c, offset) + table[i].n_floats * sizeof(float);
+    return offset;
+}
+
+static const char *const SCALING_NAMES[ROPE_N_SCALINGS] = {"none", "linear", "ntk", "dynamic", "yarn", "llama3"};
+static const char *const LAYOUT_NAMES[2] = {"interleaved", "neox"};
+
+/* Parse the header bytes (n_read of them) into c and r. Values are only
+ * copied here; validate_config checks them. */
+static int parse_header(const char *path, const unsigned char *h, size_t n_read, Config *c, RopeConfig *r,
+                        char *err, size_t err_len) {
+    memset(c, 0, sizeof *c);
+    memset(r, 0, sizeof *r);
+    if (n_read >= 4 && (uint32_t)read_i32(h) == CKPT_MAGIC) {
+        if (n_read < CKPT_HEADER_BYTES)
+            return fail(err, err_len, "%s: truncated header: expected %d bytes, file has %zu", path,
+                        CKPT_HEADER_BYTES, n_read);
+        c->version = read_i32(h + 4);
+        if (c->version != CKPT_VERSION)
+            return fail(err, err_len, "%s: unsupported format version %d (this program reads version %d)", path,
+                        c->version, CKPT_VERSION);
+        c->dim = read_i32(h + 8);
+        c->hidden_dim = read_i32(h + 12);
+        c->n_layers = read_i32(h + 16);
+        c->n_heads = read_i32(h + 20);
+        c->n_kv_heads = read_i32(h + 24);
+        c->vocab_size = read_i32(h + 28);
+        c->seq_len = read_i32(h + 32);
+        c->shared_classifier = read_i32(h + 36);
+        c->bos_id = read_i32(h + 40);
+        c->eos_id = read_i32(h + 44);
+        int weight_type = read_i32(h + 48), group_size = read_i32(h + 52);
+        c->norm_eps = read_f32(h + 56);
+        r->base = read_f32(h + 60);
+        r->layout = read_i32(h + 64);
+        r->rot_dim = read_i32(h + 68);
+        r->scaling = read_i32(h + 72);
+        r->factor = read_f32(h + 76);
+        r->orig_ctx = read_i32(h + 80);
+        r->beta_fast = read_f32(h + 84);
+        r->beta_slow = read_f32(h + 88);
+        r->attn_factor = read_f32(h + 92);
+        r->low_freq = read_f32(h + 96);
+        r->high_freq = read_f32(h + 100);
+        if (weight_type != WEIGHT_F32)
+            return fail(err, err_len, "%s: weight_type %d is not supported (expected 0 = float32)", path, weight_type);
+        if (group_size != 0)
+            return fail(err, err_len, "%s: group_size %d given for float32 weights (expected 0)", path, group_size);
+        if (c->shared_classifier != 0 && c->shared_classifier != 1)
+            return fail(err, err_len, "%s: shared_classifier=%d (expected 0 or 1)", path, c->shared_classifier);
+        for (int i = 104; i < CKPT_HEADER_BYTES; i++)
+            if (h[i] != 0)
+                return fail(err, err_len, "%s: reserved header byte %d is %d (expected 0; written by a newer export.py?)",
+                            path, i, h[i]);
+        return 0;
+    }
+    if (n_read >= 4 && read_i32(h) == 0x616b3432)
+        return fail(err, err_len, "%s: this is a llama2.c export.py version 1/2 file (magic \"ak42\"); "
+                    "convert the original with: python3 export.py OUT --llama2c or --hf", path);
+    if (n_read < LEGACY_HEADER_BYTES)
+        return fail(err, err_len, "%s: too short for a checkpoint: %zu bytes (a header needs %d)", path, n_read,
+                    LEGACY_HEADER_BYTES);
+    // Legacy llama2.c file: seven int32, then fixed conventions.
+    c->version = 0;
+    c->dim = read_i32(h);
+    c->hidden_dim = read_i32(h + 4);
+    c->n_layers = read_i32(h + 8);
+    c->n_heads = read_i32(h + 12);
+    c->n_kv_heads = read_i32(h + 16);
+    int32_t vocab = read_i32(h + 20);
+    c->shared_classifier = vocab > 0;
+    c->vocab_size = vocab == INT32_MIN ? 0 : abs(vocab);
+    c->seq_len = read_i32(h + 24);
+    c->bos_id = 1;
+    c->eos_id = 2;
+    c->norm_eps = 1e-5f;
+    r->base = 10000.0;
+    r->layout = ROPE_INTERLEAVED;
+    r->rot_dim = 0; // filled in below once head_size is known to be valid
+    r->scaling = ROPE_NONE;
+    r->factor = 1.0;
+    return 0;
+}
+
+/* Check every header value before anything is computed from it. */
+static int validate_config(const char *path, const Config *c, const RopeConfig *r, char *err, size_t err_len) {
+    struct { const char *name; int value, max; } dims[] = {
+        {"dim", c->dim, MAX_DIM}, {"hidden_dim", c->hidden_dim, MAX_HIDDEN},
+        {"n_layers", c->n_layers, MAX_LAYERS}, {"n_heads", c->n_heads, MAX_DIM},
+        {"n_kv_heads", c->n_kv_heads, MAX_DIM}, {"vocab_size", c->vocab_size, MAX_VOCAB},
+        {"seq_len", c->seq_len, MAX_SEQ_LEN},
+    };
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].value <= 0 || dims[i].value > dims[i].max)
+            return fail(err, err_len, "%s: %s=%d is out of range (expected 1..%d)%s", path, dims[i].name,
+                        dims[i].value, dims[i].max,
+                        c->version == 0 ? "; is this a llama2.c checkpoint?" : "");
+    if (c->dim % c->n_heads != 0)
+        return fail(err, err_len, "%s: n_heads=%d does not divide dim=%d", path, c->n_heads, c->dim);
+    if (c->n_heads % c->n_kv_heads != 0)
+        return fail(err, err_len, "%s: n_kv_heads=%d does not divide n_heads=%d", path, c->n_kv_heads, c->n_heads);
+    int head_size = c->dim / c->n_heads;
+    if (head_size % 2 != 0)
+        return fail(err, err_len, "%s: head size dim/n_heads=%d is odd (RoPE rotates pairs; expected even)", path,
+                    head_size);
+    if (c->version == 0) return 0; // the remaining fields are fixed for legacy files
+    if (c->bos_id < 0 || c->bos_id >= c->vocab_size || c->eos_id < 0 || c->eos_id >= c->vocab_size)
+        return fail(err, err_len, "%s: bos_id=%d eos_id=%d (expected 0..%d)", path, c->bos_id, c->eos_id,
+                    c->vocab_size - 1);
+    if (!(c->norm_eps > 0.0f && c->norm_eps < 1.0f))
+        return fail(err, err_len, "%s: norm_eps=%g (expected 0 < eps < 1)", path, (double)c->norm_eps);
+    if (!(r->base > 1.0 && isfinite(r->base)))
+        return fail(err, err_len, "%s: rope_theta=%g (expected a finite value > 1)", path, r->base);
+    if (r->layout != ROPE_INTERLEAVED && r->layout != ROPE_NEOX)
+        return fail(err, err_len, "%s: rope_layout=%d (expected 0 = interleaved or 1 = neox)", path, r->layout);
+    if (r->rot_dim < 2 || r->rot_dim > head_size || r->rot_dim % 2 != 0)
+        return fail(err, err_len, "%s: rot_dim=%d (expected an even number in 2..head_size=%d)", path, r->rot_dim,
+                    head_size);
+    if (r->scaling < 0 || r->scaling >= ROPE_N_SCALINGS)
+        return fail(err, err_len, "%s: rope_scaling=%d (expected 0..%d)", path, r->scaling, ROPE_N_SCALINGS - 1);
+    if (!(r->factor >= 1.0 && isfinite(r->factor)))
+        return fail(err, err_len, "%s: rope_factor=%g (expected a finite value >= 1)", path, r->factor);
+    if (r->orig_ctx < 0 || r->orig_ctx > MAX_SEQ_LEN)
+        return fail(err, err_len, "%s: rope_orig_ctx=%d (expected 0..%d)", path, r->orig_ctx, MAX_SEQ_LEN);
+    return 0;
+}
+
+/* Open, validate and map a checkpoint into t->config, t->rope, t->weights.
+ * Nothing is mapped and no pointer is formed until the header has passed
+ * validation and the file size equals the size the header implies.
+ * Returns 0, or -1 with a one-line message in err. */
+int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len) {
+    memset(t, 0, sizeof *t);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fail(err, err_len, "%s: cannot open checkpoint: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(err, err_len, "%s: expected a checkpoint file, got a %s", path,
+                    S_ISDIR(st.st_mode) ? "directory" : "special file");
+    }
+    size_t file_size = (size_t)st.st_size;
+    if (file_size == 0) {
+        close(fd);
+        return fail(err, err_len, "%s: empty file (expected a checkpoint)", path);
+    }
+    unsigned char header[CKPT_HEADER_BYTES];
+    ssize_t got = pread(fd, header, sizeof header, 0);
+    if (got < 0) {
+        close(fd);
+        return fail(err, err_len, "%s: read error: %s", path, strerror(errno));
+    }
+    Config *c = &t->config;
+    RopeConfig *r = &t->rope;
+    if (parse_header(path, header, (size_t)got, c, r, err, err_len) != 0 ||
+        validate_config(path, c, r, err, err_len) != 0) {
+        close(fd);
+        return -1;
+    }
+    if (c->version == 0) r->rot_dim = c->dim / c->n_heads;
+    if (r->orig_ctx == 0) r->orig_ctx = c->seq_len;
+    size_t expected = expected_file_size(c);
+    if (file_size != expected) {
+        close(fd);
+        if (file_size < expected)
+            return fail(err, err_len, "%s: truncated: the header implies %zu bytes, the file has %zu", path, expected,
+                        file_size);
+        return fail(err, err_len, "%s: %zu trailing bytes: the header implies %zu bytes, the file has %zu", path,
+                    file_size - expected, expected, file_size);
+    }
+    void *map = mmap(NULL, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd); // the mapping stays valid after close
+    if (map == MAP_FAILED) return fail(err, err_len, "%s: mmap failed: %s", path, strerror(errno));
+    t->mapping = map;
+    t->file_size = file_size;
+
+    // Walk the tensor table and point each weight into the mapping.
+    TensorSpec table[16];
+    int n = weight_table(c, &t->weights, table);
+    size_t offset = c->version == 0 ? LEGACY_HEADER_BYTES : CKPT_HEADER_BYTES;
+    for (int i = 0; i < n; i++) {
+        offset = tensor_start(c, offset);
+        if (table[i].dst) *table[i].dst = (const float *)((const char *)map + offset);
+        offset += table[i].n_floats * sizeof(float);
+    }
+    if (c->shared_classifier) t->weights.wcls = t->weights.token_embedding;
+    return 0;
+}
+
+/* ==========================================================================
+ * 3. RoPE: inverse frequencies -> cos/sin table (rope-spec.md)
+ *
+ * RoPE (RoFormer, arXiv:2104.09864) rotates pair i of every q and k head by
+ * the angle pos * inv_freq[i], with inv_freq[i] = base^(-2i/rot_dim). A
+ * scaling method changes only inv_freq and a magnitude factor `attn`, so the
+ * table builder below is the same for all of them.
+ * ========================================================================== */
+
+/* inv_freq[i] for i < rot_dim/2 and the attention factor for the method in r
+ * (rope-spec.md §2). `seq_len_now` is the current sequence length, used only
+ * by dynamic NTK. Angles and frequencies are computed in double. */
+void rope_frequencies(const RopeConfig *r, int seq_len_now, double *inv_freq, double *attn) {
+    int half = r->rot_dim / 2;
+    double d = r->rot_dim, b = r->base, s = r->factor, L = r->orig_ctx;
+    *attn = 1.0;
+    for (int i = 0; i < half; i++) inv_freq[i] = pow(b, -2.0 * i / d); // f_i = b^(-2i/d)
+    switch (r->scaling) {
+    case ROPE_NONE:
+        break;
+    case ROPE_LINEAR: // position interpolation: inv'_i = f_i / s
+        for (int i = 0; i < half; i++) inv_freq[i] /= s;
+        break;
+    case ROPE_NTK:     // b' = b * alpha^(d/(d-2)); inv'_i = b'^(-2i/d)
+    case ROPE_DYNAMIC: // alpha = s*S/L - (s-1) with S = max(seq_len_now, L)
+    {
+        double alpha = s;
+        if (r->scaling == ROPE_DYNAMIC) {
+            double S = seq_len_now > r->orig_ctx ? seq_len_now : L;
+            alpha = s * S / L - (s - 1.0);
+        }
+        if (r->rot_dim > 2) { // with one pair the exponent is 0 for every base
+            double b_new = b * pow(alpha, d / (d - 2.0));
+            for (int i = 0; i < half; i++) inv_freq[i] = pow(b_new, -2.0 * i / d);
+        }
+        break;
+    }
+    case ROPE_YARN: { // NTK-by-parts ramp in the pair index, plus attention temperature
+        *attn = r->attn_factor > 0 ? r->attn_factor : s <= 1.0 ? 1.0 : 0.1 * log(s) + 1.0;
+        if (s == 1.0) break; // the blend below is f_i mathematically; keep it exact
+        double low = floor(d * log(L / (2 * PI * r->beta_fast)) / (2 * log(b)));
+        double high = ceil(d * log(L / (2 * PI * r->beta_slow)) / (2 * log(b)));
+        if (low < 0) low = 0;
+        if (high > d - 1) high = d - 1;
+        if (low == high) high += 0.001;
+        for (int i = 0; i < half; i++) {
+            double ramp = (i - low) / (high - low);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            double keep = 1.0 - ramp; // 1 = keep f_i (extrapolate), 0 = f_i / s (interpolate)
+            inv_freq[i] = inv_freq[i] / s * (1.0 - keep) + inv_freq[i] * keep;
+        }
+        break;
+    }
+    case ROPE_LLAMA3: { // Meta's apply_scaling: by wavelength, ramp linear in L/lambda
+        if (s == 1.0) break; // every branch below is f_i when s = 1; keep it exact
+        double low_wl = L / r->low_freq, high_wl = L / r->high_freq;
+        for (int i = 0; i < half; i++) {
+            double f = inv_freq[i], wavelength = 2 * PI / f;
+            if (wavelength < high_wl) continue; // fast pairs: untouched
+            if (wavelength > low_wl) {          // slow pairs: interpolated
+                inv_freq[i] = f / s;
+                continue;
+            }
+            double smooth = (L / wavelength - r->low_freq) / (r->high_freq - r->low_freq);
+            inv_freq[i] = (1.0 - smooth) * f / s + smooth * f;
+        }
+        break;
+    }
+    }
+}
+
+/* Fill cos/sin (n_rows, rot_dim/2) with attn * cos(pos * inv_freq[i]) and
+ * attn * sin(...) for pos = first_row .. first_row + n_rows - 1. The angle is
+ * formed in double: a float angle loses ~1e-4 at position 1000 (rope-spec §5.3).
+ * Multiplying both cos and sin by attn scales q and k by attn, so every
+ * attention logit q.k scales by attn^2, the convention of HF, ggml and YaRN. */
+void rope_fill_table(float *cos_out, float *sin_out, int first_row, int n_rows, const double *inv_freq, int half,
+                     double attn) {
+    for (int p = 0; p < n_rows; p++) {
+        double pos = (double)(first_row + p);
+        for (int i = 0; i < half; i++) {
+            double angle = pos * inv_freq[i];
+            cos_out[(size_t)p * half + i] = (float)(attn * cos(angle));
+            sin_out[(size_t)p * half + i] = (float)(attn * sin(angle));
+        }
+    }
+}
+
+/* Check the effective RoPE parameters (after command-line overrides). */
+static int validate_rope(const RopeConfig *r, int head_size, char *err, size_t err_len) {
+    if (!(r->base > 1.0 && isfinite(r->base)))
+        return fail(err, err_len, "--rope-base %g: expected a finite value > 1", r->base);
+    if (!(r->factor >= 1.0 && isfinite(r->factor)))
+        return fail(err, err_len, "--rope-factor %g: expected a finite value >= 1", r->factor);
+    if (r->rot_dim < 2 || r->rot_dim > head_size || r->rot_dim % 2)
+        return fail(err, err_len, "rot_dim %d: expected an even number in 2..%d", r->rot_dim, head_size);
+    if (r->orig_ctx < 1) return fail(err, err_len, "--rope-orig-ctx %d: expected >= 1", r->orig_ctx);
+    if (r->scaling == ROPE_YARN && !(r->beta_fast > r->beta_slow && r->beta_slow > 0))
+        return fail(err, err_len, "--yarn-beta-fast %g / --yarn-beta-slow %g: expected beta_fast > beta_slow > 0",
+                    r->beta_fast, r->beta_slow);
+    if (r->scaling == ROPE_LLAMA3 && !(r->high_freq > r->low_freq && r->low_freq > 0))
+        return fail(err, err_len, "--llama3-low-freq %g / --llama3-high-freq %g: expected high > low > 0",
+                    r->low_freq, r->high_freq);
+    if (r->scaling == ROPE_DYNAMIC)
+        return fail(err, err_len, "--rope-scaling dynamic: not implemented yet; refusing rather than "
+                    "running unscaled (use ntk with --rope-factor for a static base)");
+    return 0;
+}
+
+/* ==========================================================================
+ * Building and freeing the model: checkpoint + RoPE table + run state
+ * ========================================================================== */
+
+/* Allocate the activations and KV cache for n_ctx positions and build the
+ * RoPE table from t->rope. Returns -1 with a message if memory runs out. */
+static int build_run_state(Transformer *t, char *err, size_t err_len) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    size_t dim = c->dim, hidden = c->hidden_dim, head_size = dim / c->n_heads;
+    size_t kv_dim = head_size * c->n_kv_heads, n_ctx = t->n_ctx, half = t->rope.rot_dim / 2;
+    size_t cache_floats = (size_t)c->n_layers * n_ctx * kv_dim;
+    struct { float **p; size_t n; } bufs[] = {
+        {&s->x, dim}, {&s->xb, dim}, {&s->xb2, dim}, {&s->hb, hidden}, {&s->hb2, hidden},
+        {&s->q, dim}, {&s->k, kv_dim}, {&s->v, kv_dim}, {&s->att, (size_t)c->n_heads * n_ctx},
+        {&s->logits, (size_t)c->vocab_size}, {&s->key_cache, cache_floats}, {&s->value_cache, cache_floats},
+        {&s->rope_cos, n_ctx * half}, {&s->rope_sin, n_ctx * half},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        *bufs[i].p = calloc(bufs[i].n, sizeof(float));
+        if (!*bufs[i].p)
+            return fail(err, err_len, "--ctx %d: cannot allocate %.1f MiB (KV cache and buffers for this context)",
+                        t->n_ctx, (double)bufs[i].n * sizeof(float) / (1 << 20));
+    }
+    double *inv_freq = malloc(half * sizeof(double)), attn;
+    if (!inv_freq) return fail(err, err_len, "out of memory building the RoPE table");
+    rope_frequencies(&t->rope, t->n_ctx, inv_freq, &attn);
+    rope_fill_table(s->rope_cos, s->rope_sin, 0, t->n_ctx, inv_freq, (int)half, attn);
+    free(inv_freq);
+    return 0;
+}
+
+/* Load a checkpoint, apply the RoPE overrides in *rope_override (fields < 0 or
+ * NAN are "not given"), size everything for n_ctx positions (0 = seq_len).
+ * Owns the mapping and the run state; release with free_transformer. */
+int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_override, int n_ctx, char *err,
+                      size_t err_len) {
+    if (load_checkpoint(t, path, err, err_len) != 0) return -1;
+    if (rope_override) {
+        const RopeConfig *o = rope_override;
+        RopeConfig *r = &t->rope;
+        if (!isnan(o->base)) r->base = o->base;
+        if (o->scaling >= 0) r->scaling = o->scaling;
+        if (!isnan(o->factor)) r->factor = o->factor;
+        if (o->orig_ctx > 0) r->orig_ctx = o->orig_ctx;
+        if (!isnan(o->beta_fast)) r->beta_fast = o->beta_fast;
+        if (!isnan(o->beta_slow)) r->beta_slow = o->beta_slow;
+        if (!isnan(o->attn_factor)) r->attn_factor = o->attn_factor;
+        if (!isnan(o->low_freq)) r->low_freq = o->low_freq;
+        if (!isnan(o->high_freq)) r->high_freq = o->high_freq;
+    }
+    // Defaults for parameters the checkpoint leaves at 0 (legacy files, or no scaling stored).
+    if (t->rope.beta_fast == 0) t->rope.beta_fast = 32;
+    if (t->rope.beta_slow == 0) t->rope.beta_slow = 1;
+    if (t->rope.low_freq == 0) t->rope.low_freq = 1;
+    if (t->rope.high_freq == 0) t->rope.high_freq = 4;
+    t->n_ctx = n_ctx > 0 ? n_ctx : t->config.seq_len;
+    if (validate_rope(&t->rope, t->config.dim / t->config.n_heads, err, err_len) != 0 ||
+        build_run_state(t, err, err_len) != 0)
+        return -1;
+    return 0;
+}
+
+/* Release everything build_transformer (or a failed call of it) acquired. */
+void free_transformer(Transformer *t) {
+    RunState *s = &t->state;
+    float *bufs[] = {s->x, s->xb, s->xb2, s->hb, s->hb2, s->q, s->k, s->v, s->att, s->logits,
+                     s->key_cache, s->value_cache, s->rope_cos, s->rope_sin};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    if (t->mapping) munmap(t->mapping, t->file_size);
+    memset(t, 0, sizeof *t);
+}
+
+/* ==========================================================================
+ * 4. Ops: each is one formula; output first, inputs next, sizes last
+ * ========================================================================== */
+
+/* out = x * w / sqrt(mean(x^2) + eps)          x, w, out: (n) */
+void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / n + eps);
+    for (int i = 0; i < n; i++) out[i] = w[i] * (scale * x[i]);
+}
+
+/* Below this many multiply-adds a parallel region costs more than it saves
+ * (thread wake-up is microseconds; a 64x64 matmul is ~1 microsecond). */
+#define PARALLEL_MIN_WORK (1 << 16)
+
+/* out = W @ x        W (d, n) @ x (n,) -> out (d,); rows split across threads.
+ * Each row is summed by one thread in a fixed order, so results do not depend
+ * on the thread count. */
+void matmul(float *out, const float *x, const float *w, int n, int d) {
+    int i;
+#pragma omp parallel for private(i) if ((long)n * d >= PARALLEL_MIN_WORK)
+    for (i = 0; i < d; i++) {
+        const float *row = w + (size_t)i * n;
+        float sum = 0.0f;
+        for (int j = 0; j < n; j++) sum += row[j] * x[j];
+        out[i] = sum;
+    }
+}
+
+/* x = exp(x - max) / sum(exp(x - max))          x: (n), in place.
+ * Subtracting the max changes nothing mathematically and keeps exp() finite. */
+void softmax(float *x, int n) {
+    float max = x[0];
+    for (int i = 1; i < n; i++)
+        if (x[i] > max) max = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; i++) x[i] /= sum;
+}
+
+/* Rotate the first rot_dim dims of each head in vec (n_heads, head_size) by
+ * one row of the table:  (x, y) -> (x cos - y sin, x sin + y cos).
+ * Pair i is (2i, 2i+1) in the interleaved layout (Meta, llama2.c) and
+ * (i, i + rot_dim/2) in the neox layout (Hugging Face after its q/k row
+ * permutation). Dims past rot_dim pass through unchanged. */
+void rope(float *vec, int n_heads, int head_size, const float *cos_row, const float *sin_row, int rot_dim,
+          int layout) {
+    int half = rot_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = vec + (size_t)h * head_size;
+        for (int i = 0; i < half; i++) {
+            int a = layout == ROPE_INTERLEAVED ? 2 * i : i;
+            int b = layout == ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
+            float x = v[a], y = v[b];
+            v[a] = x * cos_row[i] - y * sin_row[i];
+            v[b] = x * sin_row[i] + y * cos_row[i];
+        }
+    }
+}
+
+/* One query head attending over positions 0..pos of its kv head:
+ *   att[t] = softmax_t(q . k_t / sqrt(head_size)),  out = sum_t att[t] * v_t
+ * q, out: (head_size); keys, values: (n_ctx, kv_dim) with this head's slice
+ * starting at kv_offset; att: (pos + 1) scratch. */
+void attention_head(float *out, const float *q, const float *keys, const float *values, float *att, int pos,
+                    int head_size, int kv_dim, int kv_offset) {
+    float scale = 1.0f / sqrtf((float)head_size);
+    for (int t = 0; t <= pos; t++) {
+        const float *k = keys + (size_t)t * kv_dim + kv_offset;
+        float score = 0.0f;
+        for (int i = 0; i < head_size; i++) score += q[i] * k[i];
+        att[t] = score * scale;
+    }
+    softmax(att, pos + 1);
+    memset(out, 0, (size_t)head_size * sizeof(float));
+    for (int t = 0; t <= pos; t++) {
+        const float *v = values + (size_t)t * kv_dim + kv_offset;
+        for (int i = 0; i < head_size; i++) out[i] += att[t] * v[i];
+    }
+}
+
+/* Multi-head attention for the token at pos, heads split across threads.
+ * Query head h reads kv head h / kv_mul (kv_mul = n_heads / n_kv_heads): the
+ * contiguous grouping of GQA/MQA, as in HF's repeat_kv.
+ * out, q: (n_heads, head_size); keys, values: one layer's (n_ctx, kv_dim);
+ * att: (n_heads, n_ctx) scratch. */
+void attention(float *out, const float *q, const float *keys, const float *values, float *att, int pos,
+               int n_heads, int n_kv_heads, int head_size, int n_ctx) {
+    int kv_mul = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_size;
+    int h;
+#pragma omp parallel for private(h) if ((long)n_heads * head_size * (pos + 1) >= PARALLEL_MIN_WORK)
+    for (h = 0; h < n_heads; h++) {
+        attention_head(out + (size_t)h * head_size, q + (size_t)h * head_size, keys, values,
+                       att + (size_t)h * n_ctx, pos, head_size, kv_dim, (h / kv_mul) * head_size);
+    }
+}
+
+/* hb = silu(hb) * hb2,  silu(x) = x * sigmoid(x)        hb, hb2: (n)
+ * PyTorch: w2(F.silu(w1(x)) * w3(x)); this is the part between the matmuls. */
+void swiglu(float *hb, const float *hb2, int n) {
+    for (int i = 0; i < n; i++) {
+        float g = hb[i];
+        hb[i] = g / (1.0f + expf(-g)) * hb2[i];
+    }
+}
+
+/* x += y        x, y: (n) */
+void residual_add(float *x, const float *y, int n) {
+    for (int i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* ==========================================================================
+ * 5. Forward pass: one token at position pos -> logits (vocab_size)
+ * ========================================================================== */
+
+float *forward(Transformer *t, int token, int pos) {
+    const Config *c = &t->config;
+    const Weights *w = &t->weights;
+    RunState *s = &t->state;
+    if (token < 0 || token >= c->vocab_size || pos < 0 || pos >= t->n_ctx)
+        die(EXIT_BAD_INPUT, "forward: token %d (expected 0..%d) at position %d (expected 0..%d)", token,
+            c->vocab_size - 1, pos, t->n_ctx - 1);
+    int dim = c->dim, hidden_dim = c->hidden_dim, head_size = dim / c->n_heads;
+    int kv_dim = head_size * c->n_kv_heads, half = t->rope.rot_dim / 2;
+    const float *cos_row = s->rope_cos + (size_t)pos * half; // (rot_dim/2) table row for pos
+    const float *sin_row = s->rope_sin + (size_t)pos * half;
+
+    // x = token_embedding[token]                                   (dim)
+    memcpy(s->x, w->token_embedding + (size_t)token * dim, (size_t)dim * sizeof(float));
+
+    for (int l = 0; l < c->n_layers; l++) {
+        size_t ld = (size_t)l * dim;                          // offsets of layer l's slices
+        float *keys = s->key_cache + (size_t)l * t->n_ctx * kv_dim;   // (n_ctx, kv_dim)
+        float *values = s->value_cache + (size_t)l * t->n_ctx * kv_dim;
+
+        // attention block: x += wo @ attention(rope(wq @ h), rope(wk @ h), wv @ h)
+        rmsnorm(s->xb, s->x, w->rms_att_weight + ld, dim, c->norm_eps);      // h (dim)
+        matmul(s->q, s->xb, w->wq + ld * dim, dim, dim);                     // q (n_heads, head_size)
+        matmul(s->k, s->xb, w->wk + (size_t)l * kv_dim * dim, dim, kv_dim);  // k (n_kv_heads, head_size)
+        matmul(s->v, s->xb, w->wv + (size_t)l * kv_dim * dim, dim, kv_dim);  // v (n_kv_heads, head_size)
+        rope(s->q, c->n_heads, head_size, cos_row, sin_row, t->rope.rot_dim, t->rope.layout);
+        rope(s->k, c->n_kv_heads, head_size, cos_row, sin_row, t->rope.rot_dim, t->rope.layout);
+        // KV cache write: this position's rotated key and its value
+        memcpy(keys + (size_t)pos * kv_dim, s->k, (size_t)kv_dim * sizeof(float));
+        memcpy(values + (size_t)pos * kv_dim, s->v, (size_t)kv_dim * sizeof(float));
+        attention(s->xb, s->q, keys, values, s->att, pos, c->n_heads, c->n_kv_heads, head_size, t->n_ctx);
+        matmul(s->xb2, s->xb, w->wo + ld * dim, dim, dim);                   // (dim)
+        residual_add(s->x, s->xb2, dim);
+
+        // feed-forward block: x += w2 @ (silu(w1 @ h) * (w3 @ h))
+        rmsnorm(s->xb, s->x, w->rms_ffn_weight + ld, dim, c->norm_eps);
+        matmul(s->hb, s->xb, w->w1 + (size_t)l * hidden_dim * dim, dim, hidden_dim);  // (hidden_dim)
+        matmul(s->hb2, s->xb, w->w3 + (size_t)l * hidden_dim * dim, dim, hidden_dim); // (hidden_dim)
+        swiglu(s->hb, s->hb2, hidden_dim);
+        matmul(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden_dim, hidden_dim, dim); // (dim)
+        residual_add(s->x, s->xb2, dim);
+    }
+
+    // logits = wcls @ rmsnorm(x)                                   (vocab_size)
+    rmsnorm(s->x, s->x, w->rms_final_weight, dim, c->norm_eps);
+    matmul(s->logits, s->x, w->wcls, dim, c->vocab_size);
+    return s->logits;
+}
+
+/* ==========================================================================
+ * 6. Sampler
+ *
+ * Order, applied to the logits of each step:
+ *   1. repetition penalty over the last repeat_last_n tokens (llama.cpp's
+ *      rule: a positive logit is divided by the penalty, a negative one
+ *      multiplied; each distinct token once);
+ *   2. temperature 0 -> argmax (greedy), done;
+ *   3. logits / temperature, softmax;
+ *   4. top-k: keep the k most probable;
+ *   5. top-p: keep the smallest prefix whose probability reaches p;
+ *   6. min-p: keep tokens with prob >= min_p * (largest prob);
+ *   7. draw from what is left, renormalized, with a seeded xorshift RNG.
+ * ========================================================================== */
+
+typedef struct {
+    float prob;
+    int index;
+} ProbIndex;
+
+typedef struct {
+    int vocab_size;
+    float temperature;    // 0 = greedy
+    float topp;           // 1 = off
+    int topk;             // 0 = off
+    float minp;           // 0 = off
+    float repeat_penalty; // 1 = off
+    int repeat_last_n;    // window of recent tokens the penalty looks at
+    uint64_t rng_state;
+    ProbIndex *candidates; // (vocab_size) scratch
+    unsigned char *seen;   // (vocab_size) scratch for the penalty
+} Sampler;
+
+/* xorshift64* (Marsaglia 2003; https://en.wikipedia.org/wiki/Xorshift). */
+static uint32_t random_u32(uint64_t *state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+static float random_f32(uint64_t *state) { return (random_u32(state) >> 8) / 16777216.0f; } // [0, 1)
+
+/* Allocates the sampler's scratch; free_sampler releases it. Any seed is
+ * valid: it is mixed (splitmix64) so that the xorshift state is never zero. */
+int build_sampler(Sampler *s, int vocab_size, float temperature, float topp, int topk, float minp,
+                  float repeat_penalty, int repeat_last_n, uint64_t seed) {
+    *s = (Sampler){vocab_size, temperature, topp, topk, minp, repeat_penalty, repeat_last_n, 0, NULL, NULL};
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    s->rng_state = (z ^ (z >> 31)) | 1;
+    s->candidates = malloc((size_t)vocab_size * sizeof(ProbIndex));
+    s->seen = calloc((size_t)vocab_size, 1);
+    return s->candidates && s->seen ? 0 : -1;
+}
+
+void free_sampler(Sampler *s) {
+    free(s->candidates);
+    free(s->seen);
+}
+
+static int compare_prob_desc(const void *a, const void *b) {
+    const ProbIndex *x = a, *y = b;
+    if (x->prob != y->prob) return x->prob > y->prob ? -1 : 1;
+    return x->index - y->index; // ties: lower id first, so the order is total
+}
+
+int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Apply the penalty to logits for each distinct token among history[0..n). */
+void apply_repetition_penalty(Sampler *s, float *logits, const int *history, int n) {
+    if (s->repeat_penalty == 1.0f || s->repeat_last_n == 0) return;
+    int start = n > s->repeat_last_n ? n - s->repeat_last_n : 0;
+    for (int i = start; i < n; i++) {
+        int id = history[i];
+        if (s->seen[id]) continue;
+        s->seen[id] = 1;
+        logits[id] = logits[id] > 0 ? logits[id] / s->repeat_penalty : logits[id] * s->repeat_penalty;
+    }
+    for (int i = start; i < n; i++) s->seen[history[i]] = 0;
+}
+
+/* Choose the next token from logits (modified in place). history holds the n
+ * tokens so far (prompt included), for the repetition penalty. */
+int sample(Sampler *s, float *logits, const int *history, int n) {
+    apply_repetition_penalty(s, logits, history, n);
+    if (s->temperature == 0.0f) return argmax(logits, s->vocab_size);
+    for (int i = 0; i < s->vocab_size; i++) logits[i] /= s->temperature;
+    softmax(logits, s->vocab_size);
+
+    // Candidates worth sorting. Without top-k, a token below (1 - topp)/(V - 1)
+    // cannot be inside the top-p nucleus (llama2.c's argument: if all of the
+    // nucleus were below it, the rest could not sum to more than 1 - topp).
+    int n_cand = 0;
+    float cutoff = 0.0f;
+    if (s->topk == 0 && s->topp < 1.0f && s->vocab_size > 1) cutoff = (1.0f - s->topp) / (s->vocab_size - 1);
+    for (int i = 0; i < s->vocab_size; i++)
+        if (logits[i] >= cutoff) s->candidates[n_cand++] = (ProbIndex){logits[i], i};
+    int truncating = s->topk > 0 || s->topp < 1.0f || s->minp > 0.0f;
+    if (truncating) qsort(s->candidates, (size_t)n_cand, sizeof(ProbIndex), compare_prob_desc);
+    if (s->topk > 0 && s->topk < n_cand) n_cand = s->topk;
+    if (s->topp < 1.0f) {
+        float cum = 0.0f;
+        for (int i = 0; i < n_cand; i++) {
+            cum += s->candidates[i].prob;
+            if (cum >= s->topp) {
+                n_cand = i + 1;
+                break;
+            }
+        }
+    }
+    if (s->minp > 0.0f) {
+        float threshold = s->minp * s->candidates[0].prob;
+        int keep = 1;
+        while (keep < n_cand && s->candidates[keep].prob >= threshold) keep++;
+        n_cand = keep;
+    }
+    float total = 0.0f;
+    for (int i = 0; i < n_cand; i++) total += s->candidates[i].prob;
+    float r = random_f32(&s->rng_state) * total, cum = 0.0f;
+    for (int i = 0; i < n_cand; i++) {
+        cum += s->candidates[i].prob;
+        if (r < cum) return s->candidates[i].index;
+    }
+    return s->candidates[n_cand - 1].index; // rounding: r landed on the total
+}
+
+/* ==========================================================================
+ * 7. Modes
+ * ========================================================================== */
+
+/* Encode text with BOS into a new array; exits on failure. */
+static int *encode_or_die(const Tokenizer *tok, const char *text, size_t len, int add_bos, int *n_out) {
+    int *ids = malloc(tokenizer_bound(len) * sizeof(int));
+    if (!ids) die(EXIT_BAD_INPUT, "prompt: cannot allocate token buffer for %zu bytes", len);
+    int n = tokenizer_encode(tok, text, len, add_bos, 0, ids);
+    if (n < 0) die(EXIT_BAD_INPUT, "prompt: out of memory while encoding %zu bytes", len);
+    *n_out = n;
+    return ids;
+}
+
+/* Decode `token` after `prev` and write it to stdout immediately. */
+static void emit(const Tokenizer *tok, DecodeState *ds, char *buf, int prev, int token) {
+    size_t n = tokenizer_decode(tok, ds, prev, token, buf);
+    fwrite(buf, 1, n, stdout);
+    fflush(stdout);
+}
+
+/* generate: stdout = the prompt's text, then the continuation, then "\n"
+ * (llama2.c prints the same). The prompt is fed one token at a time; sampling
+ * starts at its last token and stops at max_new new tokens, an end token
+ * (BOS or EOS), or a full context. Statistics go to stderr. */
+static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *prompt, size_t prompt_len,
+                     int max_new) {
+    int n_prompt;
+    int *prompt_ids = encode_or_die(tok, prompt, prompt_len, 1, &n_prompt);
+    if (n_prompt > t->n_ctx)
+        die(EXIT_BAD_INPUT, "prompt: %d tokens (BOS included) do not fit in the context of %d tokens (raise --ctx)",
+            n_prompt, t->n_ctx);
+    int *history = malloc(((size_t)t->n_ctx + 1) * sizeof(int)); // prompt + continuation
+    char *buf = malloc(tokenizer_decode_bound(tok));
+    if (!history || !buf) die(EXIT_BAD_INPUT, "out of memory");
+    memcpy(history, prompt_ids, (size_t)n_prompt * sizeof(int));
+    free(prompt_ids);
+
+    DecodeState ds = {{0}, 0};
+    int pos = 0, n_new = 0, token = history[0];
+    double start = 0.0;
+    while (pos < t->n_ctx) {
+        float *logits = forward(t, token, pos);
+        if (pos == 0) start = now_seconds(); // time from the first token on, as llama2.c does
+        int next;
+        if (pos + 1 < n_prompt) {
+            next = history[pos + 1]; // still inside the prompt: force it
+        } else {
+            if (n_new >= max_new) break;
+            next = sample(sampler, logits, history, pos + 1);
+            n_new++;
+            if (next == t->config.bos_id || next == t->config.eos_id) break;
+        }
+        emit(tok, &ds, buf, token, next);
+        history[pos + 1] = next;
+        token = next;
+        pos++;
+    }
+    size_t n = tokenizer_decode_flush(&ds, buf);
+    fwrite(buf, 1, n, stdout);
+    printf("\n");
+    fflush(stdout);
+    double elapsed = now_seconds() - start;
+    if (pos > 0 && elapsed > 0)
+        fprintf(stderr, "%d prompt + %d new tokens, %.1f tok/s\n", n_prompt, n_new, pos / elapsed);
+    free(history);
+    free(buf);
+}
+
+/* Read one line from stdin (any length); NULL at end of input. */
+static char *read_line(const char *label) {
+    printf("%s", label);
+    fflush(stdout);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0) {
+        free(line);
+        return NULL;
+    }
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+    return line;
+}
+
+/* Build "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]" (the system
+ * part only on the first turn and only when given): Llama 2's chat template. */
+static char *render_chat_turn(const char *system, const char *user) {
+    const char *fmt = system && system[0] ? "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]" : "[INST] %s%s [/INST]";
+    const char *a = system && system[0] ? system : "";
+    int n = snprintf(NULL, 0, fmt, a, user);
+    char *out = malloc((size_t)n + 1);
+    if (!out) die(EXIT_BAD_INPUT, "out of memory");
+    snprintf(out, (size_t)n + 1, fmt, a, user);
+    return out;
+}
+
+/* chat: alternate user turns (the first from -i, then stdin lines) and
+ * assistant replies, all in one growing context. Each user turn is encoded
+ * with BOS; the reply ends at EOS, which is fed back as the turn separator. */
+static void chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *first_user,
+                 const char *system, int max_new) {
+    int *history = malloc(((size_t)t->n_ctx + 1) * sizeof(int));
+    char *buf = malloc(tokenizer_decode_bound(tok));
+    if (!history || !buf) die(EXIT_BAD_INPUT, "out of memory");
+    int pos = 0, first = 1;
+    int token = -1; // the token to feed next; -1 = the user's turn
+    while (1) {
+        char *user = first && first_user ? strdup(first_user) : read_line("User: ");
+        if (!user) break;
+        char *turn = render_chat_turn(first ? system : NULL, user);
+        free(user);
+        int n_turn;
+        int *ids = encode_or_die(tok, turn, strlen(turn), 1, &n_turn);
+        free(turn);
+        if (pos + n_turn > t->n_ctx) {
+            free(ids);
+            fprintf(stderr, "chat: the context of %d tokens is full (raise --ctx)\n", t->n_ctx);
+            break;
+        }
+        printf("Assistant: ");
+        fflush(stdout);
+        float *logits = NULL;
+        for (int i = 0; i < n_turn; i++) { // feed the user's turn
+            history[pos] = ids[i];
+            logits = forward(t, ids[i], pos++);
+        }
+        free(ids);
+        DecodeState ds = {{0}, 0};
+        int prev = history[pos - 1];
+        for (int n_new = 0; n_new < max_new; n_new++) { // the assistant's reply
+            token = sample(sampler, logits, history, pos);
+            if (token == t->config.eos_id || pos >= t->n_ctx) break;
+            emit(tok, &ds, buf, prev, token);
+            history[pos] = token;
+            logits = forward(t, token, pos++);
+            prev = token;
+        }
+        size_t n = tokenizer_decode_flush(&ds, buf);
+        fwrite(buf, 1, n, stdout);
+        printf("\n");
+        fflush(stdout);
+        if (pos >= t->n_ctx) {
+            fprintf(stderr, "chat: the context of %d tokens is full (raise --ctx)\n", t->n_ctx);
+            break;
+        }
+        history[pos] = t->config.eos_id; // close the reply
+        forward(t, t->config.eos_id, pos++);
+        first = 0;
+    }
+    free(history);
+    free(buf);
+}
+
+/* tokenize: one line of space-separated ids, BOS first. */
+static void tokenize_mode(const Tokenizer *tok, const char *text, size_t len) {
+    int n;
+    int *ids = encode_or_die(tok, text, len, 1, &n);
+    for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+}
+
+/* -log softmax(logits)[target], in double:  logsumexp(logits) - logits[target] */
+double token_nll(const float *logits, int n, int target) {
+    double max = logits[0];
+    for (int i = 1; i < n; i++)
+        if (logits[i] > max) max = logits[i];
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += exp(logits[i] - max);
+    return max + log(sum) - logits[target];
+}
+
+typedef struct {
+    int start, end; // in-window positions [start, end) of the predicted token
+    long tokens;
+    double nll_sum;
+} Bucket;
+
+/* Position buckets [0, L/2), [L/2, L), [L, 2L), [2L, 4L), ... cut at n_ctx,
+ * with L the training context. Returns the count (at most 64). */
+int ppl_buckets(Bucket *b, int train_ctx, int n_ctx) {
+    int n = 0, edge = 0, next = train_ctx / 2 > 0 ? train_ctx / 2 : train_ctx;
+    while (edge < n_ctx && n < 64) {
+        int end = next < n_ctx ? next : n_ctx;
+        b[n++] = (Bucket){edge, end, 0, 0.0};
+        edge = end;
+        next = edge < train_ctx ? train_ctx : (edge > INT_MAX / 2 ? INT_MAX : edge * 2);
+    }
+    return n;
+}
+
+static void print_json_string(const char *s) {
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') printf("\\%c", *p);
+        else if (*p < 0x20) printf("\\u%04x", *p);
+        else putchar(*p);
+    }
+    putchar('"');
+}
+
+/* ppl: teacher-forced NLL of a text file (DESIGN.md §3). The text is encoded
+ * once (no BOS); windows hold BOS + up to n_ctx-1 text tokens; a window starts
+ * every `stride` text tokens, and scores only the tokens no earlier window
+ * scored, each given its whole in-window prefix. */
+static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, const char *text, size_t len,
+                     int stride, int json) {
+    int n_ids;
+    int *ids = encode_or_die(tok, text, len, 0, &n_ids);
+    if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", path);
+    int window = t->n_ctx - 1; // text tokens per window after BOS
+    if (window < 1) die(EXIT_USAGE, "--ctx %d: ppl needs at least 2 (BOS plus one token)", t->n_ctx);
+    if (stride <= 0) stride = window;
+    if (stride > window) die(EXIT_USAGE, "--stride %d: expected 1..%d (ctx - 1)", stride, window);
+    Bucket buckets[64];
+    int n_buckets = ppl_buckets(buckets, t->rope.orig_ctx, t->n_ctx);
+    int V = t->config.vocab_size, n_windows = 0, scored_upto = 0;
+    long n_scored = 0;
+    double nll_sum = 0.0, start_time = now_seconds();
+    for (int start = 0;; start += stride) {
+        int end = start + window < n_ids ? start + window : n_ids;
+        float *logits = forward(t, t->config.bos_id, 0);
+        for (int j = start; j < end; j++) {
+            int p = j - start + 1; // in-window position of token j (BOS is at 0)
+            if (j >= scored_upto) {
+                double nll = token_nll(logits, V, ids[j]);
+                nll_sum += nll;
+                n_scored++;
+                for (int b = 0; b < n_buckets; b++)
+                    if (p >= buckets[b].start && p < buckets[b].end) {
+                        buckets[b].tokens++;
+                        buckets[b].nll_sum += nll;
+                    }
+            }
+            if (j + 1 < end) logits = forward(t, ids[j], p);
+        }
+        n_windows++;
+        scored_upto = end;
+        if (end == n_ids) break;
+    }
+    double nll = nll_sum / n_scored, elapsed = now_seconds() - start_time;
+    fprintf(stderr, "ppl: %ld tokens scored in %d windows, %.1f s\n", n_scored, n_windows, elapsed);
+    if (json) {
+        printf("{\"file\": ");
+        print_json_string(path);
+        printf(", \"tokens\": %ld, \"nll\": %.6f, \"ppl\": %.6f, \"ctx\": %d, \"stride\": %d, \"windows\": %d, "
+               "\"train_ctx\": %d, \"scaling\": \"%s\", \"buckets\": [",
+               n_scored, nll, exp(nll), t->n_ctx, stride, n_windows, t->rope.orig_ctx,
+               SCALING_NAMES[t->rope.scaling]);
+        int first = 1;
+        for (int b = 0; b < n_buckets; b++) {
+            if (!buckets[b].tokens) continue;
+            double bn = buckets[b].nll_sum / buckets[b].tokens;
+            printf("%s{\"start\": %d, \"end\": %d, \"tokens\": %ld, \"nll\": %.6f, \"ppl\": %.6f}", first ? "" : ", ",
+                   buckets[b].start, buckets[b].end, buckets[b].tokens, bn, exp(bn));
+            first = 0;
+        }
+        printf("]}\n");
+    } else {
+        printf("%s: %ld tokens, %d windows of ctx %d (stride %d), scaling %s\n", path, n_scored, n_windows, t->n_ctx,
+               stride, SCALING_NAMES[t->rope.scaling]);
+        printf("nll %.4f  ppl %.3f\n", nll, exp(nll));
+        printf("%-18s %8s %8s %10s\n", "positions", "tokens", "nll", "ppl");
+        for (int b = 0; b < n_buckets; b++) {
+            if (!buckets[b].tokens) continue;
+            double bn = buckets[b].nll_sum / buckets[b].tokens;
+            char range[40];
+            snprintf(range, sizeof range, "[%d, %d)", buckets[b].start, buckets[b].end);
+            printf("%-18s %8ld %8.4f %10.3f\n", range, buckets[b].tokens, bn, exp(bn));
+        }
+    }
+    free(ids);
+}
+
+/* rope: the inverse frequencies used for the full context, per pair i:
+ * inv_freq, wavelength 2*pi/inv_freq in tokens, and whether the wavelength
+ * fits in the training context (extrapolated: the model saw full turns) or
+ * not; plus the attention factor. */
+static void rope_mode(const Transformer *t, int json) {
+    const RopeConfig *r = &t->rope;
+    int half = r->rot_dim / 2;
+    double *inv = malloc((size_t)half * sizeof(double)), *plain = malloc((size_t)half * sizeof(double)), attn, unused;
+    if (!inv || !plain) die(EXIT_BAD_INPUT, "out of memory");
+    rope_frequencies(r, t->n_ctx, inv, &attn);
+    RopeConfig unscaled = *r;
+    unscaled.scaling = ROPE_NONE;
+    rope_frequencies(&unscaled, t->n_ctx, plain, &unused);
+    if (json) {
+        printf("{\"rot_dim\": %d, \"layout\": \"%s\", \"base\": %.17g, \"scaling\": \"%s\", \"factor\": %.17g, "
+               "\"orig_ctx\": %d, \"ctx\": %d, \"attn_factor\": %.17g, \"inv_freq\": [",
+               r->rot_dim, LAYOUT_NAMES[r->layout], r->base, SCALING_NAMES[r->scaling], r->factor, r->orig_ctx,
+               t->n_ctx, attn);
+        for (int i = 0; i < half; i++) printf("%s%.17g", i ? ", " : "", inv[i]);
+        printf("], \"wavelength\": [");
+        for (int i = 0; i < half; i++) printf("%s%.17g", i ? ", " : "", 2 * PI / inv[i]);
+        printf("]}\n");
+    } else {
+        printf("rot_dim %d, layout %s, base %g, scaling %s (factor %g, orig_ctx %d), ctx %d, attn_factor %.10f\n",
+               r->rot_dim, LAYOUT_NAMES[r->layout], r->base, SCALING_NAMES[r->scaling], r->factor, r->orig_ctx,
+               t->n_ctx, attn);
+        printf("%5s %16s %16s %10s  %s\n", "pair", "inv_freq", "wavelength", "/ unscaled", "within training context");
+        for (int i = 0; i < half; i++) {
+            double wl = 2 * PI / inv[i];
+            printf("%5d %16.10g %16.6g %10.4f  %s\n", i, inv[i], wl, inv[i] / plain[i],
+                   wl <= r->orig_ctx ? "yes (full turns seen in training)" : "no");
+        }
+    }
+    free(inv);
+    free(plain);
+}
+
+/* ==========================================================================
+ * 8. Command line
+ * ========================================================================== */
+#ifndef TESTING
+
+static void usage(FILE *out) {
+    fprintf(out,
+        "Usage: run <checkpoint> [options]\n"
+        "  -t <float>   temperature in [0, 100], default 1.0; 0 = greedy argmax\n"
+        "  -p <float>   top-p in (0, 1], default 0.9; 1 = off\n"
+        "  -k, --top-k <int>          keep the k most likely tokens, default 0 = off\n"
+        "  --min-p <float>            in [0, 1], default 0 = off\n"
+        "  --repeat-penalty <float>   > 0, default 1.0 = off\n"
+        "  --repeat-last-n <int>      tokens the penalty looks back over, default 64\n"
+        "  -s <int>     seed, default: the time; the same seed gives the same text\n"
+        "  -n <int>     maximum NEW tokens, default 256 (the prompt does not count)\n"
+        "  -i <text>    prompt;  -f <file>  prompt (or ppl text) read from a file\n"
+        "  -z <file>    tokenizer; default tokenizer.bin beside the checkpoint, else ./tokenizer.bin\n"
+        "  -m <mode>    generate (default) | chat | ppl | tokenize | rope\n"
+        "  -y <text>    system prompt for chat\n"
+        "  -c, --ctx <int>            context length; default the checkpoint's seq_len; may exceed it\n"
+        "  --stride <int>             ppl: text tokens between window starts, default ctx - 1\n"
+        "  --rope-scaling none|linear|ntk|dynamic|yarn|llama3   (default: the checkpoint's)\n"
+        "  --rope-factor <float>      scale s >= 1\n"
+        "  --rope-base <float>        RoPE base (theta); default the checkpoint's (legacy: 10000)\n"
+        "  --rope-orig-ctx <int>      original context the scaling uses; default seq_len\n"
+        "  --yarn-beta-fast <float>, --yarn-beta-slow <float>   default 32, 1\n"
+        "  --yarn-attn-factor <float> default 0.1 ln s + 1\n"
+        "  --llama3-low-freq <float>, --llama3-high-freq <float>   default 1, 4\n"
+        "  --json       machine-readable output for ppl and rope\n"
+        "  -h, --help   this text\n"
+        "Threads: OpenMP, set with OMP_NUM_THREADS.\n"
+        "Exit status: 0 ok, 1 bad input or runtime failure, 2 bad usage.\n");
+}
+
+/* Strict number parsing: the whole string must be a number within [lo, hi]. */
+static long parse_long(const char *flag, const char *s, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+        die(EXIT_USAGE, "%s %s: expected an integer in [%ld, %ld]", flag, s, lo, hi);
+    return v;
+}
+static double parse_double(const char *flag, const char *s, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE || !(v >= lo && v <= hi))
+        die(EXIT_USAGE, "%s %s: expected a number in [%g, %g]", flag, s, lo, hi);
+    return v;
+}
+
+static int parse_choice(const char *flag, const char *s, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0) return i;
+    char list[200] = "";
+    for (int i = 0; i < n; i++) {
+        size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%s%s", i ? "|" : "", names[i]);
+    }
+    die(EXIT_USAGE, "%s %s: expected one of %s", flag, s, list);
+}
+
+/* The tokenizer beside the checkpoint if there is one, else ./tokenizer.bin. */
+static char *default_tokenizer_path(const char *checkpoint) {
+    const char *slash = strrchr(checkpoint, '/');
+    size_t dir_len = slash ? (size_t)(slash - checkpoint + 1) : 0;
+    char *path = malloc(dir_len + sizeof "tokenizer.bin");
+    if (!path) die(EXIT_BAD_INPUT, "out of memory");
+    memcpy(path, checkpoint, dir_len);
+    memcpy(path + dir_len, "tokenizer.bin", sizeof "tokenizer.bin");
+    if (access(path, F_OK) != 0) memcpy(path, "tokenizer.bin", sizeof "tokenizer.bin");
+    return path;
+}
+
+int main(int argc, char **argv) {
+    static const char *const MODES[] = {"generate", "chat", "ppl", "tokenize", "rope"};
+    enum { GENERATE, CHAT, PPL, TOKENIZE, ROPE_MODE };
+    const char *checkpoint = NULL, *tokenizer_path = NULL, *prompt = NULL, *prompt_file = NULL, *system = NULL;
+    float temperature = 1.0f, topp = 0.9f, minp = 0.0f, repeat_penalty = 1.0f;
+    int topk = 0, repeat_last_n = 64, steps = 256, ctx = 0, stride = 0, json = 0, mode = GENERATE;
+    uint64_t seed = (uint64_t)time(NULL);
+    RopeConfig ov = {NAN, -1, -1, -1, NAN, -1, NAN, NAN, NAN, NAN, NAN}; // overrides; NAN / -1 = not given
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (strcmp(a, "--json") == 0) {
+            json = 1;
+            continue;
+        }
+        if (a[0] != '-') {
+            if (checkpoint) die(EXIT_USAGE, "%s: unexpected argument (the checkpoint is already %s)", a, checkpoint);
+            checkpoint = a;
+            continue;
+        }
+        if (i + 1 >= argc) die(EXIT_USAGE, "%s: missing value (see --help)", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "-t")) temperature = (float)parse_double(a, v, 0.0, 100.0);
+        else if (!strcmp(a, "-p")) topp = (float)parse_double(a, v, 1e-9, 1.0);
+        else if (!strcmp(a, "-k") || !strcmp(a, "--top-k")) topk = (int)parse_long(a, v, 0, INT_MAX);
+        else if (!strcmp(a, "--min-p")) minp = (float)parse_double(a, v, 0.0, 1.0);
+        else if (!strcmp(a, "--repeat-penalty")) repeat_penalty = (float)parse_double(a, v, 1e-3, 1e3);
+        else if (!strcmp(a, "--repeat-last-n")) repeat_last_n = (int)parse_long(a, v, 0, INT_MAX);
+        else if (!strcmp(a, "-s")) seed = (uint64_t)parse_long(a, v, 0, LONG_MAX);
+        else if (!strcmp(a, "-n")) steps = (int)parse_long(a, v, 0, INT_MAX);
+        else if (!strcmp(a, "-i")) prompt = v;
+        else if (!strcmp(a, "-f")) prompt_file = v;
+        else if (!strcmp(a, "-z")) tokenizer_path = v;
+        else if (!strcmp(a, "-m")) mode = parse_choice(a, v, MODES, 5);
+        else if (!strcmp(a, "-y")) system = v;
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) ctx = (int)parse_long(a, v, 1, MAX_SEQ_LEN);
+        else if (!strcmp(a, "--stride")) stride = (int)parse_long(a, v, 1, MAX_SEQ_LEN);
+        else if (!strcmp(a, "--rope-scaling")) ov.scaling = parse_choice(a, v, SCALING_NAMES, ROPE_N_SCALINGS);
+        else if (!strcmp(a, "--rope-factor")) ov.factor = parse_double(a, v, 1.0, 1e6);
+        else if (!strcmp(a, "--rope-base")) ov.base = parse_double(a, v, 1.0 + 1e-9, 1e12);
+        else if (!strcmp(a, "--rope-orig-ctx")) ov.orig_ctx = (int)parse_long(a, v, 1, MAX_SEQ_LEN);
+        else if (!strcmp(a, "--yarn-beta-fast")) ov.beta_fast = parse_double(a, v, 1e-6, 1e6);
+        else if (!strcmp(a, "--yarn-beta-slow")) ov.beta_slow = parse_double(a, v, 1e-6, 1e6);
+        else if (!strcmp(a, "--yarn-attn-factor")) ov.attn_factor = parse_double(a, v, 1e-6, 1e3);
+        else if (!strcmp(a, "--llama3-low-freq")) ov.low_freq = parse_double(a, v, 1e-6, 1e6);
+        else if (!strcmp(a, "--llama3-high-freq")) ov.high_freq = parse_double(a, v, 1e-6, 1e6);
+        else die(EXIT_USAGE, "%s: unknown option (see --help)", a);
+    }
+    if (!checkpoint) {
+        usage(stderr);
+        die(EXIT_USAGE, "missing <checkpoint>");
+    }
+    if (prompt && prompt_file) die(EXIT_USAGE, "-i and -f: give the prompt one way, not both");
+    if (mode == PPL && !prompt_file) die(EXIT_USAGE, "-m ppl: needs -f <text file> to score");
+    if (stride && mode != PPL) die(EXIT_USAGE, "--stride: only used by -m ppl");
+
+    char err[512];
+    Transformer t;
+    double t0 = now_seconds();
+    if (build_transformer(&t, checkpoint, &ov, ctx, err, sizeof err) != 0) die(EXIT_BAD_INPUT, "%s", err);
+    const Config *c = &t.config;
+    size_t kv_bytes = 2 * (size_t)c->n_layers * t.n_ctx * (c->dim / c->n_heads) * c->n_kv_heads * sizeof(float);
+    fprintf(stderr,
+            "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, seq_len %d; rope %s base %g rot %d "
+            "scaling %s; ctx %d, KV cache %.1f MiB; loaded in %.2f s\n",
+            checkpoint, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len,
+            LAYOUT_NAMES[t.rope.layout], t.rope.base, t.rope.rot_dim, SCALING_NAMES[t.rope.scaling], t.n_ctx,
+            kv_bytes / 1048576.0, now_seconds() - t0);
+    if (mode == ROPE_MODE) {
+        rope_mode(&t, json);
+        free_transformer(&t);
+        return 0;
+    }
+
+    char *owned_tok_path = tokenizer_path ? NULL : default_tokenizer_path(checkpoint);
+    Tokenizer tok;
+    if (tokenizer_build(&tok, tokenizer_path ? tokenizer_path : owned_tok_path, c->vocab_size, c->bos_id, c->eos_id,
+                        err, sizeof err) != 0)
+        die(EXIT_BAD_INPUT, "%s (give the tokenizer with -z)", err);
+    free(owned_tok_path);
+
+    size_t text_len = prompt ? strlen(prompt) : 0;
+    char *text = NULL;
+    if (prompt_file) {
+        text = read_text_file(prompt_file, "-f", &text_len, err, sizeof err);
+        if (!text) die(EXIT_BAD_INPUT, "%s", err);
+    }
+    const char *input = text ? text : prompt ? prompt : "";
+
+    Sampler sampler;
+    if (build_sampler(&sampler, c->vocab_size, temperature, topp, topk, minp, repeat_penalty, repeat_last_n, seed))
+        die(EXIT_BAD_INPUT, "out of memory for the sampler");
+    switch (mode) {
+    case GENERATE: generate(&t, &tok, &sampler, input, text_len, steps); break;
+    case CHAT: chat(&t, &tok, &sampler, text || prompt ? input : NULL, system, steps); break;
+    case PPL: ppl_mode(&t, &tok, prompt_file, input, text_len, stride, json); break;
+    case TOKENIZE: tokenize_mode(&tok, input, text_len); break;
+    }
+    free_sampler(&sampler);
+    free(text);
+    tokenizer_free(&tok);
+    free_transformer(&t);
+    return 0;
+}
+#endif
