@@ -185,6 +185,8 @@ typedef struct {
     int *sorted_ids;     // (vocab_size) ids of mergeable pieces sorted by bytes, for lookup
     int n_sorted;
     int bos_id, eos_id;
+    int unk_id;          // id of "<unk>" (0 when absent); used only without byte tokens
+    char *piece_storage; // one block holding every piece of vocab, owned here
 } Tokenizer;
 
 /* Streaming decode state: bytes of a UTF-8 sequence not yet complete. */
