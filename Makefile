@@ -64,7 +64,7 @@ sanitize:
 	$(CC) $(SAN) $(OMP) $(WARN) -o run-san $(SRC) $(LDLIBS)
 	./tests/test_run-san
 	./tests/test_tokenizer-san
-	RUN=./run-san $(PYTHON) tests/sanitize_smoke.py
+	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_modes.py tests/test_loader.py
 
 test-py: build tests/tok_driver
 	TOK_DRIVER=./tests/tok_driver $(PYTHON) -m pytest -q tests

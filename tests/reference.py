@@ -1,0 +1,204 @@
+"""A numpy reference forward pass for the Llama-2 architecture, in float64.
+
+Written from the math, not from run.c, so that the two can check each other:
+it processes a whole sequence at once (a causal mask instead of a KV cache)
+and builds RoPE from its definition.
+
+    x = token_embedding[tokens]                          (T, dim)
+    per layer:
+        h = rmsnorm(x, rms_att_weight)
+        q, k, v = h @ wq.T, h @ wk.T, h @ wv.T           heads of head_size
+        q, k = rope(q), rope(k)                          first rot_dim dims of each head
+        a = softmax(q k^T / sqrt(head_size) + causal mask) v
+                                                         query head h uses kv head h // (n_heads/n_kv_heads)
+        x = x + a @ wo.T
+        h = rmsnorm(x, rms_ffn_weight)
+        x = x + (silu(h @ w1.T) * (h @ w3.T)) @ w2.T     SwiGLU
+    logits = rmsnorm(x, rms_final_weight) @ (token_embedding if shared else wcls).T
+
+rmsnorm(x, w) = x * w / sqrt(mean(x^2) + eps).
+RoPE (rope-spec.md 1.1, 1.2): inv_freq_i = base^(-2i/rot_dim), angle = pos * inv_freq_i;
+pair i is (2i, 2i+1) in the interleaved layout, (i, i + rot_dim/2) in neox;
+(x, y) -> (x cos - y sin, x sin + y cos). Only unscaled RoPE is modelled.
+
+ppl_reference() applies the windowing contract of `run -m ppl` (DESIGN.md 3).
+"""
+
+import math
+
+import numpy as np
+
+
+def rmsnorm(x, w, eps):
+    """x (..., n) * w (n) / sqrt(mean(x^2) + eps), over the last axis."""
+    return x * w / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def rope_cos_sin(n_pos, rot_dim, base):
+    """cos, sin tables (n_pos, rot_dim/2) for positions 0..n_pos-1."""
+    inv_freq = base ** (-np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
+    angle = np.outer(np.arange(n_pos, dtype=np.float64), inv_freq)
+    return np.cos(angle), np.sin(angle)
+
+
+def apply_rope(x, cos, sin, rot_dim, layout):
+    """Rotate the first rot_dim dims of every head. x: (T, heads, head_size);
+    cos, sin: (T, rot_dim/2). Returns a new array."""
+    half = rot_dim // 2
+    out = x.copy()
+    r = x[..., :rot_dim]
+    if layout == "interleaved":
+        a, b = r[..., 0::2], r[..., 1::2]
+    elif layout == "neox":
+        a, b = r[..., :half], r[..., half:]
+    else:
+        raise ValueError(f"unknown layout {layout!r}")
+    c, s = cos[:, None, :], sin[:, None, :]
+    a2, b2 = a * c - b * s, a * s + b * c
+    if layout == "interleaved":
+        out[..., 0:rot_dim:2], out[..., 1:rot_dim:2] = a2, b2
+    else:
+        out[..., :half], out[..., half:rot_dim] = a2, b2
+    return out
+
+
+def _softmax(x, axis=-1):
+    x = x - x.max(axis=axis, keepdims=True)  # exp of large values would overflow
+    e = np.exp(x)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+class Reference:
+    """The model as float64 arrays. cfg: a config dict as export.py takes it
+    (export.normalize_config fills in defaults); tensors: name -> array."""
+
+    def __init__(self, cfg, tensors):
+        if cfg.get("rope_scaling", "none") not in ("none", 0):
+            raise NotImplementedError("the reference models unscaled RoPE only")
+        self.cfg = cfg
+        self.dim = cfg["dim"]
+        self.n_heads = cfg["n_heads"]
+        self.n_kv_heads = cfg["n_kv_heads"]
+        self.head_size = self.dim // self.n_heads
+        self.rot_dim = cfg.get("rot_dim") or self.head_size
+        self.layout = cfg.get("rope_layout", "interleaved")
+        # the header stores these as float32: use the value the checkpoint holds
+        self.base = float(np.float32(cfg.get("rope_theta", 10000.0)))
+        self.eps = float(np.float32(cfg.get("norm_eps", 1e-5)))
+        self.w = {k: np.asarray(v, dtype=np.float64) for k, v in tensors.items()}
+        shared = cfg.get("shared_classifier", True)
+        self.wcls = self.w["token_embedding"] if shared else self.w["wcls"]
+
+    def logits(self, tokens):
+        """Logits (T, vocab_size) for every position of tokens (T,), causally."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        T, hs, nh, nkv = len(tokens), self.head_size, self.n_heads, self.n_kv_heads
+        w = self.w
+        x = w["token_embedding"][tokens]
+        cos, sin = rope_cos_sin(T, self.rot_dim, self.base)
+        mask = np.triu(np.full((T, T), -np.inf), k=1)  # position t sees 0..t
+        group = nh // nkv
+        for l in range(w["wq"].shape[0]):
+            h = rmsnorm(x, w["rms_att_weight"][l], self.eps)
+            q = (h @ w["wq"][l].T).reshape(T, nh, hs)
+            k = (h @ w["wk"][l].T).reshape(T, nkv, hs)
+            v = (h @ w["wv"][l].T).reshape(T, nkv, hs)
+            q = apply_rope(q, cos, sin, self.rot_dim, self.layout)
+            k = apply_rope(k, cos, sin, self.rot_dim, self.layout)
+            att_out = np.empty((T, nh, hs))
+            for head in range(nh):
+                kv = head // group
+                scores = q[:, head, :] @ k[:, kv, :].T / math.sqrt(hs) + mask
+                att_out[:, head, :] = _softmax(scores) @ v[:, kv, :]
+            x = x + att_out.reshape(T, nh * hs) @ w["wo"][l].T
+            h = rmsnorm(x, w["rms_ffn_weight"][l], self.eps)
+            x = x + (_silu(h @ w["w1"][l].T) * (h @ w["w3"][l].T)) @ w["w2"][l].T
+        x = rmsnorm(x, w["rms_final_weight"], self.eps)
+        return x @ self.wcls.T
+
+    def nll(self, tokens):
+        """-log p(tokens[t] | tokens[:t]) for t = 1..T-1, natural log, shape (T-1,)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        logits = self.logits(tokens[:-1])
+        m = logits.max(axis=-1, keepdims=True)
+        logz = (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))[:, 0]
+        return logz - logits[np.arange(len(tokens) - 1), tokens[1:]]
+
+    def greedy(self, prompt, n, stop_ids=()):
+        """Greedy continuation of prompt (ids, BOS first): up to n new ids,
+        stopping after (and including) any id in stop_ids. Also returns the
+        smallest top-1 minus top-2 logit gap seen, to judge near-ties."""
+        ids, new, min_gap = list(prompt), [], math.inf
+        for _ in range(n):
+            last = self.logits(ids)[-1]
+            top2 = np.sort(last)[-2:]
+            min_gap = min(min_gap, top2[1] - top2[0])
+            nxt = int(np.argmax(last))
+            new.append(nxt)
+            ids.append(nxt)
+            if nxt in stop_ids:
+                break
+        return new, min_gap
+
+
+def bucket_bounds(seq_len, ctx):
+    """Position buckets of `run -m ppl`: boundaries 0, L/2, L, 2L, 4L, ...
+    capped at ctx, as [(start, end)]."""
+    edges = [0, seq_len // 2, seq_len]
+    while edges[-1] < ctx:
+        edges.append(edges[-1] * 2)
+    edges = sorted(set(min(e, ctx) for e in edges))
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+
+
+def ppl_reference(model, text_ids, ctx, bos_id, seq_len, stride=None):
+    """Teacher-forced evaluation with run's windowing contract (DESIGN.md 3).
+
+    text_ids: the text's ids without BOS. Windows hold ctx-1 text tokens each
+    and are fed as [BOS] + tokens; each text token after BOS is scored given
+    its in-window prefix. Windows start every `stride` tokens (default ctx-1,
+    no overlap); a window scores only tokens no earlier window scored. The
+    bucket of a scored token is its in-window position (1..ctx-1).
+
+    Returns a dict like run's --json: tokens, nll, ppl, ctx, buckets, plus
+    'per_token': [(text index, in-window position, nll)]."""
+    n, span = len(text_ids), ctx - 1
+    stride = span if stride is None else stride
+    assert 1 <= stride <= span
+    per_token, start, scored_until = [], 0, 0
+    while scored_until < n:
+        chunk = list(text_ids[start:start + span])
+        nll = model.nll([bos_id] + chunk)  # nll[j] scores chunk[j] at position j+1
+        for j in range(len(chunk)):
+            idx = start + j
+            if idx >= scored_until:
+                per_token.append((idx, j + 1, float(nll[j])))
+        scored_until = start + len(chunk)
+        start += stride
+    buckets = []
+    for a, b in bucket_bounds(seq_len, ctx):
+        vals = [v for _, pos, v in per_token if a <= pos < b]
+        mean = float(np.mean(vals)) if vals else float("nan")
+        buckets.append({"start": a, "end": b, "tokens": len(vals), "nll": mean,
+                        "ppl": math.exp(mean) if vals else float("nan")})
+    mean = float(np.mean([v for _, _, v in per_token]))
+    return {"tokens": len(per_token), "nll": mean, "ppl": math.exp(mean), "ctx": ctx,
+            "buckets": buckets, "per_token": per_token}
+
+
+def decode_llama2c(pieces, prev, token):
+    """Bytes that llama2.c prints for `token` after `prev`: a byte token
+    "<0xAB>" is the raw byte; after BOS (id 1) a leading space is dropped."""
+    piece = pieces[token]
+    if prev == 1 and piece.startswith(b" "):
+        piece = piece[1:]
+    if len(piece) == 6 and piece.startswith(b"<0x") and piece.endswith(b">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            pass
+    return piece

@@ -1,0 +1,159 @@
+"""The command line's contract (DESIGN.md section 3), mode by mode.
+
+generate: stdout is the prompt, the continuation and one final newline;
+chat: multi-turn over stdin; tokenize; ppl windows and stride; rope; the
+golden stories260K text. `make sanitize` runs this file against the
+ASan+UBSan build as well (RUN=./run-san).
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import (MODELS, SYN_VOCAB, TEXT, check_error, make_model, need_shared, run,
+                      run_ok, tokenize)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path, cfg, _ = make_model(tmp_path_factory.mktemp("modes"), seed=3, n_kv_heads=2, seq_len=64)
+    return path
+
+
+def test_help_lists_every_flag():
+    p = run_ok("--help")
+    out = p.stdout.decode()
+    for flag in ("-t", "-p", "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "-s", "-n",
+                 "-i", "-f", "-z", "-m", "-y", "--ctx", "--rope-scaling", "--rope-factor",
+                 "--rope-base", "--rope-orig-ctx", "--yarn-beta-fast", "--yarn-beta-slow",
+                 "--yarn-attn-factor", "--llama3-low-freq", "--llama3-high-freq", "--json", "--stride"):
+        assert flag in out, f"--help does not mention {flag}"
+
+
+def test_generate_prints_prompt_then_continuation(model, syn_tokenizer):
+    prompt = "the cat sat"
+    p = run_ok(model, "-z", syn_tokenizer, "-t", "0", "-n", "12", "-i", prompt)
+    out = p.stdout.decode()
+    assert out.startswith(prompt), out
+    assert out.endswith("\n")
+    assert len(out) > len(prompt) + 1, "no continuation"
+    # -n 0: the prompt alone
+    p0 = run_ok(model, "-z", syn_tokenizer, "-t", "0", "-n", "0", "-i", prompt)
+    assert p0.stdout.decode() == prompt + "\n"
+    # greedy is a prefix chain: 12 new tokens extend 5 new tokens
+    p5 = run_ok(model, "-z", syn_tokenizer, "-t", "0", "-n", "5", "-i", prompt)
+    assert out.startswith(p5.stdout.decode()[:-1])
+    assert b"tok/s" in p.stderr and b"tok/s" not in p.stdout
+
+
+def test_generate_counts_new_tokens_and_stops_at_full_context(model, syn_tokenizer):
+    prompt = "the dog ran"
+    n_prompt = len(tokenize(model, syn_tokenizer, prompt))
+    # -n counts only new tokens (stderr reports them)
+    p = run_ok(model, "-z", syn_tokenizer, "-t", "0", "-n", "7", "-i", prompt)
+    assert f"{n_prompt} prompt + 7 new tokens" in p.stderr.decode() or b"new tokens" in p.stderr
+    # context 16: at most 16 - n_prompt + 1 new tokens, then a clean stop
+    p = run_ok(model, "-z", syn_tokenizer, "-t", "0", "-n", "500", "--ctx", "16", "-i", prompt)
+    new = int(p.stderr.decode().split(" prompt + ")[1].split(" new")[0])
+    assert 1 <= new <= 16 - n_prompt + 1
+
+
+def test_prompt_longer_than_context_is_bad_input(model, syn_tokenizer):
+    p = run(model, "-z", syn_tokenizer, "--ctx", "8", "-i", TEXT)
+    check_error(p, 1, ["prompt", "--ctx"])
+
+
+def test_same_seed_same_text_at_any_thread_count(model, syn_tokenizer, monkeypatch):
+    args = (model, "-z", syn_tokenizer, "-t", "1.0", "-p", "0.95", "-s", "7", "-n", "40", "-i", "the")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    a = run_ok(*args).stdout
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    b = run_ok(*args).stdout
+    c = run_ok(*args[:-4], "-s", "8", "-n", "40", "-i", "the").stdout
+    assert a == b
+    assert a != c, "a different seed should give a different sample"
+
+
+def test_sampling_flags_run(model, syn_tokenizer):
+    for extra in (["-k", "5"], ["--min-p", "0.1"], ["--repeat-penalty", "1.3", "--repeat-last-n", "8"],
+                  ["-t", "0.7", "-p", "0.5"]):
+        run_ok(model, "-z", syn_tokenizer, "-s", "1", "-n", "10", "-i", "a", *extra)
+
+
+def test_tokenize_includes_bos(model, syn_tokenizer):
+    ids = tokenize(model, syn_tokenizer, "the end")
+    assert ids[0] == 1 and len(ids) > 1 and all(0 <= i < SYN_VOCAB for i in ids)
+
+
+def test_chat_is_multi_turn(model, syn_tokenizer):
+    p = run_ok(model, "-z", syn_tokenizer, "-m", "chat", "-t", "0", "-n", "5", "-y", "be kind",
+               "-i", "hi there")
+    assert p.stdout.count(b"Assistant: ") == 1
+    # turns from stdin, one per line, any length
+    long_turn = b"the cat " * 3
+    p = run(model, "-z", syn_tokenizer, "-m", "chat", "-t", "0", "-n", "4", "--ctx", "256",
+            input=b"hello\n" + long_turn + b"\nbye\n")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count(b"Assistant: ") == 3
+    assert p.stdout.count(b"User: ") == 4  # the fourth finds end of input
+
+
+def test_ppl_windows_and_stride(model, syn_tokenizer, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 3)
+    n = len(tokenize(model, syn_tokenizer, TEXT * 3)) - 1  # without BOS
+    ctx = 32
+    r = json.loads(run_ok(model, "-z", syn_tokenizer, "-m", "ppl", "-f", text, "--ctx", str(ctx),
+                          "--json").stdout)
+    assert r["tokens"] == n, "every text token is scored exactly once"
+    assert r["windows"] == math.ceil(n / (ctx - 1))
+    assert abs(r["ppl"] - math.exp(r["nll"])) < 1e-3 * r["ppl"]
+    assert sum(b["tokens"] for b in r["buckets"]) == n
+    assert [b["start"] for b in r["buckets"]] == [0, 32][:len(r["buckets"])]
+    # stride 8: every token still scored once, with more context on average
+    s = json.loads(run_ok(model, "-z", syn_tokenizer, "-m", "ppl", "-f", text, "--ctx", str(ctx),
+                          "--stride", "8", "--json").stdout)
+    assert s["tokens"] == n
+    assert s["windows"] == 1 + math.ceil((n - (ctx - 1)) / 8)
+    # text output carries the same numbers
+    t = run_ok(model, "-z", syn_tokenizer, "-m", "ppl", "-f", text, "--ctx", str(ctx)).stdout.decode()
+    assert f"nll {r['nll']:.4f}" in t
+
+
+def test_ppl_buckets_follow_training_length(model, syn_tokenizer, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 4)
+    r = json.loads(run_ok(model, "-z", syn_tokenizer, "-m", "ppl", "-f", text, "--ctx", "256",
+                          "--json").stdout)
+    edges = [(b["start"], b["end"]) for b in r["buckets"]]
+    assert edges[:3] == [(0, 32), (32, 64), (64, 128)], edges  # L = seq_len = 64
+
+
+def test_rope_mode_json_matches_formula(model):
+    r = json.loads(run_ok(model, "-m", "rope", "--json").stdout)
+    d = r["rot_dim"]
+    expect = 10000.0 ** (-np.arange(0, d, 2) / d)
+    assert r["scaling"] == "none" and r["attn_factor"] == 1
+    np.testing.assert_allclose(r["inv_freq"], expect, rtol=1e-12)
+    y = json.loads(run_ok(model, "-m", "rope", "--json", "--rope-scaling", "yarn",
+                          "--rope-factor", "4").stdout)
+    assert abs(y["attn_factor"] - (0.1 * math.log(4) + 1)) < 1e-12
+    lines = run_ok(model, "-m", "rope").stdout.decode().splitlines()
+    assert len(lines) == 2 + d // 2
+
+
+def test_stories260k_golden_greedy():
+    ckpt, tok, golden = need_shared("stories260K.bin", "tok512.bin", "stories260K.greedy.txt")
+    p = run_ok(ckpt, "-z", tok, "-t", "0", "-n", "512")
+    assert p.stdout == golden.read_bytes()
+
+
+def test_stories260k_default_tokenizer_lookup(tmp_path):
+    """-z defaults to tokenizer.bin beside the checkpoint."""
+    ckpt, tok = need_shared("stories260K.bin", "tok512.bin")
+    (tmp_path / "m.bin").symlink_to(ckpt)
+    (tmp_path / "tokenizer.bin").symlink_to(tok)
+    p = run_ok(tmp_path / "m.bin", "-t", "0", "-n", "8", "-i", "Once")
+    assert p.stdout.startswith(b"Once")
