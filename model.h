@@ -121,6 +121,11 @@ typedef struct {
     double attn_factor; // YaRN magnitude; 0 = 0.1 ln s + 1
     double low_freq;    // Llama 3 low_freq_factor, default 1
     double high_freq;   // Llama 3 high_freq_factor, default 4
+    // Run-time choices (command line only, never stored in a checkpoint):
+    int dynamic_exact;  // dynamic NTK: 0 = Hugging Face (cached keys keep the rotation they got),
+                        // 1 = exact (pre-RoPE key cache, every key re-rotated with the current base)
+    int se_group;       // Self-Extend group size G (0 = off)
+    int se_window;      // Self-Extend neighbour window W, in tokens
 } RopeConfig;
 
 /* Pointers into the read-only mapping; never written, never freed one by one. */
@@ -152,16 +157,22 @@ typedef struct {
     float *v;           // (kv_dim) this token's value
     float *att;         // (n_heads, n_ctx) attention weights
     float *logits;      // (vocab_size)
-    float *key_cache;   // (n_layers, n_ctx, kv_dim), keys already rotated
+    float *key_cache;   // (n_layers, n_ctx, kv_dim), keys rotated, or raw with a pre-RoPE cache
     float *value_cache; // (n_layers, n_ctx, kv_dim)
     float *rope_cos;    // (n_ctx, rot_dim/2), multiplied by attn factor
     float *rope_sin;    // (n_ctx, rot_dim/2), multiplied by attn factor
+    double *inv_freq;   // (rot_dim/2) scratch for rebuilding table rows
+    float *q_group;     // (dim) query rotated at its Self-Extend group position
+    float *key_rot;     // (n_ctx, kv_dim) one layer's keys rotated for this step (pre-RoPE cache only)
 } RunState;
 
 typedef struct {
     Config config;
     RopeConfig rope;
     int n_ctx;          // positions this run can hold (KV cache and table rows)
+    int prerope;        // 1: key_cache holds keys before RoPE, rotated at attention time
+                        //    (exact dynamic NTK and Self-Extend need this)
+    int table_len;      // the sequence length the table rows were built for (exact dynamic NTK)
     Weights weights;
     RunState state;
     void *mapping;      // the whole checkpoint file, mmap'd read-only

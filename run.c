@@ -471,10 +471,55 @@ static int validate_rope(const RopeConfig *r, int head_size, char *err, size_t e
     if (r->scaling == ROPE_LLAMA3 && !(r->high_freq > r->low_freq && r->low_freq > 0))
         return fail(err, err_len, "--llama3-low-freq %g / --llama3-high-freq %g: expected high > low > 0",
                     r->low_freq, r->high_freq);
-    if (r->scaling == ROPE_DYNAMIC)
-        return fail(err, err_len, "--rope-scaling dynamic: not implemented yet; refusing rather than "
-                    "running unscaled (use ntk with --rope-factor for a static base)");
+    if (r->se_group > 0 && r->scaling == ROPE_DYNAMIC)
+        return fail(err, err_len, "--self-extend with --rope-scaling dynamic: choose one (both re-assign how "
+                    "cached keys are rotated)");
     return 0;
+}
+
+/* Rows [first, first + n) of the table for a sequence of length seq_len. */
+static void rope_build_rows(Transformer *t, int seq_len, int first, int n) {
+    RunState *s = &t->state;
+    int half = t->rope.rot_dim / 2;
+    double attn;
+    rope_frequencies(&t->rope, seq_len, s->inv_freq, &attn);
+    rope_fill_table(s->rope_cos + (size_t)first * half, s->rope_sin + (size_t)first * half, first, n, s->inv_freq,
+                    half, attn);
+}
+
+/* Build the whole (n_ctx, rot_dim/2) table once, at load.
+ * Every method but dynamic NTK has one table for all lengths. Dynamic NTK
+ * (rope-spec §2.3) uses base b' = b * (s*S/L - (s-1))^(d/(d-2)) for a sequence
+ * of length S > L:
+ *   hf:    the token at position p is rotated once, when it arrives, for
+ *          length S = p + 1; cached keys keep that rotation. So row p is
+ *          simply built for length max(p + 1, L), and the table never changes.
+ *   exact: every key is re-rotated for the current length (pre-RoPE cache);
+ *          rope_sync_dynamic rebuilds rows 0..pos once pos + 1 > L. */
+static void rope_build_table(Transformer *t) {
+    int L = t->rope.orig_ctx;
+    if (t->rope.scaling != ROPE_DYNAMIC) {
+        rope_build_rows(t, t->n_ctx, 0, t->n_ctx);
+        return;
+    }
+    rope_build_rows(t, L, 0, t->n_ctx < L ? t->n_ctx : L);  // S <= L: the unscaled frequencies
+    t->table_len = L;
+    if (t->rope.dynamic_exact) {
+        if (t->n_ctx > L) rope_build_rows(t, L, L, t->n_ctx - L);
+        return;
+    }
+    for (int p = L; p < t->n_ctx; p++) rope_build_rows(t, p + 1, p, 1);
+}
+
+/* Exact dynamic NTK: before the token at pos, make rows 0..pos right for the
+ * current length S = pos + 1 (or back to the unscaled rows when S <= L). */
+static void rope_sync_dynamic(Transformer *t, int pos) {
+    if (t->rope.scaling != ROPE_DYNAMIC || !t->rope.dynamic_exact) return;
+    int L = t->rope.orig_ctx, S = pos + 1 > L ? pos + 1 : L;
+    if (S == t->table_len) return;
+    if (S == L) rope_build_rows(t, L, 0, t->n_ctx); // a new sequence started: unscaled rows everywhere
+    else rope_build_rows(t, S, 0, pos + 1);
+    t->table_len = S;
 }
 
 /* ==========================================================================
@@ -494,18 +539,19 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
         {&s->q, dim}, {&s->k, kv_dim}, {&s->v, kv_dim}, {&s->att, (size_t)c->n_heads * n_ctx},
         {&s->logits, (size_t)c->vocab_size}, {&s->key_cache, cache_floats}, {&s->value_cache, cache_floats},
         {&s->rope_cos, n_ctx * half}, {&s->rope_sin, n_ctx * half},
+        // only with a pre-RoPE key cache: the query at its group position, one layer of rotated keys
+        {&s->q_group, t->prerope ? dim : 0}, {&s->key_rot, t->prerope ? n_ctx * kv_dim : 0},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (bufs[i].n == 0) continue;
         *bufs[i].p = calloc(bufs[i].n, sizeof(float));
         if (!*bufs[i].p)
             return fail(err, err_len, "--ctx %d: cannot allocate %.1f MiB (KV cache and buffers for this context)",
                         t->n_ctx, (double)bufs[i].n * sizeof(float) / (1 << 20));
     }
-    double *inv_freq = malloc(half * sizeof(double)), attn;
-    if (!inv_freq) return fail(err, err_len, "out of memory building the RoPE table");
-    rope_frequencies(&t->rope, t->n_ctx, inv_freq, &attn);
-    rope_fill_table(s->rope_cos, s->rope_sin, 0, t->n_ctx, inv_freq, (int)half, attn);
-    free(inv_freq);
+    s->inv_freq = malloc(half * sizeof(double));
+    if (!s->inv_freq) return fail(err, err_len, "out of memory building the RoPE table");
+    rope_build_table(t);
     return 0;
 }
 
@@ -527,6 +573,8 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
         if (!isnan(o->attn_factor)) r->attn_factor = o->attn_factor;
         if (!isnan(o->low_freq)) r->low_freq = o->low_freq;
         if (!isnan(o->high_freq)) r->high_freq = o->high_freq;
+        if (o->dynamic_exact >= 0) r->dynamic_exact = o->dynamic_exact;
+        if (o->se_group > 0) r->se_group = o->se_group, r->se_window = o->se_window;
     }
     // Defaults for parameters the checkpoint leaves at 0 (legacy files, or no scaling stored).
     if (t->rope.beta_fast == 0) t->rope.beta_fast = 32;
@@ -534,6 +582,7 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
     if (t->rope.low_freq == 0) t->rope.low_freq = 1;
     if (t->rope.high_freq == 0) t->rope.high_freq = 4;
     t->n_ctx = n_ctx > 0 ? n_ctx : t->config.seq_len;
+    t->prerope = t->rope.se_group > 0 || (t->rope.scaling == ROPE_DYNAMIC && t->rope.dynamic_exact);
     if (validate_rope(&t->rope, t->config.dim / t->config.n_heads, err, err_len) != 0 ||
         build_run_state(t, err, err_len) != 0)
         return -1;
@@ -544,8 +593,9 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
 void free_transformer(Transformer *t) {
     RunState *s = &t->state;
     float *bufs[] = {s->x, s->xb, s->xb2, s->hb, s->hb2, s->q, s->k, s->v, s->att, s->logits,
-                     s->key_cache, s->value_cache, s->rope_cos, s->rope_sin};
+                     s->key_cache, s->value_cache, s->rope_cos, s->rope_sin, s->q_group, s->key_rot};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(s->inv_freq);
     if (t->mapping) munmap(t->mapping, t->file_size);
     memset(t, 0, sizeof *t);
 }
@@ -616,15 +666,18 @@ void rope(float *vec, int n_heads, int head_size, const float *cos_row, const fl
 
 /* One query head attending over positions 0..pos of its kv head:
  *   att[t] = softmax_t(q . k_t / sqrt(head_size)),  out = sum_t att[t] * v_t
- * q, out: (head_size); keys, values: (n_ctx, kv_dim) with this head's slice
- * starting at kv_offset; att: (pos + 1) scratch. */
-void attention_head(float *out, const float *q, const float *keys, const float *values, float *att, int pos,
-                    int head_size, int kv_dim, int kv_offset) {
+ * With Self-Extend the first n_far keys (the far ones) are scored against
+ * q_far, the query rotated at its group position; otherwise n_far = 0.
+ * q, q_far, out: (head_size); keys, values: (n_ctx, kv_dim) with this head's
+ * slice starting at kv_offset; att: (pos + 1) scratch. */
+void attention_head(float *out, const float *q, const float *q_far, int n_far, const float *keys,
+                    const float *values, float *att, int pos, int head_size, int kv_dim, int kv_offset) {
     float scale = 1.0f / sqrtf((float)head_size);
     for (int t = 0; t <= pos; t++) {
         const float *k = keys + (size_t)t * kv_dim + kv_offset;
+        const float *qt = t < n_far ? q_far : q;
         float score = 0.0f;
-        for (int i = 0; i < head_size; i++) score += q[i] * k[i];
+        for (int i = 0; i < head_size; i++) score += qt[i] * k[i];
         att[t] = score * scale;
     }
     softmax(att, pos + 1);
@@ -638,16 +691,35 @@ void attention_head(float *out, const float *q, const float *keys, const float *
 /* Multi-head attention for the token at pos, heads split across threads.
  * Query head h reads kv head h / kv_mul (kv_mul = n_heads / n_kv_heads): the
  * contiguous grouping of GQA/MQA, as in HF's repeat_kv.
- * out, q: (n_heads, head_size); keys, values: one layer's (n_ctx, kv_dim);
- * att: (n_heads, n_ctx) scratch. */
-void attention(float *out, const float *q, const float *keys, const float *values, float *att, int pos,
-               int n_heads, int n_kv_heads, int head_size, int n_ctx) {
+ * out, q, q_far: (n_heads, head_size); keys, values: one layer's
+ * (n_ctx, kv_dim); att: (n_heads, n_ctx) scratch. */
+void attention(float *out, const float *q, const float *q_far, int n_far, const float *keys, const float *values,
+               float *att, int pos, int n_heads, int n_kv_heads, int head_size, int n_ctx) {
     int kv_mul = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_size;
     int h;
 #pragma omp parallel for private(h) if ((long)n_heads * head_size * (pos + 1) >= PARALLEL_MIN_WORK)
     for (h = 0; h < n_heads; h++) {
-        attention_head(out + (size_t)h * head_size, q + (size_t)h * head_size, keys, values,
-                       att + (size_t)h * n_ctx, pos, head_size, kv_dim, (h / kv_mul) * head_size);
+        size_t hq = (size_t)h * head_size;
+        attention_head(out + hq, q + hq, n_far ? q_far + hq : NULL, n_far, keys, values, att + (size_t)h * n_ctx,
+                       pos, head_size, kv_dim, (h / kv_mul) * head_size);
+    }
+}
+
+/* Pre-RoPE key cache: rotate each cached raw key t in 0..pos into key_rot at
+ * the position it has for this query: its own, or with Self-Extend, when it
+ * is W or more tokens back, its group floor(t / G).
+ * keys, key_rot: one layer's (n_ctx, kv_dim). */
+void rotate_cached_keys(float *key_rot, const float *keys, int pos, const Transformer *t) {
+    const Config *c = &t->config;
+    int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, half = t->rope.rot_dim / 2;
+    int G = t->rope.se_group, W = t->rope.se_window, i;
+#pragma omp parallel for private(i) if ((long)(pos + 1) * kv_dim >= PARALLEL_MIN_WORK)
+    for (i = 0; i <= pos; i++) {
+        int key_pos = G > 0 && pos - i >= W ? i / G : i;
+        float *k = key_rot + (size_t)i * kv_dim;
+        memcpy(k, keys + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
+        rope(k, c->n_kv_heads, head_size, t->state.rope_cos + (size_t)key_pos * half,
+             t->state.rope_sin + (size_t)key_pos * half, t->rope.rot_dim, t->rope.layout);
     }
 }
 
@@ -678,8 +750,14 @@ float *forward(Transformer *t, int token, int pos) {
             c->vocab_size - 1, pos, t->n_ctx - 1);
     int dim = c->dim, hidden_dim = c->hidden_dim, head_size = dim / c->n_heads;
     int kv_dim = head_size * c->n_kv_heads, half = t->rope.rot_dim / 2;
+    const RopeConfig *r = &t->rope;
+    rope_sync_dynamic(t, pos);                               // exact dynamic NTK: rows for length pos+1
     const float *cos_row = s->rope_cos + (size_t)pos * half; // (rot_dim/2) table row for pos
     const float *sin_row = s->rope_sin + (size_t)pos * half;
+    // Self-Extend: keys W or more tokens back are scored against the query
+    // rotated at its group position floor(pos/G) + W - floor(W/G).
+    int n_far = r->se_group > 0 && pos >= r->se_window ? pos - r->se_window + 1 : 0;
+    size_t group_row = n_far ? (size_t)(pos / r->se_group + r->se_window - r->se_window / r->se_group) * half : 0;
 
     // x = token_embedding[token]                                   (dim)
     memcpy(s->x, w->token_embedding + (size_t)token * dim, (size_t)dim * sizeof(float));
@@ -694,12 +772,23 @@ float *forward(Transformer *t, int token, int pos) {
         matmul(s->q, s->xb, w->wq + ld * dim, dim, dim);                     // q (n_heads, head_size)
         matmul(s->k, s->xb, w->wk + (size_t)l * kv_dim * dim, dim, kv_dim);  // k (n_kv_heads, head_size)
         matmul(s->v, s->xb, w->wv + (size_t)l * kv_dim * dim, dim, kv_dim);  // v (n_kv_heads, head_size)
-        rope(s->q, c->n_heads, head_size, cos_row, sin_row, t->rope.rot_dim, t->rope.layout);
-        rope(s->k, c->n_kv_heads, head_size, cos_row, sin_row, t->rope.rot_dim, t->rope.layout);
-        // KV cache write: this position's rotated key and its value
+        if (n_far) { // Self-Extend's second query
+            memcpy(s->q_group, s->q, (size_t)dim * sizeof(float));
+            rope(s->q_group, c->n_heads, head_size, s->rope_cos + group_row, s->rope_sin + group_row, r->rot_dim,
+                 r->layout);
+        }
+        rope(s->q, c->n_heads, head_size, cos_row, sin_row, r->rot_dim, r->layout);
+        if (!t->prerope) rope(s->k, c->n_kv_heads, head_size, cos_row, sin_row, r->rot_dim, r->layout);
+        // KV cache write: this position's key (rotated, or raw for a pre-RoPE cache) and value
         memcpy(keys + (size_t)pos * kv_dim, s->k, (size_t)kv_dim * sizeof(float));
         memcpy(values + (size_t)pos * kv_dim, s->v, (size_t)kv_dim * sizeof(float));
-        attention(s->xb, s->q, keys, values, s->att, pos, c->n_heads, c->n_kv_heads, head_size, t->n_ctx);
+        const float *scored_keys = keys;
+        if (t->prerope) { // rotate every cached key for this query
+            rotate_cached_keys(s->key_rot, keys, pos, t);
+            scored_keys = s->key_rot;
+        }
+        attention(s->xb, s->q, s->q_group, n_far, scored_keys, values, s->att, pos, c->n_heads, c->n_kv_heads,
+                  head_size, t->n_ctx);
         matmul(s->xb2, s->xb, w->wo + ld * dim, dim, dim);                   // (dim)
         residual_add(s->x, s->xb2, dim);
 
@@ -876,12 +965,13 @@ static void emit(const Tokenizer *tok, DecodeState *ds, char *buf, int prev, int
  * starts at its last token and stops at max_new new tokens, an end token
  * (BOS or EOS), or a full context. Statistics go to stderr. */
 static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *prompt, size_t prompt_len,
-                     int max_new) {
+                     int max_new, const char *summary) {
     int n_prompt;
     int *prompt_ids = encode_or_die(tok, prompt, prompt_len, 1, &n_prompt);
     if (n_prompt > t->n_ctx)
         die(EXIT_BAD_INPUT, "prompt: %d tokens (BOS included) do not fit in the context of %d tokens (raise --ctx)",
             n_prompt, t->n_ctx);
+    fputs(summary, stderr); // every input check has passed
     int *history = malloc(((size_t)t->n_ctx + 1) * sizeof(int)); // prompt + continuation
     char *buf = malloc(tokenizer_decode_bound(tok));
     if (!history || !buf) die(EXIT_BAD_INPUT, "out of memory");
@@ -950,7 +1040,8 @@ static char *render_chat_turn(const char *system, const char *user) {
  * assistant replies, all in one growing context. Each user turn is encoded
  * with BOS; the reply ends at EOS, which is fed back as the turn separator. */
 static void chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *first_user,
-                 const char *system, int max_new) {
+                 const char *system, int max_new, const char *summary) {
+    fputs(summary, stderr);
     int *history = malloc(((size_t)t->n_ctx + 1) * sizeof(int));
     char *buf = malloc(tokenizer_decode_bound(tok));
     if (!history || !buf) die(EXIT_BAD_INPUT, "out of memory");
@@ -1056,7 +1147,7 @@ static void print_json_string(const char *s) {
  * every `stride` text tokens, and scores only the tokens no earlier window
  * scored, each given its whole in-window prefix. */
 static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, const char *text, size_t len,
-                     int stride, int json) {
+                     int stride, int json, const char *summary) {
     int n_ids;
     int *ids = encode_or_die(tok, text, len, 0, &n_ids);
     if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", path);
@@ -1064,6 +1155,7 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
     if (window < 1) die(EXIT_USAGE, "--ctx %d: ppl needs at least 2 (BOS plus one token)", t->n_ctx);
     if (stride <= 0) stride = window;
     if (stride > window) die(EXIT_USAGE, "--stride %d: expected 1..%d (ctx - 1)", stride, window);
+    fputs(summary, stderr);
     Bucket buckets[64];
     int n_buckets = ppl_buckets(buckets, t->rope.orig_ctx, t->n_ctx);
     int V = t->config.vocab_size, n_windows = 0, scored_upto = 0;
@@ -1170,7 +1262,7 @@ static void usage(FILE *out) {
     fprintf(out,
         "Usage: run <checkpoint> [options]\n"
         "  -t <float>   temperature in [0, 100], default 1.0; 0 = greedy argmax\n"
-        "  -p <float>   top-p in (0, 1], default 0.9; 1 = off\n"
+        "  -p <float>   top-p in [0, 1], default 0.9; 1 = off, 0 = only the most likely token\n"
         "  -k, --top-k <int>          keep the k most likely tokens, default 0 = off\n"
         "  --min-p <float>            in [0, 1], default 0 = off\n"
         "  --repeat-penalty <float>   > 0, default 1.0 = off\n"
@@ -1190,6 +1282,11 @@ static void usage(FILE *out) {
         "  --yarn-beta-fast <float>, --yarn-beta-slow <float>   default 32, 1\n"
         "  --yarn-attn-factor <float> default 0.1 ln s + 1\n"
         "  --llama3-low-freq <float>, --llama3-high-freq <float>   default 1, 4\n"
+        "  --rope-dynamic hf|exact    dynamic NTK: hf (default) = each key keeps the rotation it got\n"
+        "                             when it arrived, as Hugging Face; exact = every key re-rotated\n"
+        "                             for the current length (a full recompute; pre-RoPE key cache)\n"
+        "  --self-extend <G> <W>      Self-Extend: keys W or more tokens back use grouped positions\n"
+        "                             floor(n/G) (group size G, neighbour window W); pre-RoPE key cache\n"
         "  --json       machine-readable output for ppl and rope\n"
         "  -h, --help   this text\n"
         "Threads: OpenMP, set with OMP_NUM_THREADS.\n"
@@ -1239,12 +1336,15 @@ static char *default_tokenizer_path(const char *checkpoint) {
 
 int main(int argc, char **argv) {
     static const char *const MODES[] = {"generate", "chat", "ppl", "tokenize", "rope"};
+    static const char *const DYNAMIC_MODES[] = {"hf", "exact"};
     enum { GENERATE, CHAT, PPL, TOKENIZE, ROPE_MODE };
     const char *checkpoint = NULL, *tokenizer_path = NULL, *prompt = NULL, *prompt_file = NULL, *system = NULL;
     float temperature = 1.0f, topp = 0.9f, minp = 0.0f, repeat_penalty = 1.0f;
     int topk = 0, repeat_last_n = 64, steps = 256, ctx = 0, stride = 0, json = 0, mode = GENERATE;
     uint64_t seed = (uint64_t)time(NULL);
-    RopeConfig ov = {NAN, -1, -1, -1, NAN, -1, NAN, NAN, NAN, NAN, NAN}; // overrides; NAN / -1 = not given
+    RopeConfig ov = {.base = NAN, .layout = -1, .rot_dim = -1, .scaling = -1, .factor = NAN, .orig_ctx = -1,
+                     .beta_fast = NAN, .beta_slow = NAN, .attn_factor = NAN, .low_freq = NAN, .high_freq = NAN,
+                     .dynamic_exact = -1, .se_group = 0, .se_window = 0}; // overrides; NAN / -1 = not given
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1261,10 +1361,18 @@ int main(int argc, char **argv) {
             checkpoint = a;
             continue;
         }
+        static const char *const VALUED[] = {
+            "-t", "-p", "-k", "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "-s", "-n", "-i", "-f",
+            "-z", "-m", "-y", "-c", "--ctx", "--stride", "--rope-scaling", "--rope-factor", "--rope-base",
+            "--rope-orig-ctx", "--yarn-beta-fast", "--yarn-beta-slow", "--yarn-attn-factor", "--llama3-low-freq",
+            "--llama3-high-freq", "--rope-dynamic", "--self-extend"};
+        int known = 0;
+        for (size_t f = 0; f < sizeof VALUED / sizeof VALUED[0]; f++) known |= strcmp(a, VALUED[f]) == 0;
+        if (!known) die(EXIT_USAGE, "%s: unknown option (see --help)", a);
         if (i + 1 >= argc) die(EXIT_USAGE, "%s: missing value (see --help)", a);
         const char *v = argv[++i];
         if (!strcmp(a, "-t")) temperature = (float)parse_double(a, v, 0.0, 100.0);
-        else if (!strcmp(a, "-p")) topp = (float)parse_double(a, v, 1e-9, 1.0);
+        else if (!strcmp(a, "-p")) topp = (float)parse_double(a, v, 0.0, 1.0);
         else if (!strcmp(a, "-k") || !strcmp(a, "--top-k")) topk = (int)parse_long(a, v, 0, INT_MAX);
         else if (!strcmp(a, "--min-p")) minp = (float)parse_double(a, v, 0.0, 1.0);
         else if (!strcmp(a, "--repeat-penalty")) repeat_penalty = (float)parse_double(a, v, 1e-3, 1e3);
@@ -1287,7 +1395,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--yarn-attn-factor")) ov.attn_factor = parse_double(a, v, 1e-6, 1e3);
         else if (!strcmp(a, "--llama3-low-freq")) ov.low_freq = parse_double(a, v, 1e-6, 1e6);
         else if (!strcmp(a, "--llama3-high-freq")) ov.high_freq = parse_double(a, v, 1e-6, 1e6);
-        else die(EXIT_USAGE, "%s: unknown option (see --help)", a);
+        else if (!strcmp(a, "--rope-dynamic")) ov.dynamic_exact = parse_choice(a, v, DYNAMIC_MODES, 2);
+        else if (!strcmp(a, "--self-extend")) { // two values: G W
+            if (i + 1 >= argc) die(EXIT_USAGE, "--self-extend: expected two values, G (group size) and W (window)");
+            ov.se_group = (int)parse_long("--self-extend G", v, 1, 1 << 20);
+            ov.se_window = (int)parse_long("--self-extend W", argv[++i], 1, MAX_SEQ_LEN);
+        }
     }
     if (!checkpoint) {
         usage(stderr);
@@ -1302,14 +1415,18 @@ int main(int argc, char **argv) {
     double t0 = now_seconds();
     if (build_transformer(&t, checkpoint, &ov, ctx, err, sizeof err) != 0) die(EXIT_BAD_INPUT, "%s", err);
     const Config *c = &t.config;
+    // The model summary goes to stderr once a mode has checked its inputs, so
+    // that a rejected input gets a one-line message and nothing else.
     size_t kv_bytes = 2 * (size_t)c->n_layers * t.n_ctx * (c->dim / c->n_heads) * c->n_kv_heads * sizeof(float);
-    fprintf(stderr,
+    char summary[512];
+    snprintf(summary, sizeof summary,
             "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, seq_len %d; rope %s base %g rot %d "
             "scaling %s; ctx %d, KV cache %.1f MiB; loaded in %.2f s\n",
             checkpoint, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len,
             LAYOUT_NAMES[t.rope.layout], t.rope.base, t.rope.rot_dim, SCALING_NAMES[t.rope.scaling], t.n_ctx,
             kv_bytes / 1048576.0, now_seconds() - t0);
     if (mode == ROPE_MODE) {
+        fputs(summary, stderr);
         rope_mode(&t, json);
         free_transformer(&t);
         return 0;
@@ -1334,9 +1451,9 @@ int main(int argc, char **argv) {
     if (build_sampler(&sampler, c->vocab_size, temperature, topp, topk, minp, repeat_penalty, repeat_last_n, seed))
         die(EXIT_BAD_INPUT, "out of memory for the sampler");
     switch (mode) {
-    case GENERATE: generate(&t, &tok, &sampler, input, text_len, steps); break;
-    case CHAT: chat(&t, &tok, &sampler, text || prompt ? input : NULL, system, steps); break;
-    case PPL: ppl_mode(&t, &tok, prompt_file, input, text_len, stride, json); break;
+    case GENERATE: generate(&t, &tok, &sampler, input, text_len, steps, summary); break;
+    case CHAT: chat(&t, &tok, &sampler, text || prompt ? input : NULL, system, steps, summary); break;
+    case PPL: ppl_mode(&t, &tok, prompt_file, input, text_len, stride, json, summary); break;
     case TOKENIZE: tokenize_mode(&tok, input, text_len); break;
     }
     free_sampler(&sampler);

@@ -28,7 +28,8 @@ def test_help_lists_every_flag():
     for flag in ("-t", "-p", "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "-s", "-n",
                  "-i", "-f", "-z", "-m", "-y", "--ctx", "--rope-scaling", "--rope-factor",
                  "--rope-base", "--rope-orig-ctx", "--yarn-beta-fast", "--yarn-beta-slow",
-                 "--yarn-attn-factor", "--llama3-low-freq", "--llama3-high-freq", "--json", "--stride"):
+                 "--yarn-attn-factor", "--llama3-low-freq", "--llama3-high-freq", "--json", "--stride",
+                 "--rope-dynamic", "--self-extend"):
         assert flag in out, f"--help does not mention {flag}"
 
 
@@ -157,3 +158,15 @@ def test_stories260k_default_tokenizer_lookup(tmp_path):
     (tmp_path / "tokenizer.bin").symlink_to(tok)
     p = run_ok(tmp_path / "m.bin", "-t", "0", "-n", "8", "-i", "Once")
     assert p.stdout.startswith(b"Once")
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--self-extend", "4"], "--self-extend"),
+    (["--self-extend", "0", "8"], "--self-extend"),
+    (["--self-extend", "4", "x"], "--self-extend"),
+    (["--rope-dynamic", "sometimes"], "--rope-dynamic"),
+    (["--rope-scaling", "dynamic", "--rope-factor", "2", "--self-extend", "4", "8"], "--self-extend"),
+])
+def test_extrapolation_flags_are_checked(model, syn_tokenizer, args, flag):
+    p = run(model, "-z", syn_tokenizer, "-n", "1", *args)
+    check_error(p, 2 if "dynamic" not in args else 1, [flag])

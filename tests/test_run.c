@@ -36,7 +36,9 @@ static int close_to(double a, double b, double tol) { return fabs(a - b) <= tol;
 /* ---------------------------------------------------------------- RoPE --- */
 
 static RopeConfig rope_cfg(int rot_dim, double base, int scaling, double factor, int orig_ctx) {
-    RopeConfig r = {base, ROPE_INTERLEAVED, rot_dim, scaling, factor, orig_ctx, 32, 1, 0, 1, 4};
+    RopeConfig r = {.base = base, .layout = ROPE_INTERLEAVED, .rot_dim = rot_dim, .scaling = scaling,
+                    .factor = factor, .orig_ctx = orig_ctx, .beta_fast = 32, .beta_slow = 1, .attn_factor = 0,
+                    .low_freq = 1, .high_freq = 4};
     return r;
 }
 
@@ -229,6 +231,39 @@ static void test_rope_scaling_vectors(void) {
               "yarn row 1000 pair %d: expected (%.10f, %.10f) got (%.10f, %.10f)", i, yc[i], ys[i], c[i], s[i]);
 }
 
+/* The float table against a direct double-precision rotation, at positions up
+ * to 1e5: the angle is formed in double, so only the final float rounding of
+ * cos/sin remains (6e-8 relative); a float angle would be off by ~1e-2 there. */
+static void test_rope_table_precision(void) {
+    RopeConfig r = rope_cfg(64, 1e4, ROPE_NONE, 1, 256);
+    double inv[32], attn, worst = 0;
+    float c[32], s[32];
+    rope_frequencies(&r, 1, inv, &attn);
+    int positions[] = {1, 999, 4096, 32767, 65536, 100000};
+    for (size_t p = 0; p < sizeof positions / sizeof positions[0]; p++) {
+        rope_fill_table(c, s, positions[p], 1, inv, 32, attn);
+        for (int i = 0; i < 32; i++) {
+            double a = positions[p] * pow(1e4, -2.0 * i / 64);
+            double e = fmax(fabs(c[i] - cos(a)), fabs(s[i] - sin(a)));
+            worst = e > worst ? e : worst;
+        }
+    }
+    CHECK(worst < 1e-7, "table vs double rotation up to pos 1e5: max error %.3g (expected < 1e-7)", worst);
+}
+
+/* YaRN's attention factor multiplies cos and sin, so q and k each carry it
+ * once and a logit q.k carries att^2 (rope-spec §2.9.1): with q = k = e_0 at
+ * position 0 the dot product is exactly att^2, not att or att^4. */
+static void test_attn_factor_applied_once(void) {
+    RopeConfig r = rope_cfg(8, 1e4, ROPE_YARN, 4, 256);
+    float q[8] = {1, 0, 0, 0, 0, 0, 0, 0}, k[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+    rotate_at(q, 8, &r, 0, ROPE_INTERLEAVED);
+    rotate_at(k, 8, &r, 0, ROPE_INTERLEAVED);
+    double att = 0.1 * log(4.0) + 1;
+    CHECK(close_to(dot(q, k, 8), att * att, 1e-6), "yarn q.k at pos 0: expected att^2 = %.7f, got %.7f", att * att,
+          dot(q, k, 8));
+}
+
 /* ----------------------------------------------------------------- ops --- */
 
 static void test_ops(void) {
@@ -249,7 +284,7 @@ static void test_ops(void) {
     // GQA grouping: with 4 query heads and 2 kv heads, heads 0,1 read kv head 0.
     float keys[2 * 4] = {1, 0, 0, 1, 0, 0, 0, 0}, values[2 * 4] = {10, 20, 30, 40, 0, 0, 0, 0};
     float q[4 * 2] = {1, 0, 1, 0, 1, 0, 1, 0}, att[4 * 2], o[4 * 2];
-    attention(o, q, keys, values, att, 0, 4, 2, 2, 2);
+    attention(o, q, NULL, 0, keys, values, att, 0, 4, 2, 2, 2);
     CHECK(o[0] == 10 && o[2] == 10 && o[4] == 30 && o[6] == 30, "GQA grouping: got %g %g %g %g", o[0], o[2], o[4],
           o[6]);
     // Bucket edges for L = 256, ctx = 4096.
@@ -435,6 +470,8 @@ int main(void) {
     test_rope_worked_example();
     test_rope_properties();
     test_rope_scaling_vectors();
+    test_rope_table_precision();
+    test_attn_factor_applied_once();
     test_ops();
     test_sampler();
     test_loader();
