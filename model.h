@@ -144,19 +144,24 @@ typedef struct {
     const float *wcls;             // (vocab_size, dim); == token_embedding when shared
 } Weights;
 
-/* Activations for one token, the KV cache and the RoPE table. Owned by
- * Transformer; allocated in build_transformer, freed in free_transformer. */
+/* Tokens one forward_block call carries (prompt prefill, ppl windows); every
+ * weight row loaded from memory then serves this many tokens. */
+#define FORWARD_BLOCK 32
+
+/* Activations for a block of B <= FORWARD_BLOCK tokens, the KV cache and the
+ * RoPE table. Owned by Transformer; allocated in build_transformer, freed in
+ * free_transformer. */
 typedef struct {
-    float *x;           // (dim) residual stream
-    float *xb;          // (dim) normalized input / attention output
-    float *xb2;         // (dim) projection output before the residual add
-    float *hb;          // (hidden_dim) gate, then SwiGLU output
-    float *hb2;         // (hidden_dim) up projection
-    float *q;           // (dim) query heads
-    float *k;           // (kv_dim) this token's key
-    float *v;           // (kv_dim) this token's value
-    float *att;         // (n_heads, n_ctx) attention weights
-    float *logits;      // (vocab_size)
+    float *x;           // (B, dim) residual stream
+    float *xb;          // (B, dim) normalized input / attention output
+    float *xb2;         // (B, dim) projection output before the residual add
+    float *hb;          // (B, hidden_dim) gate, then SwiGLU output
+    float *hb2;         // (B, hidden_dim) up projection
+    float *q;           // (B, dim) query heads
+    float *k;           // (B, kv_dim) keys of the block
+    float *v;           // (B, kv_dim) values of the block
+    float *att;         // (B, n_heads, n_ctx) attention weights
+    float *logits;      // (B, vocab_size)
     float *key_cache;   // (n_layers, n_ctx, kv_dim), keys rotated, or raw with a pre-RoPE cache
     float *value_cache; // (n_layers, n_ctx, kv_dim)
     float *rope_cos;    // (n_ctx, rot_dim/2), multiplied by attn factor

@@ -526,6 +526,10 @@ static void rope_sync_dynamic(Transformer *t, int pos) {
  * Building and freeing the model: checkpoint + RoPE table + run state
  * ========================================================================== */
 
+/* How many tokens forward_block may take at once. A pre-RoPE key cache
+ * rotates the keys for each query position separately, so it goes 1 by 1. */
+int block_limit(const Transformer *t) { return t->prerope ? 1 : FORWARD_BLOCK; }
+
 /* Allocate the activations and KV cache for n_ctx positions and build the
  * RoPE table from t->rope. Returns -1 with a message if memory runs out. */
 static int build_run_state(Transformer *t, char *err, size_t err_len) {
@@ -534,10 +538,11 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
     size_t dim = c->dim, hidden = c->hidden_dim, head_size = dim / c->n_heads;
     size_t kv_dim = head_size * c->n_kv_heads, n_ctx = t->n_ctx, half = t->rope.rot_dim / 2;
     size_t cache_floats = (size_t)c->n_layers * n_ctx * kv_dim;
+    size_t B = (size_t)block_limit(t); // tokens one forward_block call may carry
     struct { float **p; size_t n; } bufs[] = {
-        {&s->x, dim}, {&s->xb, dim}, {&s->xb2, dim}, {&s->hb, hidden}, {&s->hb2, hidden},
-        {&s->q, dim}, {&s->k, kv_dim}, {&s->v, kv_dim}, {&s->att, (size_t)c->n_heads * n_ctx},
-        {&s->logits, (size_t)c->vocab_size}, {&s->key_cache, cache_floats}, {&s->value_cache, cache_floats},
+        {&s->x, B * dim}, {&s->xb, B * dim}, {&s->xb2, B * dim}, {&s->hb, B * hidden}, {&s->hb2, B * hidden},
+        {&s->q, B * dim}, {&s->k, B * kv_dim}, {&s->v, B * kv_dim}, {&s->att, B * c->n_heads * n_ctx},
+        {&s->logits, B * c->vocab_size}, {&s->key_cache, cache_floats}, {&s->value_cache, cache_floats},
         {&s->rope_cos, n_ctx * half}, {&s->rope_sin, n_ctx * half},
         // only with a pre-RoPE key cache: the query at its group position, one layer of rotated keys
         {&s->q_group, t->prerope ? dim : 0}, {&s->key_rot, t->prerope ? n_ctx * kv_dim : 0},
@@ -601,32 +606,48 @@ void free_transformer(Transformer *t) {
 }
 
 /* ==========================================================================
- * 4. Ops: each is one formula; output first, inputs next, sizes last
+ * 4. Ops: each is one formula; output first, inputs next, sizes last.
+ *
+ * The ops work on a block of B consecutive tokens at once (rows of a
+ * (B, ...) array): generation uses B = 1; a prompt or a ppl window goes
+ * through in blocks, so every weight row read from memory serves B tokens.
+ * A row's result does not depend on B or on the thread count.
  * ========================================================================== */
-
-/* out = x * w / sqrt(mean(x^2) + eps)          x, w, out: (n) */
-void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float scale = 1.0f / sqrtf(ss / n + eps);
-    for (int i = 0; i < n; i++) out[i] = w[i] * (scale * x[i]);
-}
 
 /* Below this many multiply-adds a parallel region costs more than it saves
  * (thread wake-up is microseconds; a 64x64 matmul is ~1 microsecond). */
 #define PARALLEL_MIN_WORK (1 << 16)
 
-/* out = W @ x        W (d, n) @ x (n,) -> out (d,); rows split across threads.
- * Each row is summed by one thread in a fixed order, so results do not depend
- * on the thread count. */
-void matmul(float *out, const float *x, const float *w, int n, int d) {
+/* a . b = sum_i a[i] * b[i]          a, b: (n)
+ * `omp simd reduction` lets the compiler keep several partial sums in SIMD
+ * registers (strict C would force one sum, added in order). */
+static inline float dot(const float *a, const float *b, int n) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+/* out = x * w / sqrt(mean(x^2) + eps), per row        x, out: (B, n); w: (n) */
+void rmsnorm(float *out, const float *x, const float *w, int B, int n, float eps) {
+    for (int b = 0; b < B; b++) {
+        const float *xr = x + (size_t)b * n;
+        float *o = out + (size_t)b * n;
+        float scale = 1.0f / sqrtf(dot(xr, xr, n) / n + eps);
+        for (int i = 0; i < n; i++) o[i] = w[i] * (scale * xr[i]);
+    }
+}
+
+/* out = x @ W^T        x (B, n), W (d, n) -> out (B, d)
+ * Rows of W are split across threads; each row, once loaded, is used for all
+ * B tokens. Each output is one dot product in a fixed order, so results do
+ * not depend on the thread count. */
+void matmul(float *out, const float *x, const float *w, int B, int n, int d) {
     int i;
-#pragma omp parallel for private(i) if ((long)n * d >= PARALLEL_MIN_WORK)
+#pragma omp parallel for private(i) if ((long)B * n * d >= PARALLEL_MIN_WORK)
     for (i = 0; i < d; i++) {
         const float *row = w + (size_t)i * n;
-        float sum = 0.0f;
-        for (int j = 0; j < n; j++) sum += row[j] * x[j];
-        out[i] = sum;
+        for (int b = 0; b < B; b++) out[(size_t)b * d + i] = dot(row, x + (size_t)b * n, n);
     }
 }
 
@@ -644,22 +665,26 @@ void softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] /= sum;
 }
 
-/* Rotate the first rot_dim dims of each head in vec (n_heads, head_size) by
- * one row of the table:  (x, y) -> (x cos - y sin, x sin + y cos).
- * Pair i is (2i, 2i+1) in the interleaved layout (Meta, llama2.c) and
- * (i, i + rot_dim/2) in the neox layout (Hugging Face after its q/k row
- * permutation). Dims past rot_dim pass through unchanged. */
-void rope(float *vec, int n_heads, int head_size, const float *cos_row, const float *sin_row, int rot_dim,
+/* Rotate the first rot_dim dims of each head, row b by table row b:
+ *   (x, y) -> (x cos - y sin, x sin + y cos)
+ * vec: (B, n_heads, head_size); cos, sin: (B, rot_dim/2), the table rows of
+ * the B positions. Pair i is (2i, 2i+1) in the interleaved layout (Meta,
+ * llama2.c) and (i, i + rot_dim/2) in the neox layout (Hugging Face after its
+ * q/k row permutation). Dims past rot_dim pass through unchanged. */
+void rope(float *vec, const float *cos, const float *sin, int B, int n_heads, int head_size, int rot_dim,
           int layout) {
     int half = rot_dim / 2;
-    for (int h = 0; h < n_heads; h++) {
-        float *v = vec + (size_t)h * head_size;
-        for (int i = 0; i < half; i++) {
-            int a = layout == ROPE_INTERLEAVED ? 2 * i : i;
-            int b = layout == ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
-            float x = v[a], y = v[b];
-            v[a] = x * cos_row[i] - y * sin_row[i];
-            v[b] = x * sin_row[i] + y * cos_row[i];
+    for (int b = 0; b < B; b++) {
+        const float *c = cos + (size_t)b * half, *s = sin + (size_t)b * half;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = vec + ((size_t)b * n_heads + h) * head_size;
+            for (int i = 0; i < half; i++) {
+                int a = layout == ROPE_INTERLEAVED ? 2 * i : i;
+                int z = layout == ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
+                float x = v[a], y = v[z];
+                v[a] = x * c[i] - y * s[i];
+                v[z] = x * s[i] + y * c[i];
+            }
         }
     }
 }
@@ -673,35 +698,41 @@ void rope(float *vec, int n_heads, int head_size, const float *cos_row, const fl
 void attention_head(float *out, const float *q, const float *q_far, int n_far, const float *keys,
                     const float *values, float *att, int pos, int head_size, int kv_dim, int kv_offset) {
     float scale = 1.0f / sqrtf((float)head_size);
-    for (int t = 0; t <= pos; t++) {
-        const float *k = keys + (size_t)t * kv_dim + kv_offset;
-        const float *qt = t < n_far ? q_far : q;
-        float score = 0.0f;
-        for (int i = 0; i < head_size; i++) score += qt[i] * k[i];
-        att[t] = score * scale;
-    }
+    for (int t = 0; t <= pos; t++)
+        att[t] = dot(t < n_far ? q_far : q, keys + (size_t)t * kv_dim + kv_offset, head_size) * scale;
     softmax(att, pos + 1);
+    // out = sum_t att[t] * v_t, four positions per pass over out: each pass
+    // loads and stores out once, instead of once per position.
     memset(out, 0, (size_t)head_size * sizeof(float));
-    for (int t = 0; t <= pos; t++) {
+    int t = 0;
+    for (; t + 3 <= pos; t += 4) {
+        const float *v0 = values + (size_t)t * kv_dim + kv_offset, *v1 = v0 + kv_dim, *v2 = v1 + kv_dim,
+                    *v3 = v2 + kv_dim;
+        float a0 = att[t], a1 = att[t + 1], a2 = att[t + 2], a3 = att[t + 3];
+        for (int i = 0; i < head_size; i++) out[i] += a0 * v0[i] + a1 * v1[i] + a2 * v2[i] + a3 * v3[i];
+    }
+    for (; t <= pos; t++) {
         const float *v = values + (size_t)t * kv_dim + kv_offset;
         for (int i = 0; i < head_size; i++) out[i] += att[t] * v[i];
     }
 }
 
-/* Multi-head attention for the token at pos, heads split across threads.
- * Query head h reads kv head h / kv_mul (kv_mul = n_heads / n_kv_heads): the
- * contiguous grouping of GQA/MQA, as in HF's repeat_kv.
- * out, q, q_far: (n_heads, head_size); keys, values: one layer's
- * (n_ctx, kv_dim); att: (n_heads, n_ctx) scratch. */
+/* Causal multi-head attention for B tokens at positions pos0 .. pos0+B-1:
+ * row b attends to cached positions 0..pos0+b. (row, head) pairs are split
+ * across threads. Query head h reads kv head h / kv_mul (kv_mul = n_heads /
+ * n_kv_heads): the contiguous grouping of GQA/MQA, as in HF's repeat_kv.
+ * out, q: (B, n_heads, head_size); q_far: (n_heads, head_size), B = 1 only;
+ * keys, values: one layer's (n_ctx, kv_dim); att: (B, n_heads, n_ctx) scratch. */
 void attention(float *out, const float *q, const float *q_far, int n_far, const float *keys, const float *values,
-               float *att, int pos, int n_heads, int n_kv_heads, int head_size, int n_ctx) {
+               float *att, int B, int pos0, int n_heads, int n_kv_heads, int head_size, int n_ctx) {
     int kv_mul = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_size;
-    int h;
-#pragma omp parallel for private(h) if ((long)n_heads * head_size * (pos + 1) >= PARALLEL_MIN_WORK)
-    for (h = 0; h < n_heads; h++) {
-        size_t hq = (size_t)h * head_size;
-        attention_head(out + hq, q + hq, n_far ? q_far + hq : NULL, n_far, keys, values, att + (size_t)h * n_ctx,
-                       pos, head_size, kv_dim, (h / kv_mul) * head_size);
+    int bh;
+#pragma omp parallel for private(bh) if ((long)B * n_heads * head_size * (pos0 + B) >= PARALLEL_MIN_WORK)
+    for (bh = 0; bh < B * n_heads; bh++) {
+        int b = bh / n_heads, h = bh % n_heads;
+        size_t row = (size_t)bh * head_size; // (b, h) in (B, n_heads, head_size)
+        attention_head(out + row, q + row, n_far ? q_far + (size_t)h * head_size : NULL, n_far, keys, values,
+                       att + (size_t)bh * n_ctx, pos0 + b, head_size, kv_dim, (h / kv_mul) * head_size);
     }
 }
 
@@ -718,8 +749,8 @@ void rotate_cached_keys(float *key_rot, const float *keys, int pos, const Transf
         int key_pos = G > 0 && pos - i >= W ? i / G : i;
         float *k = key_rot + (size_t)i * kv_dim;
         memcpy(k, keys + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
-        rope(k, c->n_kv_heads, head_size, t->state.rope_cos + (size_t)key_pos * half,
-             t->state.rope_sin + (size_t)key_pos * half, t->rope.rot_dim, t->rope.layout);
+        rope(k, t->state.rope_cos + (size_t)key_pos * half, t->state.rope_sin + (size_t)key_pos * half, 1,
+             c->n_kv_heads, head_size, t->rope.rot_dim, t->rope.layout);
     }
 }
 
@@ -738,74 +769,86 @@ void residual_add(float *x, const float *y, int n) {
 }
 
 /* ==========================================================================
- * 5. Forward pass: one token at position pos -> logits (vocab_size)
+ * 5. Forward pass: B tokens at positions pos0.. -> logits
  * ========================================================================== */
 
-float *forward(Transformer *t, int token, int pos) {
+/* Run tokens[0..B) at positions pos0..pos0+B-1 through the model, writing
+ * their keys and values into the cache. Returns the logits: (B, vocab_size)
+ * when all_logits, else only the last token's (vocab_size). */
+float *forward_block(Transformer *t, const int *tokens, int B, int pos0, int all_logits) {
     const Config *c = &t->config;
     const Weights *w = &t->weights;
-    RunState *s = &t->state;
-    if (token < 0 || token >= c->vocab_size || pos < 0 || pos >= t->n_ctx)
-        die(EXIT_BAD_INPUT, "forward: token %d (expected 0..%d) at position %d (expected 0..%d)", token,
-            c->vocab_size - 1, pos, t->n_ctx - 1);
-    int dim = c->dim, hidden_dim = c->hidden_dim, head_size = dim / c->n_heads;
-    int kv_dim = head_size * c->n_kv_heads, half = t->rope.rot_dim / 2;
     const RopeConfig *r = &t->rope;
-    rope_sync_dynamic(t, pos);                               // exact dynamic NTK: rows for length pos+1
-    const float *cos_row = s->rope_cos + (size_t)pos * half; // (rot_dim/2) table row for pos
-    const float *sin_row = s->rope_sin + (size_t)pos * half;
-    // Self-Extend: keys W or more tokens back are scored against the query
-    // rotated at its group position floor(pos/G) + W - floor(W/G).
-    int n_far = r->se_group > 0 && pos >= r->se_window ? pos - r->se_window + 1 : 0;
-    size_t group_row = n_far ? (size_t)(pos / r->se_group + r->se_window - r->se_window / r->se_group) * half : 0;
+    RunState *s = &t->state;
+    if (B < 1 || B > block_limit(t) || pos0 < 0 || pos0 + B > t->n_ctx)
+        die(EXIT_BAD_INPUT, "forward: %d tokens at position %d do not fit (block limit %d, context %d)", B, pos0,
+            block_limit(t), t->n_ctx);
+    for (int b = 0; b < B; b++)
+        if (tokens[b] < 0 || tokens[b] >= c->vocab_size)
+            die(EXIT_BAD_INPUT, "forward: token %d is outside the vocabulary (0..%d)", tokens[b], c->vocab_size - 1);
+    int dim = c->dim, hidden_dim = c->hidden_dim, head_size = dim / c->n_heads;
+    int kv_dim = head_size * c->n_kv_heads, half = r->rot_dim / 2;
+    rope_sync_dynamic(t, pos0);                               // exact dynamic NTK (B = 1): rows for length pos0+1
+    const float *cos_rows = s->rope_cos + (size_t)pos0 * half; // (B, rot_dim/2) table rows of the B positions
+    const float *sin_rows = s->rope_sin + (size_t)pos0 * half;
+    // Self-Extend (B = 1): keys W or more tokens back are scored against the
+    // query rotated at its group position floor(pos/G) + W - floor(W/G).
+    int n_far = r->se_group > 0 && pos0 >= r->se_window ? pos0 - r->se_window + 1 : 0;
+    size_t group_row = n_far ? (size_t)(pos0 / r->se_group + r->se_window - r->se_window / r->se_group) * half : 0;
 
-    // x = token_embedding[token]                                   (dim)
-    memcpy(s->x, w->token_embedding + (size_t)token * dim, (size_t)dim * sizeof(float));
+    // x = token_embedding[tokens]                                  (B, dim)
+    for (int b = 0; b < B; b++)
+        memcpy(s->x + (size_t)b * dim, w->token_embedding + (size_t)tokens[b] * dim, (size_t)dim * sizeof(float));
 
     for (int l = 0; l < c->n_layers; l++) {
-        size_t ld = (size_t)l * dim;                          // offsets of layer l's slices
+        size_t ld = (size_t)l * dim;                                 // offsets of layer l's slices
         float *keys = s->key_cache + (size_t)l * t->n_ctx * kv_dim;   // (n_ctx, kv_dim)
         float *values = s->value_cache + (size_t)l * t->n_ctx * kv_dim;
 
         // attention block: x += wo @ attention(rope(wq @ h), rope(wk @ h), wv @ h)
-        rmsnorm(s->xb, s->x, w->rms_att_weight + ld, dim, c->norm_eps);      // h (dim)
-        matmul(s->q, s->xb, w->wq + ld * dim, dim, dim);                     // q (n_heads, head_size)
-        matmul(s->k, s->xb, w->wk + (size_t)l * kv_dim * dim, dim, kv_dim);  // k (n_kv_heads, head_size)
-        matmul(s->v, s->xb, w->wv + (size_t)l * kv_dim * dim, dim, kv_dim);  // v (n_kv_heads, head_size)
+        rmsnorm(s->xb, s->x, w->rms_att_weight + ld, B, dim, c->norm_eps);     // h (B, dim)
+        matmul(s->q, s->xb, w->wq + ld * dim, B, dim, dim);                    // q (B, n_heads, head_size)
+        matmul(s->k, s->xb, w->wk + (size_t)l * kv_dim * dim, B, dim, kv_dim); // k (B, n_kv_heads, head_size)
+        matmul(s->v, s->xb, w->wv + (size_t)l * kv_dim * dim, B, dim, kv_dim); // v (B, n_kv_heads, head_size)
         if (n_far) { // Self-Extend's second query
             memcpy(s->q_group, s->q, (size_t)dim * sizeof(float));
-            rope(s->q_group, c->n_heads, head_size, s->rope_cos + group_row, s->rope_sin + group_row, r->rot_dim,
+            rope(s->q_group, s->rope_cos + group_row, s->rope_sin + group_row, 1, c->n_heads, head_size, r->rot_dim,
                  r->layout);
         }
-        rope(s->q, c->n_heads, head_size, cos_row, sin_row, r->rot_dim, r->layout);
-        if (!t->prerope) rope(s->k, c->n_kv_heads, head_size, cos_row, sin_row, r->rot_dim, r->layout);
-        // KV cache write: this position's key (rotated, or raw for a pre-RoPE cache) and value
-        memcpy(keys + (size_t)pos * kv_dim, s->k, (size_t)kv_dim * sizeof(float));
-        memcpy(values + (size_t)pos * kv_dim, s->v, (size_t)kv_dim * sizeof(float));
+        rope(s->q, cos_rows, sin_rows, B, c->n_heads, head_size, r->rot_dim, r->layout);
+        if (!t->prerope) rope(s->k, cos_rows, sin_rows, B, c->n_kv_heads, head_size, r->rot_dim, r->layout);
+        // KV cache write: the B positions' keys (rotated, or raw for a pre-RoPE cache) and values
+        memcpy(keys + (size_t)pos0 * kv_dim, s->k, (size_t)B * kv_dim * sizeof(float));
+        memcpy(values + (size_t)pos0 * kv_dim, s->v, (size_t)B * kv_dim * sizeof(float));
         const float *scored_keys = keys;
         if (t->prerope) { // rotate every cached key for this query
-            rotate_cached_keys(s->key_rot, keys, pos, t);
+            rotate_cached_keys(s->key_rot, keys, pos0, t);
             scored_keys = s->key_rot;
         }
-        attention(s->xb, s->q, s->q_group, n_far, scored_keys, values, s->att, pos, c->n_heads, c->n_kv_heads,
-                  head_size, t->n_ctx);
-        matmul(s->xb2, s->xb, w->wo + ld * dim, dim, dim);                   // (dim)
-        residual_add(s->x, s->xb2, dim);
+        attention(s->xb, s->q, s->q_group, n_far, scored_keys, values, s->att, B, pos0, c->n_heads, c->n_kv_heads,
+                  head_size, t->n_ctx);                                       // (B, dim)
+        matmul(s->xb2, s->xb, w->wo + ld * dim, B, dim, dim);                  // (B, dim)
+        residual_add(s->x, s->xb2, B * dim);
 
         // feed-forward block: x += w2 @ (silu(w1 @ h) * (w3 @ h))
-        rmsnorm(s->xb, s->x, w->rms_ffn_weight + ld, dim, c->norm_eps);
-        matmul(s->hb, s->xb, w->w1 + (size_t)l * hidden_dim * dim, dim, hidden_dim);  // (hidden_dim)
-        matmul(s->hb2, s->xb, w->w3 + (size_t)l * hidden_dim * dim, dim, hidden_dim); // (hidden_dim)
-        swiglu(s->hb, s->hb2, hidden_dim);
-        matmul(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden_dim, hidden_dim, dim); // (dim)
-        residual_add(s->x, s->xb2, dim);
+        rmsnorm(s->xb, s->x, w->rms_ffn_weight + ld, B, dim, c->norm_eps);
+        matmul(s->hb, s->xb, w->w1 + (size_t)l * hidden_dim * dim, B, dim, hidden_dim);  // (B, hidden_dim)
+        matmul(s->hb2, s->xb, w->w3 + (size_t)l * hidden_dim * dim, B, dim, hidden_dim); // (B, hidden_dim)
+        swiglu(s->hb, s->hb2, B * hidden_dim);
+        matmul(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden_dim, B, hidden_dim, dim); // (B, dim)
+        residual_add(s->x, s->xb2, B * dim);
     }
 
-    // logits = wcls @ rmsnorm(x)                                   (vocab_size)
-    rmsnorm(s->x, s->x, w->rms_final_weight, dim, c->norm_eps);
-    matmul(s->logits, s->x, w->wcls, dim, c->vocab_size);
+    // logits = rmsnorm(x) @ wcls^T          (B, vocab_size), or the last row only
+    int first = all_logits ? 0 : B - 1, n_out = B - first;
+    float *x_out = s->x + (size_t)first * dim;
+    rmsnorm(x_out, x_out, w->rms_final_weight, n_out, dim, c->norm_eps);
+    matmul(s->logits, x_out, w->wcls, n_out, dim, c->vocab_size);
     return s->logits;
 }
+
+/* One token at pos -> logits (vocab_size): generation's step. */
+float *forward(Transformer *t, int token, int pos) { return forward_block(t, &token, 1, pos, 0); }
 
 /* ==========================================================================
  * 6. Sampler
@@ -978,33 +1021,35 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     memcpy(history, prompt_ids, (size_t)n_prompt * sizeof(int));
     free(prompt_ids);
 
+    // The prompt's text, as the tokenizer reads it back.
     DecodeState ds = {{0}, 0};
-    int pos = 0, n_new = 0, token = history[0];
-    double start = 0.0;
-    while (pos < t->n_ctx) {
-        float *logits = forward(t, token, pos);
-        if (pos == 0) start = now_seconds(); // time from the first token on, as llama2.c does
-        int next;
-        if (pos + 1 < n_prompt) {
-            next = history[pos + 1]; // still inside the prompt: force it
-        } else {
-            if (n_new >= max_new) break;
-            next = sample(sampler, logits, history, pos + 1);
-            n_new++;
-            if (next == t->config.bos_id || next == t->config.eos_id) break;
-        }
-        emit(tok, &ds, buf, token, next);
-        history[pos + 1] = next;
-        token = next;
-        pos++;
+    for (int i = 1; i < n_prompt; i++) emit(tok, &ds, buf, history[i - 1], history[i]);
+    // Prefill: the prompt through the model in blocks; logits of its last token.
+    double start = now_seconds();
+    float *logits = NULL;
+    for (int p0 = 0; p0 < n_prompt; p0 += block_limit(t)) {
+        int B = n_prompt - p0 < block_limit(t) ? n_prompt - p0 : block_limit(t);
+        logits = forward_block(t, history + p0, B, p0, 0);
+    }
+    double prefill_end = now_seconds();
+    // Decode: sample, print, feed back, one token at a time.
+    int pos = n_prompt - 1, n_new = 0;
+    while (n_new < max_new) {
+        int next = sample(sampler, logits, history, pos + 1);
+        n_new++;
+        if (next == t->config.bos_id || next == t->config.eos_id) break;
+        emit(tok, &ds, buf, history[pos], next);
+        history[++pos] = next;
+        if (pos >= t->n_ctx) break; // context full: no room to feed it back
+        logits = forward(t, next, pos);
     }
     size_t n = tokenizer_decode_flush(&ds, buf);
     fwrite(buf, 1, n, stdout);
     printf("\n");
     fflush(stdout);
-    double elapsed = now_seconds() - start;
-    if (pos > 0 && elapsed > 0)
-        fprintf(stderr, "%d prompt + %d new tokens, %.1f tok/s\n", n_prompt, n_new, pos / elapsed);
+    double end = now_seconds(), prefill = prefill_end - start, decode = end - prefill_end;
+    fprintf(stderr, "%d prompt + %d new tokens; prefill %.1f tok/s, generation %.1f tok/s\n", n_prompt, n_new,
+            prefill > 0 ? n_prompt / prefill : 0.0, decode > 0 ? (n_new - 1 > 0 ? n_new - 1 : 0) / decode : 0.0);
     free(history);
     free(buf);
 }
@@ -1158,30 +1203,39 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
     fputs(summary, stderr);
     Bucket buckets[64];
     int n_buckets = ppl_buckets(buckets, t->rope.orig_ctx, t->n_ctx);
-    int V = t->config.vocab_size, n_windows = 0, scored_upto = 0;
+    int V = t->config.vocab_size, n_windows = 0, scored_upto = 0, max_block = block_limit(t);
+    int *input = malloc((size_t)t->n_ctx * sizeof(int)); // one window: BOS, then its text tokens
+    if (!input) die(EXIT_BAD_INPUT, "out of memory");
     long n_scored = 0;
     double nll_sum = 0.0, start_time = now_seconds();
     for (int start = 0;; start += stride) {
         int end = start + window < n_ids ? start + window : n_ids;
-        float *logits = forward(t, t->config.bos_id, 0);
-        for (int j = start; j < end; j++) {
-            int p = j - start + 1; // in-window position of token j (BOS is at 0)
-            if (j >= scored_upto) {
-                double nll = token_nll(logits, V, ids[j]);
+        // Position p of the window holds input[p]; its logits predict the
+        // text token at position p + 1, i.e. ids[start + p].
+        int n_in = end - start;
+        input[0] = t->config.bos_id;
+        memcpy(input + 1, ids + start, (size_t)(n_in - 1) * sizeof(int));
+        for (int p0 = 0; p0 < n_in; p0 += max_block) {
+            int B = n_in - p0 < max_block ? n_in - p0 : max_block;
+            float *logits = forward_block(t, input + p0, B, p0, 1); // (B, vocab_size)
+            for (int b = 0; b < B; b++) {
+                int j = start + p0 + b, p = p0 + b + 1; // scored token and its in-window position
+                if (j < scored_upto) continue;           // an earlier window scored it
+                double nll = token_nll(logits + (size_t)b * V, V, ids[j]);
                 nll_sum += nll;
                 n_scored++;
-                for (int b = 0; b < n_buckets; b++)
-                    if (p >= buckets[b].start && p < buckets[b].end) {
-                        buckets[b].tokens++;
-                        buckets[b].nll_sum += nll;
+                for (int k = 0; k < n_buckets; k++)
+                    if (p >= buckets[k].start && p < buckets[k].end) {
+                        buckets[k].tokens++;
+                        buckets[k].nll_sum += nll;
                     }
             }
-            if (j + 1 < end) logits = forward(t, ids[j], p);
         }
         n_windows++;
         scored_upto = end;
         if (end == n_ids) break;
     }
+    free(input);
     double nll = nll_sum / n_scored, elapsed = now_seconds() - start_time;
     fprintf(stderr, "ppl: %ld tokens scored in %d windows, %.1f s\n", n_scored, n_windows, elapsed);
     if (json) {

@@ -49,10 +49,10 @@ static void rotate_at(float *v, int d, const RopeConfig *r, int pos, int layout)
     float c[64], s[64];
     rope_frequencies(r, pos + 1, inv, &attn);
     rope_fill_table(c, s, pos, 1, inv, half, attn);
-    rope(v, 1, d, c, s, r->rot_dim, layout);
+    rope(v, c, s, 1, 1, d, r->rot_dim, layout);
 }
 
-static double dot(const float *a, const float *b, int n) {
+static double dot64(const float *a, const float *b, int n) {
     double s = 0;
     for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
     return s;
@@ -97,9 +97,9 @@ static void test_rope_worked_example(void) {
     rotate_at(q2, 4, &r, 2, 0);
     rotate_at(k1, 4, &r, 1, 0);
     rotate_at(k2, 4, &r, 2, 0);
-    CHECK(close_to(dot(q1, k0, 4), 58.7766059493, 2e-5), "q1.k0 expected 58.7766059493 got %.10f", dot(q1, k0, 4));
-    CHECK(close_to(dot(q2, k1, 4), 58.7766059493, 2e-5), "q2.k1 expected 58.7766059493 got %.10f", dot(q2, k1, 4));
-    CHECK(close_to(dot(q0, k2, 4), 49.6320885061, 2e-5), "q0.k2 expected 49.6320885061 got %.10f", dot(q0, k2, 4));
+    CHECK(close_to(dot64(q1, k0, 4), 58.7766059493, 2e-5), "q1.k0 expected 58.7766059493 got %.10f", dot64(q1, k0, 4));
+    CHECK(close_to(dot64(q2, k1, 4), 58.7766059493, 2e-5), "q2.k1 expected 58.7766059493 got %.10f", dot64(q2, k1, 4));
+    CHECK(close_to(dot64(q0, k2, 4), 49.6320885061, 2e-5), "q0.k2 expected 49.6320885061 got %.10f", dot64(q0, k2, 4));
 }
 
 static uint64_t test_rng = 42;
@@ -122,13 +122,13 @@ static void test_rope_properties(void) {
             rotate_at(ka, d, &r, n, layout);
             rotate_at(qb, d, &r, m + shift, layout);
             rotate_at(kb, d, &r, n + shift, layout);
-            double nq = sqrt(dot(q, q, d)), nk = sqrt(dot(k, k, d));
-            CHECK(close_to(sqrt(dot(qa, qa, d)), nq, 1e-5 * nq), "norm not preserved at pos %d: %g vs %g", m,
-                  sqrt(dot(qa, qa, d)), nq);
+            double nq = sqrt(dot64(q, q, d)), nk = sqrt(dot64(k, k, d));
+            CHECK(close_to(sqrt(dot64(qa, qa, d)), nq, 1e-5 * nq), "norm not preserved at pos %d: %g vs %g", m,
+                  sqrt(dot64(qa, qa, d)), nq);
             double tol = nq * nk * ((m + n + 2.0 * shift) * 6e-8 + 1e-6);
-            CHECK(close_to(dot(qa, ka, d), dot(qb, kb, d), tol),
+            CHECK(close_to(dot64(qa, ka, d), dot64(qb, kb, d), tol),
                   "%s score depends on absolute position: q%d.k%d=%.7f vs shifted by %d: %.7f", LAYOUT_NAMES[layout], m,
-                  n, dot(qa, ka, d), shift, dot(qb, kb, d));
+                  n, dot64(qa, ka, d), shift, dot64(qb, kb, d));
         }
     }
     // Layout equivalence: with P moving entry 2i+c to c*d/2 + i,
@@ -260,20 +260,20 @@ static void test_attn_factor_applied_once(void) {
     rotate_at(q, 8, &r, 0, ROPE_INTERLEAVED);
     rotate_at(k, 8, &r, 0, ROPE_INTERLEAVED);
     double att = 0.1 * log(4.0) + 1;
-    CHECK(close_to(dot(q, k, 8), att * att, 1e-6), "yarn q.k at pos 0: expected att^2 = %.7f, got %.7f", att * att,
-          dot(q, k, 8));
+    CHECK(close_to(dot64(q, k, 8), att * att, 1e-6), "yarn q.k at pos 0: expected att^2 = %.7f, got %.7f", att * att,
+          dot64(q, k, 8));
 }
 
 /* ----------------------------------------------------------------- ops --- */
 
 static void test_ops(void) {
     float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 2, 0.5f}, out[4];
-    rmsnorm(out, x, w, 4, 0.0f);
+    rmsnorm(out, x, w, 1, 4, 0.0f);
     double rms = sqrt((1 + 4 + 9 + 16) / 4.0);
     CHECK(close_to(out[2], 2 * 3 / rms, 1e-6) && close_to(out[3], 0.5 * 4 / rms, 1e-6), "rmsnorm: %g %g", out[2],
           out[3]);
     float m[6] = {1, 2, 3, 4, 5, 6}, v[3] = {1, 0, -1}, mo[2];
-    matmul(mo, v, m, 3, 2); // (2,3) @ (3,) -> (2,)
+    matmul(mo, v, m, 1, 3, 2); // (1,3) @ (2,3)^T -> (1,2)
     CHECK(mo[0] == -2 && mo[1] == -2, "matmul: expected -2 -2 got %g %g", mo[0], mo[1]);
     float sm[3] = {1000, 1000, 1000};
     softmax(sm, 3);
@@ -284,7 +284,7 @@ static void test_ops(void) {
     // GQA grouping: with 4 query heads and 2 kv heads, heads 0,1 read kv head 0.
     float keys[2 * 4] = {1, 0, 0, 1, 0, 0, 0, 0}, values[2 * 4] = {10, 20, 30, 40, 0, 0, 0, 0};
     float q[4 * 2] = {1, 0, 1, 0, 1, 0, 1, 0}, att[4 * 2], o[4 * 2];
-    attention(o, q, NULL, 0, keys, values, att, 0, 4, 2, 2, 2);
+    attention(o, q, NULL, 0, keys, values, att, 1, 0, 4, 2, 2, 2);
     CHECK(o[0] == 10 && o[2] == 10 && o[4] == 30 && o[6] == 30, "GQA grouping: got %g %g %g %g", o[0], o[2], o[4],
           o[6]);
     // Bucket edges for L = 256, ctx = 4096.
