@@ -15,26 +15,46 @@ The tokenizer is llama2.c's tokenizer.bin layout:
 
     i32 max_token_length, then per token: f32 score, i32 length, the bytes
 
-Python API (numpy only):
-    write_checkpoint(path, cfg, tensors)   cfg: dict (see CONFIG_DEFAULTS)
+Python API (numpy only; torch for Meta .pth files):
+    write_checkpoint(path, cfg, tensors)   cfg: dict (see CONFIG_DEFAULTS); tensors:
+                                           arrays or lazy tensors, streamed
     write_tokenizer(path, pieces, scores)
     read_llama2c(path) -> (cfg, tensors)   tensors are read-only memory maps
+    read_hf(dir, layout) -> (cfg, tensors, notes)     Hugging Face Llama, lazy tensors
+    read_meta(dir, layout, seq_len) -> (cfg, tensors, notes)   Meta consolidated.*.pth
+    hf_config(config_dict) -> (cfg, notes) config.json -> our header fields
+    read_safetensors_header(path) -> {name: lazy tensor}
+    permute_heads(w, n_heads, rot_dim, to_interleaved)  the q/k row permutation
     random_tensors(cfg, seed) -> tensors   small random models for tests
     read_header(path) -> dict              the header of a version-1 file
 
-Command line:
+Command line (docs/convert.md is the user's guide to the conversions):
+    python3 export.py OUT --hf DIR                Hugging Face Llama directory
+                                                  (config.json + safetensors)
+    python3 export.py OUT --meta-llama DIR        Meta params.json + consolidated.*.pth
+        [--rope-layout neox|interleaved]          q/k layout to write (default: the
+                                                  source's: neox for HF, interleaved for Meta)
+        [--seq-len N]                             training context to record
     python3 export.py OUT --llama2c IN.bin        convert a llama2.c checkpoint
     python3 export.py OUT --tokenizer FILE.model  sentencepiece -> tokenizer.bin
     python3 export.py OUT --random D,H,L,NH,NKV,V,S [--seed N] [--unshared] ...
                                                    random weights (tests, benchmarks)
 
+Conversions stream: each output tensor is read, converted to float32 and
+written a block of rows at a time (see "Lazy tensors"), so memory stays at a
+few tens of MB whatever the model's size (Meta .pth files: as torch.load
+allows, see _torch_load). Progress goes to stderr when a job takes more than
+2 seconds.
+
 Every file is written atomically: into a temporary file beside OUT, renamed
 over OUT only when complete. On any error the temporary file is removed, OUT is
 left as it was, one line naming the file and the problem goes to stderr, and
-the exit status is 1.
+the exit status is 1 (2 for bad usage).
 """
 
 import argparse
+import importlib.util
+import json
 import math
 import os
 import struct
@@ -322,7 +342,8 @@ def _remove_quietly(path):
 
 
 class _Progress:
-    """Reports on stderr, but only once a job has taken more than 2 seconds."""
+    """Progress lines on stderr, only once a job has taken more than 2 seconds,
+    then at most one a second: `what: text (N s)`."""
 
     def __init__(self, what):
         self.what, self.start, self.last = what, time.monotonic(), None
@@ -333,37 +354,141 @@ class _Progress:
             print(f"{self.what}: {text} ({now - self.start:.0f} s)", file=sys.stderr, flush=True)
             self.last = now
 
-    def done(self):
+    def done(self, text="done"):
         if self.last is not None or time.monotonic() - self.start > 2.0:
-            print(f"{self.what}: done ({time.monotonic() - self.start:.0f} s)", file=sys.stderr,
+            print(f"{self.what}: {text} ({time.monotonic() - self.start:.0f} s)", file=sys.stderr,
                   flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Lazy tensors: sources read piece by piece while the checkpoint is written
+#
+# A converter does not load a model: it builds, per output tensor, a small tree
+# of lazy tensors (a tensor in a safetensors or .pth file, per-layer tensors
+# stacked, q/k rows permuted per head, model-parallel shards joined) and
+# write_checkpoint asks each for a block of rows at a time. Peak memory is then
+# a few blocks (_CHUNK_BYTES each), whatever the model's size.
+#
+# Interface: `shape` (the full shape) and `rows(a, b)`: rows a..b-1 of the
+# tensor's 2-D view (prod(shape[:-1]), shape[-1]) as a float32 array (a 1-D
+# tensor is one row).
+
+_CHUNK_BYTES = 16 << 20  # convert and write at most this much at a time
+
+
+def _view_rows(shape):
+    return math.prod(shape[:-1]) if len(shape) > 1 else 1
+
+
+class _ArrayTensor:
+    """An in-memory array (or a numpy memory map) behind the lazy interface."""
+
+    def __init__(self, a):
+        self.a, self.shape = a, tuple(a.shape)
+
+    def rows(self, a, b):
+        flat = self.a.reshape(_view_rows(self.shape), self.shape[-1])
+        return np.asarray(flat[a:b], dtype=np.float32)
+
+
+class _Stacked:
+    """Equal-shaped parts (one per layer) stacked on a new first axis."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.shape = (len(parts),) + tuple(parts[0].shape)
+        self.part_rows = _view_rows(parts[0].shape)
+
+    def rows(self, a, b):
+        out, r = [], a
+        while r < b:
+            i, off = divmod(r, self.part_rows)
+            n = min(b - r, self.part_rows - off)
+            out.append(self.parts[i].rows(off, off + n))
+            r += n
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+
+def head_permutation(n_heads, head_size, rot_dim, to_interleaved):
+    """Row order that converts q/k weights between the two RoPE layouts
+    (rope-spec.md 1.7): out_row j = in_row perm[j], within each head, on the
+    first rot_dim rows of the head (the rest are not rotated and stay).
+
+    to_interleaved=True undoes Hugging Face's permutation (llama2.c's
+    permute_reverse): in a head, neox row c*(rot/2)+i becomes row 2i+c.
+    to_interleaved=False applies it (Meta -> Hugging Face layout)."""
+    half = rot_dim // 2
+    one = np.arange(head_size)
+    pair, comp = np.arange(half).repeat(2), np.tile([0, 1], half)  # row 2i+c -> (i, c)
+    if to_interleaved:
+        one[:rot_dim] = comp * half + pair            # row 2i+c comes from c*half+i
+    else:
+        one[comp * half + pair] = np.arange(rot_dim)  # row c*half+i comes from 2i+c
+    return (np.arange(n_heads)[:, None] * head_size + one[None, :]).reshape(-1)
+
+
+def permute_heads(w, n_heads, rot_dim=None, to_interleaved=True):
+    """w (n_heads*head_size, cols) with its rows reordered by head_permutation.
+    For wk, n_heads must be the number of KEY/VALUE heads."""
+    hs = w.shape[0] // n_heads
+    if hs * n_heads != w.shape[0]:
+        raise ExportError(f"{w.shape[0]} rows do not split into {n_heads} heads")
+    return w[head_permutation(n_heads, hs, rot_dim or hs, to_interleaved)]
+
+
+class _HeadPermuted:
+    """A q or k projection (n_heads*head_size, dim) with its rows permuted per
+    head (head_permutation). Reads whole heads, returns the rows asked for."""
+
+    def __init__(self, src, n_heads, rot_dim, to_interleaved):
+        self.src, self.shape = src, tuple(src.shape)
+        self.hs = self.shape[0] // n_heads
+        self.perm = head_permutation(n_heads, self.hs, rot_dim, to_interleaved)
+
+    def rows(self, a, b):
+        h0, h1 = a // self.hs, -(-b // self.hs)
+        block = self.src.rows(h0 * self.hs, h1 * self.hs)
+        return block[self.perm[a:b] - h0 * self.hs]
+
+
+def _as_lazy(value):
+    if hasattr(value, "rows") and hasattr(value, "shape") and not isinstance(value, np.ndarray):
+        return value
+    a = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+        raise ExportError(f"dtype {a.dtype}, expected a real number type")
+    if a.ndim == 0:
+        raise ExportError("no dimensions, expected an array")
+    return _ArrayTensor(a)
 
 
 # ---------------------------------------------------------------------------
 # Checkpoints
 
-_CHUNK_BYTES = 16 << 20  # convert and write at most this much at a time
-
-
 def _check_tensor(name, value, shape):
-    a = value if isinstance(value, np.ndarray) else np.asarray(value)
-    if a.shape != tuple(shape):
-        raise ExportError(f"tensor {name} has shape {a.shape}, expected {tuple(shape)}")
-    if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
-        raise ExportError(f"tensor {name} has dtype {a.dtype}, expected a real number type")
-    return a
+    try:
+        t = _as_lazy(value)
+    except ExportError as e:
+        raise ExportError(f"tensor {name} has {e}") from None
+    if tuple(t.shape) != tuple(shape):
+        raise ExportError(f"tensor {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    return t
 
 
-def _write_tensor(f, name, a):
-    """Write a as little-endian float32, in row blocks so that a large tensor
-    (or a memory map) is never converted or copied all at once."""
-    flat = a.reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(1, -1)
-    rows = max(1, _CHUNK_BYTES // max(1, 4 * flat.shape[1]))
-    for r in range(0, flat.shape[0], rows):
-        block = np.ascontiguousarray(flat[r:r + rows], dtype="<f4")
+def _write_tensor(f, name, t, on_block=None):
+    """Write lazy tensor t as little-endian float32, a block of rows at a time,
+    so that a large tensor is never converted or held all at once."""
+    n_rows, cols = _view_rows(t.shape), t.shape[-1]
+    step = max(1, _CHUNK_BYTES // max(1, 4 * cols))
+    for r in range(0, n_rows, step):
+        block = np.ascontiguousarray(t.rows(r, min(n_rows, r + step)), dtype="<f4")
+        if block.shape != (min(n_rows, r + step) - r, cols):  # a reader bug, not bad input
+            raise AssertionError(f"{name}: block of shape {block.shape}")
         if not np.isfinite(block).all():
             raise ExportError(f"tensor {name} contains NaN or infinite values")
         f.write(block.data)
+        if on_block:
+            on_block(block.nbytes)
 
 
 def write_checkpoint(path, cfg, tensors):
@@ -371,10 +496,12 @@ def write_checkpoint(path, cfg, tensors):
 
     cfg: dict with dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
     seq_len, and optionally the keys of CONFIG_DEFAULTS.
-    tensors: name -> array (any real dtype; written as float32), shapes as in
-    TENSOR_TABLE; wcls is required exactly when shared_classifier is false.
+    tensors: name -> array (any real dtype; written as float32) or lazy tensor
+    (see "Lazy tensors" above), shapes as in TENSOR_TABLE; wcls is required
+    exactly when shared_classifier is false.
     The file is written atomically; raises ExportError (nothing written) when
-    the config or a tensor is wrong."""
+    the config or a tensor is wrong. Progress goes to stderr when it takes
+    more than 2 seconds."""
     c = normalize_config(cfg)
     names = tensor_names(c)
     extra = set(tensors) - set(names)
@@ -385,19 +512,24 @@ def write_checkpoint(path, cfg, tensors):
     if missing:
         raise ExportError("missing tensor(s): " + ", ".join(missing))
     layout, size = tensor_layout(c)
-    arrays = {name: _check_tensor(name, tensors[name], shape) for name, shape, _ in layout}
+    lazy = {name: _check_tensor(name, tensors[name], shape) for name, shape, _ in layout}
 
     progress = _Progress(f"writing {path}")
+    total_mb, done = size / 2**20, [0]
     with _AtomicFile(path) as f:
         f.write(_pack_header(c))
         for i, (name, shape, offset) in enumerate(layout):
             f.write(bytes(offset - f.tell()))  # zero padding up to the aligned offset
-            _write_tensor(f, name, arrays[name])
-            progress.step(f"{name} ({i + 1}/{len(layout)})")
+
+            def on_block(nbytes, i=i, name=name):
+                done[0] += nbytes
+                progress.step(f"tensor {i + 1}/{len(layout)} ({name}), "
+                              f"{done[0] / 2**20:.0f}/{total_mb:.0f} MB written")
+            _write_tensor(f, name, lazy[name], on_block)
         assert f.tell() == size, (f.tell(), size)
         f.flush()
         os.fsync(f.fileno())  # on disk before the rename makes it visible
-    progress.done()
+    progress.done(f"done, {len(layout)} tensors, {total_mb:.0f} MB")
 
 
 def read_checkpoint(path):
@@ -519,6 +651,784 @@ def read_llama2c(path):
 
 
 # ---------------------------------------------------------------------------
+# safetensors (read with numpy; no safetensors package)
+#
+# File: u64 little-endian N, then N bytes of JSON
+#   {"NAME": {"dtype": "BF16", "shape": [rows, cols], "data_offsets": [begin, end]}, ...,
+#    "__metadata__": {...}}
+# then the raw data; offsets are relative to byte 8 + N, data row-major little-endian.
+
+SAFETENSORS_DTYPES = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2), "F64": ("<f8", 8)}
+_MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
+
+
+def _bf16_to_f32(u16):
+    """bfloat16 bit patterns (uint16) -> float32: they are the high half of a float32."""
+    return (u16.astype(np.uint32) << 16).view(np.float32)
+
+
+class _SafetensorsTensor:
+    """One tensor in a safetensors file, read with pread on demand."""
+
+    def __init__(self, path, name, dtype, shape, offset):
+        self.path, self.name, self.dtype, self.offset = path, name, dtype, offset
+        self.shape = tuple(shape)
+
+    def rows(self, a, b):
+        np_dtype, size = SAFETENSORS_DTYPES[self.dtype]
+        cols = self.shape[-1] if self.shape else 1
+        n = (b - a) * cols * size
+        buf = np.empty(n, dtype=np.uint8)
+        got = 0
+        with open(self.path, "rb", buffering=0) as f:
+            while got < n:
+                start = self.offset + a * cols * size + got
+                k = os.preadv(f.fileno(), [memoryview(buf)[got:]], start)
+                if k <= 0:
+                    raise ExportError(f"{self.path}: truncated inside tensor {self.name}")
+                got += k
+        x = buf.view(np_dtype)
+        x = _bf16_to_f32(x) if self.dtype == "BF16" else x.astype(np.float32)
+        x = x.reshape(b - a, cols)
+        if not np.isfinite(x).all():
+            raise ExportError(f"{self.path}: tensor {self.name} contains NaN or infinite values")
+        return x
+
+
+def read_safetensors_header(path):
+    """{name: _SafetensorsTensor} for every tensor in a safetensors file, after
+    checking the header against the file: JSON, dtypes, shapes, byte ranges
+    inside the file. Raises ExportError naming the file."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ExportError(f"{path}: is a directory, expected a safetensors file")
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ExportError(f"{path}: {size} bytes, too short for a safetensors file")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8 or n > _MAX_HEADER_BYTES:
+            raise ExportError(f"{path}: header length {n} does not fit in the file ({size} bytes); "
+                              "truncated, or not a safetensors file")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ExportError(f"{path}: header is not JSON; not a safetensors file") from None
+    if not isinstance(header, dict):
+        raise ExportError(f"{path}: header is not a JSON object; not a safetensors file")
+    data_start, out = 8 + n, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            ok = (isinstance(dtype, str) and isinstance(shape, list)
+                  and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                          for v in shape + [begin, end]) and begin <= end)
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise ExportError(f"{path}: malformed header entry for tensor {name}")
+        if data_start + end > size:
+            raise ExportError(f"{path}: truncated: tensor {name} ends at byte {data_start + end}, "
+                              f"the file has {size}")
+        if dtype in SAFETENSORS_DTYPES:
+            want = math.prod(shape) * SAFETENSORS_DTYPES[dtype][1]
+            if end - begin != want:
+                raise ExportError(f"{path}: tensor {name}: {end - begin} data bytes, but "
+                                  f"{dtype} {shape} needs {want}")
+        out[name] = _SafetensorsTensor(path, name, dtype, shape, data_start + begin)
+    return out
+
+
+def _read_json(path, what):
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        where = f" (line {e.lineno})" if hasattr(e, "lineno") else ""
+        raise ExportError(f"{path}: not valid JSON{where}") from None
+    if not isinstance(value, dict):
+        raise ExportError(f"{path}: expected a JSON object ({what})")
+    return value
+
+
+def read_hf_weights(directory):
+    """({name: _SafetensorsTensor}, listing) for a Hugging Face model directory:
+    one model.safetensors, or the shards listed in model.safetensors.index.json
+    (listing: the path of the file that lists the tensors, for messages)."""
+    single = os.path.join(directory, "model.safetensors")
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        return read_safetensors_header(single), single
+    if not os.path.isfile(index):
+        others = [n for n in ("pytorch_model.bin", "pytorch_model.bin.index.json",
+                              "consolidated.00.pth") if os.path.exists(os.path.join(directory, n))]
+        hint = (f" (found {others[0]}: only safetensors weights are read; "
+                "for consolidated.*.pth use --meta-llama)" if others else "")
+        raise ExportError(f"{directory}: no model.safetensors or model.safetensors.index.json"
+                          + hint)
+    weight_map = _read_json(index, "a safetensors index").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ExportError(f"{index}: no weight_map object")
+    shards, out = {}, {}
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or os.path.basename(shard) != shard:
+            raise ExportError(f"{index}: weight_map[{name!r}] is not a file name: {shard!r}")
+        if shard not in shards:
+            shard_path = os.path.join(directory, shard)
+            if not os.path.isfile(shard_path):
+                raise ExportError(f"{shard_path}: listed in {os.path.basename(index)} "
+                                  "but missing")
+            shards[shard] = read_safetensors_header(shard_path)
+        if name not in shards[shard]:
+            raise ExportError(f"{os.path.join(directory, shard)}: has no tensor {name}, "
+                              f"which {os.path.basename(index)} maps to it")
+        out[name] = shards[shard][name]
+    return out, index
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face config.json -> our header
+#
+# What is carried (docs/convert.md has the user's version):
+#   hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+#   num_key_value_heads (default: num_attention_heads), vocab_size,
+#   max_position_embeddings -> seq_len (the training context), rms_norm_eps,
+#   rope_theta (top level or inside rope_parameters), partial_rotary_factor ->
+#   rot_dim, bos/eos_token_id, tie_word_embeddings, rope_scaling (or v5
+#   rope_parameters) with `rope_type` or the older `type`:
+#     linear   factor
+#     dynamic  factor; L = max_position_embeddings (as transformers does)
+#     yarn     factor, original_max_position_embeddings, beta_fast, beta_slow,
+#              attention_factor (or the mscale/mscale_all_dim ratio)
+#     llama3   factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
+
+HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+HF_SCALING_KEYS = {
+    "linear": {"factor"},
+    "dynamic": {"factor"},
+    "yarn": {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+             "attention_factor", "mscale", "mscale_all_dim", "truncate"},
+    "llama3": {"factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"},
+}
+
+
+def _js(v):
+    """A config value as config.json writes it (true, null, "silu")."""
+    try:
+        return json.dumps(v)
+    except (TypeError, ValueError):
+        return repr(v)
+
+
+def _number(where, key, v, positive=True):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or (positive and v <= 0):
+        kind = "a positive number" if positive else "a number"
+        raise ExportError(f"{where}: {key}={_js(v)} is not {kind}")
+    return float(v)
+
+
+def _integer(where, key, v, minimum=1):
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum or v > INT32_MAX:
+        raise ExportError(f"{where}: {key}={_js(v)} is not an integer >= {minimum}")
+    return v
+
+
+def _hf_token_id(where, config, key, default, notes):
+    v = config.get(key)
+    if v is None:
+        notes.append(f"{key} absent: using {default}")
+        return default
+    if isinstance(v, list):
+        if not v:
+            notes.append(f"{key} is an empty list: using {default}")
+            return default
+        if len(v) > 1:
+            notes.append(f"{key} is a list {v}: using the first, {v[0]}")
+        v = v[0]
+    return _integer(where, key, v, minimum=0)
+
+
+def _hf_rope_scaling(where, config, seq_len, notes):
+    """The RoPE scaling fields of our header from rope_scaling (or the v5
+    rope_parameters), as a dict of CONFIG_DEFAULTS keys."""
+    rs, rp = config.get("rope_scaling"), config.get("rope_parameters")
+    for key, d in (("rope_scaling", rs), ("rope_parameters", rp)):
+        if d is not None and not isinstance(d, dict):
+            raise ExportError(f"{where}: {key} must be an object, got {_js(d)}")
+    if isinstance(rp, dict) and any(isinstance(v, dict) for v in rp.values()):
+        raise ExportError(f"{where}: rope_parameters per layer type (several RoPE settings in "
+                          "one model) is not supported")
+
+    def kind(d, key):
+        if not d:
+            return None
+        if "rope_type" not in d and "type" not in d:
+            if set(d) <= {"rope_theta", "partial_rotary_factor"}:
+                return None  # v5 rope_parameters of an unscaled model may hold only these
+            raise ExportError(f"{where}: {key} has neither rope_type nor type")
+        t = d.get("rope_type", d.get("type"))
+        if "rope_type" in d and "type" in d and d["type"] != d["rope_type"]:
+            notes.append(f"{key} has type={_js(d['type'])} and rope_type={_js(d['rope_type'])}: "
+                         "using rope_type, as transformers does")
+        if t is not None and not isinstance(t, str):
+            raise ExportError(f"{where}: {key} type {_js(t)} is not a string")
+        return None if t in (None, "default") else t
+
+    t_rs, t_rp = kind(rs, "rope_scaling"), kind(rp, "rope_parameters")
+    if t_rs and t_rp and (t_rs != t_rp or any(rs.get(k) != rp.get(k) for k in
+                                              ("factor", "original_max_position_embeddings"))):
+        raise ExportError(f"{where}: rope_scaling ({t_rs}) and rope_parameters ({t_rp}) "
+                          "disagree; remove one")
+    t, d = (t_rs, rs) if t_rs else (t_rp, rp)
+    if t is None:
+        return {"rope_scaling": "none"}
+    if t not in HF_SCALING_KEYS:
+        raise ExportError(f"{where}: rope scaling type {_js(t)} is not supported "
+                          f"(supported: {', '.join(HF_SCALING_KEYS)}, or none)")
+    known = HF_SCALING_KEYS[t] | {"type", "rope_type", "rope_theta", "partial_rotary_factor"}
+    for k in sorted(set(d) - known):
+        notes.append(f"ignoring {k}={_js(d[k])} in the {t} rope scaling (transformers does not "
+                     "use it for this type)")
+    key = "rope_scaling" if d is rs else "rope_parameters"
+    what = f"{where}: {key}"
+    out = {"rope_scaling": t}
+
+    def orig_ctx():
+        v = d.get("original_max_position_embeddings")
+        if v is None:
+            notes.append(f"{t}: original_max_position_embeddings absent: using "
+                         f"max_position_embeddings={seq_len}, as transformers v5 does")
+            return seq_len
+        return _integer(what, "original_max_position_embeddings", v)
+
+    def factor(required=True):
+        if "factor" not in d or d["factor"] is None:
+            if required:
+                raise ExportError(f"{what}: {t} scaling needs a factor")
+            return None
+        f = _number(what, "factor", d["factor"])
+        if f < 1:
+            raise ExportError(f"{what}: factor={_js(d['factor'])} < 1 (shrinking the context) "
+                              "is not supported")
+        return f
+
+    if t in ("linear", "dynamic"):
+        out["rope_factor"] = factor()
+        if t == "dynamic":  # transformers' dynamic NTK uses max_position_embeddings as L
+            out["rope_orig_ctx"] = seq_len
+    elif t == "yarn":
+        if d.get("truncate", True) is not True:
+            raise ExportError(f"{what}: yarn truncate={_js(d['truncate'])} is not supported "
+                              "(run rounds the correction range, transformers' default)")
+        L = orig_ctx()
+        s = factor(required=False)
+        if s is None:
+            if "original_max_position_embeddings" not in d:
+                raise ExportError(f"{what}: yarn scaling needs a factor")
+            s = seq_len / L
+            notes.append(f"yarn: factor absent: using max_position_embeddings / "
+                         f"original_max_position_embeddings = {s:g}")
+            if s < 1:
+                raise ExportError(f"{what}: yarn factor max_position_embeddings / "
+                                  f"original_max_position_embeddings = {s:g} < 1")
+        elif "original_max_position_embeddings" in d and not math.isclose(s, seq_len / L):
+            notes.append(f"yarn: factor {s:g} differs from max_position_embeddings / "
+                         f"original_max_position_embeddings = {seq_len / L:g}; using factor, "
+                         "as current transformers does (some 4.4x/4.5x used the ratio)")
+        out.update(rope_factor=s, rope_orig_ctx=L)
+        for k, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+            v = d.get(k)  # transformers reads these with `or`: 0 and null mean the default
+            out["yarn_" + k] = _number(what, k, v) if v else default
+        if not out["yarn_beta_fast"] > out["yarn_beta_slow"]:
+            raise ExportError(f"{what}: yarn beta_fast={out['yarn_beta_fast']:g} must be "
+                              f"greater than beta_slow={out['yarn_beta_slow']:g}")
+        att = d.get("attention_factor")
+        if att is not None:
+            att = _number(what, "attention_factor", att)
+        elif d.get("mscale") and d.get("mscale_all_dim"):
+            ms = _number(what, "mscale", d["mscale"])
+            ms_all = _number(what, "mscale_all_dim", d["mscale_all_dim"])
+
+            def mscale(m):
+                return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+            att = mscale(ms) / mscale(ms_all)
+            notes.append(f"yarn: attention factor from mscale/mscale_all_dim: {att:.6g}")
+        out["yarn_attn_factor"] = att if att is not None else 0.0  # 0: run uses 0.1 ln s + 1
+    else:  # llama3
+        for k in ("low_freq_factor", "high_freq_factor"):
+            if d.get(k) is None:
+                raise ExportError(f"{what}: llama3 scaling needs {k}")
+        out.update(rope_factor=factor(), rope_orig_ctx=orig_ctx(),
+                   llama3_low_freq=_number(what, "low_freq_factor", d["low_freq_factor"]),
+                   llama3_high_freq=_number(what, "high_freq_factor", d["high_freq_factor"]))
+        if not out["llama3_high_freq"] > out["llama3_low_freq"]:
+            raise ExportError(f"{what}: llama3 high_freq_factor must be greater than "
+                              "low_freq_factor")
+    return out
+
+
+def hf_config(config, where="config.json"):
+    """Map a Hugging Face Llama config.json (a dict) to our config. Returns
+    (cfg, notes): cfg for write_checkpoint (rope_layout "neox": the weights as
+    Hugging Face stores them), notes: lines worth telling the user (defaults
+    used, values ignored). Raises ExportError for anything that is not exactly
+    the Llama architecture or that run cannot reproduce."""
+    notes = []
+    mt, archs = config.get("model_type"), config.get("architectures") or []
+    if not isinstance(archs, list):
+        archs = [archs]
+    if mt not in ("llama", "mistral", None) or any(a not in HF_ARCHITECTURES for a in archs) \
+            or (mt is None and not archs):
+        name = ", ".join(map(str, archs)) or f"model_type {_js(mt)}"
+        raise ExportError(f"{where}: {name} is not supported: only the Llama architecture "
+                          "(LlamaForCausalLM) is")
+    if config.get("sliding_window") is not None:
+        raise ExportError(f"{where}: sliding_window={_js(config['sliding_window'])} "
+                          "(sliding-window attention) is not supported")
+    for key, what in (("attention_bias", "biases on q/k/v/o_proj"),
+                      ("mlp_bias", "biases on the MLP"),
+                      ("qk_norm", "RMSNorm on q and k"), ("use_qk_norm", "RMSNorm on q and k")):
+        if config.get(key):
+            raise ExportError(f"{where}: {key}={_js(config[key])} ({what}) is not supported")
+    act = config.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ExportError(f"{where}: hidden_act={_js(act)} is not supported (only silu: SwiGLU)")
+
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "vocab_size"):
+        if config.get(key) is None:
+            raise ExportError(f"{where}: {key} is missing")
+        _integer(where, key, config[key])
+    dim, heads = config["hidden_size"], config["num_attention_heads"]
+    kv = config.get("num_key_value_heads")
+    kv = heads if kv is None else _integer(where, "num_key_value_heads", kv)
+    if dim % heads:
+        raise ExportError(f"{where}: num_attention_heads={heads} does not divide hidden_size={dim}")
+    if heads % kv:
+        raise ExportError(f"{where}: num_key_value_heads={kv} does not divide "
+                          f"num_attention_heads={heads}")
+    hs = dim // heads
+    if config.get("head_dim") is not None and config["head_dim"] != hs:
+        raise ExportError(f"{where}: head_dim={_js(config['head_dim'])} differs from hidden_size / "
+                          f"num_attention_heads = {hs} (not supported: our format derives it)")
+    if hs % 2:
+        raise ExportError(f"{where}: head size hidden_size / num_attention_heads = {hs} is odd "
+                          "(RoPE rotates pairs)")
+
+    seq_len = config.get("max_position_embeddings")
+    if seq_len is None:
+        seq_len = 2048
+        notes.append("max_position_embeddings absent: using 2048 (the LlamaConfig default)")
+    seq_len = _integer(where, "max_position_embeddings", seq_len)
+    eps = config.get("rms_norm_eps")
+    if eps is None:
+        eps = 1e-6
+        notes.append("rms_norm_eps absent: using 1e-6 (the LlamaConfig default)")
+    eps = _number(where, "rms_norm_eps", eps)
+
+    rp = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    theta = config.get("rope_theta")
+    if theta is not None and rp.get("rope_theta") is not None and rp["rope_theta"] != theta:
+        raise ExportError(f"{where}: rope_theta={_js(theta)} but rope_parameters.rope_theta="
+                          f"{_js(rp['rope_theta'])}")
+    if theta is None:
+        theta = rp.get("rope_theta")
+    if theta is None:
+        theta = 10000.0
+        notes.append("rope_theta absent: using 10000 (the LlamaConfig default)")
+    theta = _number(where, "rope_theta", theta)
+    if theta <= 1:
+        raise ExportError(f"{where}: rope_theta={_js(theta)} must be > 1")
+    prf = config.get("partial_rotary_factor", rp.get("partial_rotary_factor"))
+    rot = hs
+    if prf is not None:
+        prf = _number(where, "partial_rotary_factor", prf)
+        rot = int(hs * prf)
+        if prf > 1 or rot < 2 or rot % 2:
+            raise ExportError(f"{where}: partial_rotary_factor={prf:g} gives {rot} rotary dims of "
+                              f"head size {hs}; expected an even number in 2..{hs}")
+
+    tie = config.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ExportError(f"{where}: tie_word_embeddings={_js(tie)} is not true or false")
+    cfg = dict(dim=dim, hidden_dim=config["intermediate_size"],
+               n_layers=config["num_hidden_layers"], n_heads=heads, n_kv_heads=kv,
+               vocab_size=config["vocab_size"], seq_len=seq_len, shared_classifier=tie,
+               bos_id=_hf_token_id(where, config, "bos_token_id", 1, notes),
+               eos_id=_hf_token_id(where, config, "eos_token_id", 2, notes),
+               norm_eps=eps, rope_theta=theta, rope_layout="neox", rot_dim=rot)
+    cfg.update(_hf_rope_scaling(where, config, seq_len, notes))
+    for k in ("bos_id", "eos_id"):
+        if cfg[k] >= cfg["vocab_size"]:
+            raise ExportError(f"{where}: {k.replace('_id', '_token_id')}={cfg[k]} is outside the "
+                              f"vocabulary (vocab_size={cfg['vocab_size']})")
+    try:
+        normalize_config(cfg)
+    except ExportError as e:
+        raise ExportError(f"{where}: {e}") from None
+    return cfg, notes
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face model directories
+
+def _hf_layer_names(i):
+    p = f"model.layers.{i}."
+    return {"rms_att_weight": p + "input_layernorm.weight",
+            "wq": p + "self_attn.q_proj.weight", "wk": p + "self_attn.k_proj.weight",
+            "wv": p + "self_attn.v_proj.weight", "wo": p + "self_attn.o_proj.weight",
+            "rms_ffn_weight": p + "post_attention_layernorm.weight",
+            "w1": p + "mlp.gate_proj.weight", "w2": p + "mlp.down_proj.weight",
+            "w3": p + "mlp.up_proj.weight"}
+
+
+def _unexpected_tensor(name, where):
+    if name.endswith(".bias"):
+        why = "biases are not part of the Llama architecture"
+    elif "q_norm" in name or "k_norm" in name:
+        why = "RMSNorm on q/k is not part of the Llama architecture"
+    else:
+        why = "not part of the Llama architecture"
+    return ExportError(f"{where}: unexpected tensor {name} ({why})")
+
+
+def _shape_checked(t, shape, where_name):
+    if tuple(t.shape) != tuple(shape):
+        raise ExportError(f"{where_name} has shape {list(t.shape)}, expected {list(shape)} "
+                          "from the config")
+    return t
+
+
+def read_hf(directory, layout="neox"):
+    """A Hugging Face Llama model directory (config.json + safetensors) as
+    (cfg, tensors, notes): tensors are lazy (see "Lazy tensors"), nothing is
+    read until write_checkpoint streams them.
+
+    layout "neox" keeps the q/k rows as Hugging Face stores them (and marks the
+    checkpoint neox: run rotates halves, like rotate_half); "interleaved"
+    un-permutes them per head (k with the KEY/VALUE head count) and marks the
+    checkpoint interleaved. Both give the same logits."""
+    directory = os.fspath(directory)
+    if layout not in ROPE_LAYOUTS:
+        raise ExportError(f"rope layout {layout!r}: expected one of {', '.join(ROPE_LAYOUTS)}")
+    if not os.path.isdir(directory):
+        raise ExportError(f"{directory}: not a directory (expected a Hugging Face model "
+                          "directory with config.json)")
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.isfile(config_path):
+        raise ExportError(f"{directory}: no config.json (expected a Hugging Face model directory)")
+    cfg, notes = hf_config(_read_json(config_path, "a model config"), config_path)
+    source, listing = read_hf_weights(directory)
+    c = normalize_config(cfg)
+    shapes = dict((name, fn(c)) for name, fn in TENSOR_TABLE)
+    used = set()
+
+    def take(name, shape):
+        if name not in source:
+            raise ExportError(f"{listing}: missing tensor {name}")
+        t = source[name]
+        if t.dtype not in SAFETENSORS_DTYPES:
+            raise ExportError(f"{t.path}: tensor {name} has dtype {t.dtype}; supported: "
+                              f"{', '.join(SAFETENSORS_DTYPES)}")
+        used.add(name)
+        return _shape_checked(t, shape, f"{t.path}: tensor {name}")
+
+    tensors = {"token_embedding": take("model.embed_tokens.weight", shapes["token_embedding"])}
+    per_layer = {k: [] for k in _hf_layer_names(0)}
+    for i in range(c["n_layers"]):
+        for ours, theirs in _hf_layer_names(i).items():
+            per_layer[ours].append(take(theirs, shapes[ours][1:]))
+    if layout == "interleaved":
+        rot = c["rot_dim"]
+        per_layer["wq"] = [_HeadPermuted(t, c["n_heads"], rot, True) for t in per_layer["wq"]]
+        per_layer["wk"] = [_HeadPermuted(t, c["n_kv_heads"], rot, True) for t in per_layer["wk"]]
+    for k, parts in per_layer.items():
+        tensors[k] = _Stacked(parts)
+    tensors["rms_final_weight"] = take("model.norm.weight", shapes["rms_final_weight"])
+    if "lm_head.weight" in source:
+        if cfg["shared_classifier"]:
+            used.add("lm_head.weight")
+            notes.append("tie_word_embeddings is true: lm_head.weight is ignored (the "
+                         "classifier is the embedding, as in transformers)")
+        else:
+            tensors["wcls"] = take("lm_head.weight", shapes["wcls"])
+    elif not cfg["shared_classifier"]:
+        cfg["shared_classifier"] = True
+        notes.append("no lm_head.weight: the classifier is tied to the embedding")
+    for name in sorted(set(source) - used):
+        if name.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints saved; recomputed
+            continue
+        raise _unexpected_tensor(name, source[name].path)
+    cfg["rope_layout"] = layout
+    return cfg, tensors, notes
+
+
+# ---------------------------------------------------------------------------
+# Meta checkpoints: consolidated.NN.pth (one per model-parallel rank) + params.json
+
+# Meta's names, and the axis along which model-parallel shards are split:
+# column-parallel layers on 0, row-parallel ones on 1, None = replicated.
+META_LAYER_NAMES = {
+    "rms_att_weight": ("attention_norm.weight", None),
+    "wq": ("attention.wq.weight", 0), "wk": ("attention.wk.weight", 0),
+    "wv": ("attention.wv.weight", 0), "wo": ("attention.wo.weight", 1),
+    "rms_ffn_weight": ("ffn_norm.weight", None),
+    "w1": ("feed_forward.w1.weight", 0), "w2": ("feed_forward.w2.weight", 1),
+    "w3": ("feed_forward.w3.weight", 0),
+}
+META_PARAMS = {"dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of",
+               "ffn_dim_multiplier", "norm_eps", "rope_theta", "use_scaled_rope", "max_seq_len",
+               "max_batch_size", "rope_scaling_factor"}
+# Meta's apply_scaling (Llama 3.1) hard-codes these
+META_LLAMA3_SCALING = dict(rope_scaling="llama3", rope_factor=8.0, llama3_low_freq=1.0,
+                           llama3_high_freq=4.0, rope_orig_ctx=8192)
+
+
+class _TorchJoined:
+    """One Meta tensor: its model-parallel shards (torch tensors) joined along
+    `axis` (None: replicated, shard 0 is used), converted to float32 a block of
+    rows at a time."""
+
+    def __init__(self, parts, axis, name, paths):
+        self.parts, self.axis, self.name, self.paths = parts, axis, name, paths
+        shape = list(parts[0].shape)
+        if axis is not None and len(parts) > 1:
+            shape[axis] = sum(int(p.shape[axis]) for p in parts)
+        self.shape = tuple(shape)
+        self.starts = np.cumsum([0] + [int(p.shape[0]) for p in parts])
+
+    def _f32(self, t):
+        import torch
+        return t.to(torch.float32).numpy()
+
+    def rows(self, a, b):
+        if len(self.shape) == 1:
+            x = self._f32(self.parts[0]).reshape(1, -1) if self.axis is None or \
+                len(self.parts) == 1 else np.concatenate([self._f32(p) for p in self.parts])[None]
+        elif self.axis == 1 and len(self.parts) > 1:
+            x = np.concatenate([self._f32(p[a:b]) for p in self.parts], axis=1)
+        elif self.axis == 0 and len(self.parts) > 1:
+            out = []
+            for i, p in enumerate(self.parts):
+                lo, hi = max(a, self.starts[i]), min(b, self.starts[i + 1])
+                if lo < hi:
+                    out.append(self._f32(p[lo - self.starts[i]:hi - self.starts[i]]))
+            x = np.concatenate(out)
+        else:
+            x = self._f32(self.parts[0][a:b])
+        if not np.isfinite(x).all():
+            raise ExportError(f"{self.paths[0]}: tensor {self.name} contains NaN or infinite "
+                              "values")
+        return x
+
+
+def _torch_load(path):
+    """torch.load of one shard: memory-mapped where torch supports it (2.1 and
+    later: tensors are read on demand), else read whole; weights_only where
+    supported (no code runs from the pickle)."""
+    import inspect
+    import zipfile
+    import torch
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic[:2] == b"PK":
+        if not zipfile.is_zipfile(path):
+            raise ExportError(f"{path}: truncated (a zip archive without its central directory)")
+    elif magic[:1] != b"\x80":  # neither torch's zip format nor its older pickle format
+        raise ExportError(f"{path}: not a torch checkpoint (neither a zip archive nor a pickle)")
+    accepted = inspect.signature(torch.load).parameters
+    kwargs = {k: True for k in ("mmap", "weights_only") if k in accepted}
+    return torch.load(path, map_location="cpu", **kwargs)
+
+
+def read_meta(directory, layout="interleaved", seq_len=None):
+    """A Meta Llama checkpoint directory (params.json + consolidated.NN.pth) as
+    (cfg, tensors, notes), tensors lazy. Meta's q/k rows are already
+    interleaved; layout "neox" applies Hugging Face's permutation instead."""
+    directory = os.fspath(directory)
+    if layout not in ROPE_LAYOUTS:
+        raise ExportError(f"rope layout {layout!r}: expected one of {', '.join(ROPE_LAYOUTS)}")
+    if not os.path.isdir(directory):
+        raise ExportError(f"{directory}: not a directory (expected params.json and "
+                          "consolidated.*.pth)")
+    params_path = os.path.join(directory, "params.json")
+    if not os.path.isfile(params_path):
+        raise ExportError(f"{directory}: no params.json (expected a Meta Llama checkpoint "
+                          "directory)")
+    params = _read_json(params_path, "Meta model parameters")
+    notes, where = [], params_path
+    for k in sorted(params):
+        if "moe" in k or "expert" in k or "vision" in k:
+            raise ExportError(f"{where}: {k} (mixture of experts / vision) is not supported: "
+                              "only the Llama architecture is")
+        if k not in META_PARAMS:
+            notes.append(f"ignoring {k}={params[k]!r} in params.json")
+    for k in ("dim", "n_layers", "n_heads"):
+        if params.get(k) is None:
+            raise ExportError(f"{where}: {k} is missing")
+        _integer(where, k, params[k])
+    dim, heads = params["dim"], params["n_heads"]
+    kv = params.get("n_kv_heads")
+    kv = heads if kv is None else _integer(where, "n_kv_heads", kv)
+    if dim % heads:
+        raise ExportError(f"{where}: n_heads={heads} does not divide dim={dim}")
+    if heads % kv:
+        raise ExportError(f"{where}: n_kv_heads={kv} does not divide n_heads={heads}")
+
+    names = sorted(n for n in os.listdir(directory)
+                   if n.startswith("consolidated.") and n.endswith(".pth"))
+    if not names:
+        raise ExportError(f"{directory}: no consolidated.*.pth files")
+    want = [f"consolidated.{i:02d}.pth" for i in range(len(names))]
+    if names != want:
+        raise ExportError(f"{directory}: shards {', '.join(names)}; expected "
+                          f"{', '.join(want)}")
+    paths = [os.path.join(directory, n) for n in names]
+    try:
+        have_torch = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        have_torch = False
+    if not have_torch:
+        raise ExportError("--meta-llama needs torch to read .pth files "
+                          "(apt install python3-torch, or pip install torch)")
+    shards = []
+    for p in paths:
+        try:
+            sd = _torch_load(p)
+        except ExportError:
+            raise
+        except OSError as e:
+            if e.filename:  # no such file, permission denied: main names the file
+                raise
+            raise ExportError(f"{p}: cannot read as a torch checkpoint ({e.strerror or e}; "
+                              "truncated?)") from None
+        except Exception as e:  # torch raises RuntimeError/pickle errors with long texts
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ExportError(f"{p}: cannot read as a torch checkpoint ({first})") from None
+        if not isinstance(sd, dict):
+            raise ExportError(f"{p}: expected a dict of tensors, got {type(sd).__name__}")
+        shards.append(sd)
+    n = len(shards)
+
+    def parts_of(name):
+        parts = []
+        for p, sd in zip(paths, shards):
+            if name not in sd:
+                raise ExportError(f"{p}: missing tensor {name}")
+            t = sd[name]
+            if not hasattr(t, "shape") or not hasattr(t, "dtype") or not t.is_floating_point():
+                raise ExportError(f"{p}: {name} is not a floating-point tensor")
+            parts.append(t)
+        return parts
+
+    def joined(name, axis, shape):
+        parts = parts_of(name)
+        if axis is not None and n > 1:
+            for p, t in zip(paths, parts):
+                want_shape = list(shape)
+                if want_shape[axis] % n:
+                    raise ExportError(f"{p}: {name}: {want_shape[axis]} does not split into "
+                                      f"{n} shards")
+                want_shape[axis] //= n
+                if list(t.shape) != want_shape:
+                    raise ExportError(f"{p}: tensor {name} has shape {list(t.shape)}, expected "
+                                      f"{want_shape} (shard of {list(shape)})")
+        else:
+            for p, t in zip(paths, parts):
+                if list(t.shape) != list(shape):
+                    raise ExportError(f"{p}: tensor {name} has shape {list(t.shape)}, expected "
+                                      f"{list(shape)}")
+        return _TorchJoined(parts, axis, name, paths)
+
+    # the embedding decides vocab_size (params may say -1) and its split axis
+    emb = parts_of("tok_embeddings.weight")
+    if len(emb[0].shape) != 2:
+        raise ExportError(f"{paths[0]}: tok_embeddings.weight has shape {list(emb[0].shape)}")
+    if n == 1 or all(int(t.shape[1]) == dim for t in emb):
+        emb_axis, vocab = 0, sum(int(t.shape[0]) for t in emb) if n > 1 else int(emb[0].shape[0])
+    else:
+        emb_axis, vocab = 1, int(emb[0].shape[0])  # Llama 2: ParallelEmbedding splits dim
+    pv = params.get("vocab_size", -1)
+    if pv not in (-1, None) and pv != vocab:
+        raise ExportError(f"{paths[0]}: tok_embeddings.weight has {vocab} rows but params.json "
+                          f"says vocab_size={pv}")
+    w1 = parts_of("layers.0.feed_forward.w1.weight")
+    hidden = sum(int(t.shape[0]) for t in w1) if n > 1 else int(w1[0].shape[0])
+
+    eps = params.get("norm_eps")
+    if eps is None:
+        eps = 1e-5
+        notes.append("norm_eps absent: using 1e-5 (Meta's default)")
+    theta = params.get("rope_theta")
+    theta = 10000.0 if theta is None else _number(where, "rope_theta", theta)
+    if seq_len is None:
+        seq_len = params.get("max_seq_len")
+    if seq_len is None:
+        # params.json does not say: Meta passes max_seq_len when building the model.
+        # The training contexts: Llama 3.1+ 131072 (scaled RoPE), Llama 3 8192
+        # (theta 500000), Code Llama 16384 (theta 1e6), Llama 2 4096 (LLaMA 1: 2048).
+        seq_len = (131072 if params.get("use_scaled_rope") else 16384 if theta >= 1e6
+                   else 8192 if theta >= 5e5 else 4096)
+        notes.append(f"params.json has no max_seq_len: using seq_len={seq_len} "
+                     "(override with --seq-len)")
+    seq_len = _integer(where, "max_seq_len", seq_len)
+    bos, eos = 1, 2  # sentencepiece Llama 1/2, Code Llama
+    if vocab >= 128256:  # Llama 3's tiktoken vocabulary: <|begin_of_text|>, <|end_of_text|>
+        bos, eos = 128000, 128001
+        notes.append("vocabulary of Llama 3: bos_id 128000, eos_id 128001 (<|end_of_text|>)")
+    cfg = dict(dim=dim, hidden_dim=hidden, n_layers=params["n_layers"], n_heads=heads,
+               n_kv_heads=kv, vocab_size=vocab, seq_len=seq_len,
+               norm_eps=_number(where, "norm_eps", eps), rope_theta=theta, rope_layout=layout,
+               bos_id=bos, eos_id=eos)
+    if params.get("use_scaled_rope"):
+        cfg.update(META_LLAMA3_SCALING)
+        if params.get("rope_scaling_factor") is not None:
+            cfg["rope_factor"] = _number(where, "rope_scaling_factor",
+                                         params["rope_scaling_factor"])
+        notes.append(f"use_scaled_rope: llama3 scaling, factor {cfg['rope_factor']:g}, "
+                     "low 1, high 4, original context 8192 (Meta's apply_scaling)")
+    try:
+        c = normalize_config(cfg)
+    except ExportError as e:
+        raise ExportError(f"{where}: {e}") from None
+    shapes = dict((name, fn(c)) for name, fn in TENSOR_TABLE)
+
+    tensors = {"token_embedding": joined("tok_embeddings.weight", emb_axis,
+                                         shapes["token_embedding"])}
+    expected = {"tok_embeddings.weight", "norm.weight", "output.weight"}
+    for ours, (theirs, axis) in META_LAYER_NAMES.items():
+        parts = []
+        for i in range(c["n_layers"]):
+            name = f"layers.{i}.{theirs}"
+            expected.add(name)
+            t = joined(name, axis, shapes[ours][1:])
+            if ours in ("wq", "wk") and layout == "neox":
+                t = _HeadPermuted(t, c["n_heads"] if ours == "wq" else c["n_kv_heads"],
+                                  c["rot_dim"], False)
+            parts.append(t)
+        tensors[ours] = _Stacked(parts)
+    tensors["rms_final_weight"] = joined("norm.weight", None, shapes["rms_final_weight"])
+    if any("output.weight" in sd for sd in shards):  # then every shard must hold its part
+        tensors["wcls"] = joined("output.weight", 0, shapes["wcls"])
+        cfg["shared_classifier"] = False
+    else:
+        cfg["shared_classifier"] = True
+        notes.append("no output.weight: the classifier is tied to the embedding")
+    for p, sd in zip(paths, shards):
+        for name in sorted(set(sd) - expected):
+            if name == "rope.freqs":  # LLaMA 1 saved its RoPE table; recomputed
+                continue
+            raise _unexpected_tensor(name, p)
+    return cfg, tensors, notes
+
+
+# ---------------------------------------------------------------------------
 # Tokenizers
 
 def write_tokenizer(path, pieces, scores):
@@ -610,50 +1520,100 @@ def _parse_random_spec(spec):
     return dict(zip(names, values))
 
 
+def _describe(cfg, path):
+    c = normalize_config(cfg)
+    scaling = c["rope_scaling"]
+    if scaling != "none":
+        scaling += f" x{c['rope_factor']:g}"
+        if c["rope_scaling"] in ("yarn", "llama3", "dynamic"):
+            scaling += f" (orig ctx {c['rope_orig_ctx'] or c['seq_len']})"
+    return (f"wrote {path}: dim {c['dim']}, hidden {c['hidden_dim']}, {c['n_layers']} layers, "
+            f"{c['n_heads']} heads ({c['n_kv_heads']} kv), vocab {c['vocab_size']}, "
+            f"seq_len {c['seq_len']}, {'tied' if c['shared_classifier'] else 'untied'} "
+            f"classifier, rope {c['rope_layout']} theta {c['rope_theta']:g} rot_dim "
+            f"{c['rot_dim']} scaling {scaling}, eps {c['norm_eps']:g}, bos {c['bos_id']} "
+            f"eos {c['eos_id']}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="export.py",
-        description="Write checkpoints (version 1, see model.h) and tokenizers for run.")
+        description="Write checkpoints (version 1, see model.h) and tokenizers for run. "
+                    "docs/convert.md explains the conversions.")
     p.add_argument("out", help="output file")
     src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hf", metavar="DIR",
+                     help="convert a Hugging Face Llama model directory (config.json and "
+                          "model.safetensors, or sharded model-*.safetensors with "
+                          "model.safetensors.index.json)")
+    src.add_argument("--meta-llama", metavar="DIR",
+                     help="convert a Meta Llama checkpoint directory (params.json and "
+                          "consolidated.*.pth; needs torch)")
     src.add_argument("--llama2c", metavar="IN.bin", help="convert a llama2.c (version 0) checkpoint")
     src.add_argument("--tokenizer", metavar="FILE.model",
                      help="convert a sentencepiece model to tokenizer.bin")
     src.add_argument("--random", metavar="D,H,L,NH,NKV,V,S",
                      help="random weights: dim,hidden_dim,n_layers,n_heads,n_kv_heads,"
                           "vocab_size,seq_len")
+    m = p.add_argument_group("options for --hf, --meta-llama and --random")
+    m.add_argument("--rope-layout", choices=ROPE_LAYOUTS, default=None,
+                   help="q/k layout to write. --hf: neox (default; the weights as Hugging Face "
+                        "stores them) or interleaved (rows un-permuted per head). --meta-llama: "
+                        "interleaved (default; Meta's layout) or neox. --random: default "
+                        "interleaved. Both give the same logits")
+    m.add_argument("--seq-len", type=int, default=None, metavar="N",
+                   help="--hf/--meta-llama: training context to record (default: "
+                        "max_position_embeddings, or params.json max_seq_len)")
     r = p.add_argument_group("options for --random")
     r.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     r.add_argument("--unshared", action="store_true", help="separate classifier (wcls)")
-    r.add_argument("--rope-layout", choices=ROPE_LAYOUTS, default="interleaved")
     r.add_argument("--rot-dim", type=int, default=None, help="rotated dims per head (default: all)")
     r.add_argument("--rope-theta", type=float, default=10000.0)
     r.add_argument("--norm-eps", type=float, default=1e-5)
     args = p.parse_args(argv)
+    if args.rope_layout and (args.llama2c or args.tokenizer):
+        p.error("--rope-layout applies to --hf, --meta-llama and --random only")
+    if args.seq_len is not None and not (args.hf or args.meta_llama):
+        p.error("--seq-len applies to --hf and --meta-llama only")
+    if args.seq_len is not None and not 0 < args.seq_len <= INT32_MAX:
+        p.error(f"--seq-len {args.seq_len}: expected a positive integer")
 
-    culprit = args.llama2c or args.tokenizer or args.out
+    source = args.hf or args.meta_llama or args.llama2c or args.tokenizer
+    culprit = source or args.out
     try:
-        if args.llama2c:
+        if args.hf or args.meta_llama:
+            if args.hf:
+                cfg, tensors, notes = read_hf(args.hf, args.rope_layout or "neox")
+            else:
+                cfg, tensors, notes = read_meta(args.meta_llama, args.rope_layout or "interleaved",
+                                                args.seq_len)
+            if args.hf and args.seq_len is not None:
+                cfg["seq_len"] = args.seq_len
+            if cfg["seq_len"] > 32768:
+                notes.append(f"seq_len {cfg['seq_len']}: run sizes its KV cache for the training "
+                             "context unless told otherwise; pass run --ctx N to use less memory")
+            write_checkpoint(args.out, cfg, tensors)
+            for note in notes:
+                print(f"export.py: note: {note}", file=sys.stderr)
+            print(f"export.py: {_describe(cfg, args.out)}", file=sys.stderr)
+        elif args.llama2c:
             cfg, tensors = read_llama2c(args.llama2c)
-            try:
-                write_checkpoint(args.out, cfg, tensors)
-            except ExportError as e:
-                if str(e).startswith(args.out):
-                    raise
-                raise ExportError(f"{args.llama2c}: {e}") from None
+            write_checkpoint(args.out, cfg, tensors)
         elif args.tokenizer:
             pieces, scores = sentencepiece_vocab(args.tokenizer)
             write_tokenizer(args.out, pieces, scores)
         else:
             cfg = _parse_random_spec(args.random)
-            cfg.update(shared_classifier=not args.unshared, rope_layout=args.rope_layout,
+            cfg.update(shared_classifier=not args.unshared,
+                       rope_layout=args.rope_layout or "interleaved",
                        rot_dim=args.rot_dim, rope_theta=args.rope_theta, norm_eps=args.norm_eps)
             cfg = normalize_config(cfg)
             write_checkpoint(args.out, cfg, random_tensors(cfg, args.seed))
     except ExportError as e:
         msg = str(e)
-        if args.llama2c is None and args.tokenizer is None and not msg.startswith(args.out):
-            msg = f"{args.out}: {msg}"  # name the file every message is about
+        # name the file every message is about: the source, else the output
+        if not msg.startswith(args.out) and not (source and msg.startswith(source)):
+            msg = f"{culprit}: {msg}"
         print(f"export.py: {msg}", file=sys.stderr)
         return 1
     except OSError as e:
@@ -663,6 +1623,9 @@ def main(argv=None):
     except MemoryError:
         print(f"export.py: {culprit}: out of memory", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"export.py: {args.out}: interrupted; nothing written", file=sys.stderr)
+        return 130
     return 0
 
 

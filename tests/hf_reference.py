@@ -1,0 +1,206 @@
+"""A float64 numpy forward pass of a Hugging Face Llama model, in Hugging Face's
+own semantics: it takes the config.json dict and the tensors under their HF
+names (q/k rows in HF's permuted order) and rotates with rotate_half, the way
+transformers' modeling_llama does. It shares no code with export.py or run.c,
+so that `export.py --hf` + `run` can be checked against it.
+
+    x = embed_tokens[tokens]
+    per layer:
+        h = input_layernorm(x)
+        q, k, v = q_proj(h), k_proj(h), v_proj(h)              heads of head_dim
+        q, k = q*cos + rotate_half(q)*sin, same for k          on the first rot dims
+        a = softmax(q k^T / sqrt(head_dim) + causal mask) v    repeat_kv: query head h
+                                                               uses kv head h // (nh/nkv)
+        x = x + o_proj(a)
+        x = x + down_proj(silu(gate_proj(h2)) * up_proj(h2)),  h2 = post_attention_layernorm(x)
+    logits = lm_head(norm(x))                                  lm_head = embed_tokens if tied
+
+rotate_half(x) = cat(-x[rot/2:], x[:rot/2]); cos/sin = cat(c, c) with
+c[i] = att * cos(pos * inv_freq[i]) (rope-spec.md 1.2). Partial rotary: only
+the first rot = int(head_dim * partial_rotary_factor) dims, halves inside them.
+
+inv_freq and att follow transformers' modeling_rope_utils for each rope type
+(rope-spec.md 2.1, 2.3-2.5), written here from the spec's formulas:
+    default  inv_i = b^(-2i/rot)
+    linear   inv_i / factor
+    dynamic  base b * (factor*S/L - (factor-1))^(rot/(rot-2)), L =
+             max_position_embeddings, S = max(sequence length, L)
+    yarn     ramp linear in the pair index between floor/ceil of the correction
+             dims for beta_fast/beta_slow over original_max_position_embeddings;
+             att = attention_factor, or the mscale ratio, or 0.1 ln(factor) + 1
+    llama3   by wavelength against original_max_position_embeddings / low,high
+
+Dynamic NTK has three semantics (dynamic=...):
+    "full"   one base for the whole forward, S = its length (what a
+             transformers forward of a whole window does)
+    "hf"     position t rotated with the base for length t+1, its key cached
+             with that rotation (transformers decoding token by token; run's
+             default dynamic mode)
+    "exact"  at query position p every key re-rotated with the base for length
+             p+1 (a pre-RoPE key cache; run --rope-dynamic exact)
+All three agree while the sequence stays within L.
+"""
+
+import math
+
+import numpy as np
+
+
+def _rmsnorm(x, w, eps):
+    return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+
+
+def _softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def rope_settings(config):
+    """(rope_type, params dict, theta, rot) from a config.json dict: rope_scaling
+    or (transformers v5) rope_parameters, the type under rope_type or type."""
+    rp = config.get("rope_parameters") or {}
+    params = config.get("rope_scaling") or rp
+    kind = params.get("rope_type", params.get("type")) or "default"
+    theta = config.get("rope_theta", rp.get("rope_theta", 10000.0))
+    hd = config["hidden_size"] // config["num_attention_heads"]
+    prf = config.get("partial_rotary_factor", rp.get("partial_rotary_factor", 1.0))
+    return kind, params, float(theta), int(hd * prf)
+
+
+def inv_freq_and_attention(config, seq_len=None):
+    """(inv_freq (rot/2,), attention factor) in float64 for a config.json dict;
+    seq_len (current length) matters only for dynamic."""
+    kind, p, b, d = rope_settings(config)
+    max_pos = config.get("max_position_embeddings", 2048)
+    f = b ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if kind == "default":
+        return f, 1.0
+    s = float(p["factor"]) if p.get("factor") is not None else None
+    if kind == "linear":
+        return f / s, 1.0
+    if kind == "dynamic":
+        S = max(seq_len or max_pos, max_pos)
+        b2 = b * (s * S / max_pos - (s - 1)) ** (d / (d - 2))
+        return b2 ** (-np.arange(0, d, 2, dtype=np.float64) / d), 1.0
+    if kind == "yarn":
+        L = p.get("original_max_position_embeddings") or max_pos
+        if s is None:
+            s = max_pos / L
+        beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+        def mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+        att = p.get("attention_factor")
+        if att is None:
+            if p.get("mscale") and p.get("mscale_all_dim"):
+                att = mscale(s, p["mscale"]) / mscale(s, p["mscale_all_dim"])
+            else:
+                att = mscale(s)
+
+        def corr_dim(n_rot):
+            return d * math.log(L / (n_rot * 2 * math.pi)) / (2 * math.log(b))
+        low = max(math.floor(corr_dim(beta_fast)), 0)
+        high = min(math.ceil(corr_dim(beta_slow)), d - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0, 1)
+        extrapolate = 1 - ramp
+        return (f / s) * (1 - extrapolate) + f * extrapolate, float(att)
+    if kind == "llama3":
+        L = p.get("original_max_position_embeddings") or max_pos
+        lo, hi = float(p["low_freq_factor"]), float(p["high_freq_factor"])
+        wavelen = 2 * math.pi / f
+        out = np.where(wavelen > L / lo, f / s, f)
+        smooth = (L / wavelen - lo) / (hi - lo)
+        band = ~(wavelen < L / hi) & ~(wavelen > L / lo)
+        return np.where(band, (1 - smooth) * f / s + smooth * f, out), 1.0
+    raise ValueError(f"rope type {kind!r} is not modelled")
+
+
+def _rotate(x, pos, inv_freq, att, rot):
+    """rotate_half RoPE of x (T, heads, hd) at positions pos (T,), first rot dims.
+    inv_freq: (rot/2,) shared, or (T, rot/2) one per row."""
+    inv = inv_freq if inv_freq.ndim == 2 else np.broadcast_to(inv_freq, (len(pos), rot // 2))
+    ang = pos[:, None] * inv
+    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=-1)[:, None, :] * att
+    sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=-1)[:, None, :] * att
+    r = x[..., :rot]
+    rotated_half = np.concatenate([-r[..., rot // 2:], r[..., :rot // 2]], axis=-1)
+    out = x.copy()
+    out[..., :rot] = r * cos + rotated_half * sin
+    return out
+
+
+class HFReference:
+    """config: the config.json dict; tensors: HF name -> array (the values the
+    safetensors files hold, e.g. already rounded to bf16). dynamic: "full",
+    "hf" or "exact" (see the module docstring)."""
+
+    def __init__(self, config, tensors, dynamic="full"):
+        self.c = config
+        self.w = {k: np.asarray(v, dtype=np.float64) for k, v in tensors.items()}
+        self.nh = config["num_attention_heads"]
+        self.nkv = config.get("num_key_value_heads") or self.nh
+        self.hd = config["hidden_size"] // self.nh
+        self.kind, _, _, self.rot = rope_settings(config)
+        self.L = config.get("max_position_embeddings", 2048)
+        self.eps = config.get("rms_norm_eps", 1e-6)
+        self.dynamic = dynamic
+        tied = config.get("tie_word_embeddings", False) or "lm_head.weight" not in self.w
+        self.lm_head = self.w["model.embed_tokens.weight"] if tied else self.w["lm_head.weight"]
+
+    def _attention(self, q, k, v):
+        """Attention output (T, nh*hd) for raw q (T, nh, hd), k, v (T, nkv, hd)."""
+        T, rot = q.shape[0], self.rot
+        pos = np.arange(T, dtype=np.float64)
+        group = self.nh // self.nkv
+        mask = np.triu(np.full((T, T), -np.inf), k=1)
+        out = np.empty((T, self.nh, self.hd))
+        if self.kind == "dynamic" and self.dynamic == "exact":
+            for p in range(T):  # query p: everything rotated with the base for length p+1
+                inv, att = inv_freq_and_attention(self.c, p + 1)
+                qp = _rotate(q[p:p + 1], pos[p:p + 1], inv, att, rot)
+                kp = _rotate(k[:p + 1], pos[:p + 1], inv, att, rot)
+                for h in range(self.nh):
+                    s = kp[:, h // group] @ qp[0, h] / math.sqrt(self.hd)
+                    out[p, h] = _softmax(s) @ v[:p + 1, h // group]
+            return out.reshape(T, -1)
+        if self.kind == "dynamic" and self.dynamic == "hf":  # per-row base for length t+1
+            inv = np.stack([inv_freq_and_attention(self.c, t + 1)[0] for t in range(T)])
+            att = 1.0
+        else:
+            inv, att = inv_freq_and_attention(self.c, T)
+        q, k = _rotate(q, pos, inv, att, rot), _rotate(k, pos, inv, att, rot)
+        for h in range(self.nh):
+            s = q[:, h] @ k[:, h // group].T / math.sqrt(self.hd) + mask
+            out[:, h] = _softmax(s) @ v[:, h // group]
+        return out.reshape(T, -1)
+
+    def logits(self, tokens):
+        w, T = self.w, len(tokens)
+        x = w["model.embed_tokens.weight"][np.asarray(tokens)]
+        for l in range(self.c["num_hidden_layers"]):
+            p = f"model.layers.{l}."
+            h = _rmsnorm(x, w[p + "input_layernorm.weight"], self.eps)
+            q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, self.nh, self.hd)
+            k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, self.nkv, self.hd)
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, self.nkv, self.hd)
+            x = x + self._attention(q, k, v) @ w[p + "self_attn.o_proj.weight"].T
+            h = _rmsnorm(x, w[p + "post_attention_layernorm.weight"], self.eps)
+            gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+            x = x + (_silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+        return _rmsnorm(x, w["model.norm.weight"], self.eps) @ self.lm_head.T
+
+    def nll(self, tokens):
+        """-log p(tokens[t] | tokens[:t]) for t = 1..T-1 (the interface
+        reference.ppl_reference uses)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        logits = self.logits(tokens[:-1])
+        m = logits.max(axis=-1, keepdims=True)
+        logz = (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))[:, 0]
+        return logz - logits[np.arange(len(tokens) - 1), tokens[1:]]
