@@ -25,7 +25,7 @@ HDR = model.h
 # report aborts the program, so the test fails.
 SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all build portable run test test-c test-py sanitize clean help
+.PHONY: all build portable run test test-c test-py sanitize extrapolation clean help
 
 all: build
 
@@ -34,6 +34,7 @@ help:
 	@echo "make portable   build ./run with -O2 only (any x86-64 / ARM machine)"
 	@echo "make test       C unit tests, sanitizer run, then the Python tests"
 	@echo "make sanitize   unit tests and a short generation under ASan + UBSan"
+	@echo "make extrapolation   the RoPE extrapolation study (docs/extrapolation/)"
 	@echo "make clean      remove what the build made"
 
 # ./run is rebuilt on every call (about a second): `make run` must stay the
@@ -71,6 +72,11 @@ test-py: build tests/tok_driver
 
 # Everything; pytest's summary is the closing line.
 test: build test-c sanitize test-py
+
+# The long-context study: every RoPE method at 1x..16x the training length on
+# the bundled model and stories260K; writes docs/extrapolation/ (tables, plots).
+extrapolation: build
+	$(PYTHON) tools/extrapolation.py
 
 clean:
 	rm -f run run-san tests/test_run tests/test_tokenizer tests/tok_driver tests/*-san

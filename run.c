@@ -1192,7 +1192,7 @@ static void print_json_string(const char *s) {
  * every `stride` text tokens, and scores only the tokens no earlier window
  * scored, each given its whole in-window prefix. */
 static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, const char *text, size_t len,
-                     int stride, int json, const char *summary) {
+                     int stride, int json, int per_position, const char *summary) {
     int n_ids;
     int *ids = encode_or_die(tok, text, len, 0, &n_ids);
     if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", path);
@@ -1205,7 +1205,9 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
     int n_buckets = ppl_buckets(buckets, t->rope.orig_ctx, t->n_ctx);
     int V = t->config.vocab_size, n_windows = 0, scored_upto = 0, max_block = block_limit(t);
     int *input = malloc((size_t)t->n_ctx * sizeof(int)); // one window: BOS, then its text tokens
-    if (!input) die(EXIT_BAD_INPUT, "out of memory");
+    double *pos_sum = calloc((size_t)t->n_ctx, sizeof(double)); // NLL summed per in-window position
+    long *pos_count = calloc((size_t)t->n_ctx, sizeof(long));
+    if (!input || !pos_sum || !pos_count) die(EXIT_BAD_INPUT, "out of memory");
     long n_scored = 0;
     double nll_sum = 0.0, start_time = now_seconds();
     for (int start = 0;; start += stride) {
@@ -1224,6 +1226,8 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
                 double nll = token_nll(logits + (size_t)b * V, V, ids[j]);
                 nll_sum += nll;
                 n_scored++;
+                pos_sum[p] += nll;
+                pos_count[p]++;
                 for (int k = 0; k < n_buckets; k++)
                     if (p >= buckets[k].start && p < buckets[k].end) {
                         buckets[k].tokens++;
@@ -1253,7 +1257,16 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
                    buckets[b].start, buckets[b].end, buckets[b].tokens, bn, exp(bn));
             first = 0;
         }
-        printf("]}\n");
+        printf("]");
+        if (per_position) { // mean NLL at in-window positions 0..ctx-1 (null: nothing scored there)
+            printf(", \"per_position\": [");
+            for (int p = 0; p < t->n_ctx; p++) {
+                if (pos_count[p]) printf(p ? ", %.5f" : "%.5f", pos_sum[p] / pos_count[p]);
+                else printf(p ? ", null" : "null");
+            }
+            printf("]");
+        }
+        printf("}\n");
     } else {
         printf("%s: %ld tokens, %d windows of ctx %d (stride %d), scaling %s\n", path, n_scored, n_windows, t->n_ctx,
                stride, SCALING_NAMES[t->rope.scaling]);
@@ -1268,6 +1281,8 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
         }
     }
     free(ids);
+    free(pos_sum);
+    free(pos_count);
 }
 
 /* rope: the inverse frequencies used for the full context, per pair i:
@@ -1342,6 +1357,7 @@ static void usage(FILE *out) {
         "  --self-extend <G> <W>      Self-Extend: keys W or more tokens back use grouped positions\n"
         "                             floor(n/G) (group size G, neighbour window W); pre-RoPE key cache\n"
         "  --json       machine-readable output for ppl and rope\n"
+        "  --per-position             ppl --json: add the mean NLL at every in-window position\n"
         "  -h, --help   this text\n"
         "Threads: OpenMP, set with OMP_NUM_THREADS.\n"
         "Exit status: 0 ok, 1 bad input or runtime failure, 2 bad usage.\n");
@@ -1394,7 +1410,7 @@ int main(int argc, char **argv) {
     enum { GENERATE, CHAT, PPL, TOKENIZE, ROPE_MODE };
     const char *checkpoint = NULL, *tokenizer_path = NULL, *prompt = NULL, *prompt_file = NULL, *system = NULL;
     float temperature = 1.0f, topp = 0.9f, minp = 0.0f, repeat_penalty = 1.0f;
-    int topk = 0, repeat_last_n = 64, steps = 256, ctx = 0, stride = 0, json = 0, mode = GENERATE;
+    int topk = 0, repeat_last_n = 64, steps = 256, ctx = 0, stride = 0, json = 0, per_position = 0, mode = GENERATE;
     uint64_t seed = (uint64_t)time(NULL);
     RopeConfig ov = {.base = NAN, .layout = -1, .rot_dim = -1, .scaling = -1, .factor = NAN, .orig_ctx = -1,
                      .beta_fast = NAN, .beta_slow = NAN, .attn_factor = NAN, .low_freq = NAN, .high_freq = NAN,
@@ -1408,6 +1424,10 @@ int main(int argc, char **argv) {
         }
         if (strcmp(a, "--json") == 0) {
             json = 1;
+            continue;
+        }
+        if (strcmp(a, "--per-position") == 0) {
+            per_position = 1;
             continue;
         }
         if (a[0] != '-') {
@@ -1463,6 +1483,7 @@ int main(int argc, char **argv) {
     if (prompt && prompt_file) die(EXIT_USAGE, "-i and -f: give the prompt one way, not both");
     if (mode == PPL && !prompt_file) die(EXIT_USAGE, "-m ppl: needs -f <text file> to score");
     if (stride && mode != PPL) die(EXIT_USAGE, "--stride: only used by -m ppl");
+    if (per_position && !(mode == PPL && json)) die(EXIT_USAGE, "--per-position: only used by -m ppl --json");
 
     char err[512];
     Transformer t;
@@ -1507,7 +1528,7 @@ int main(int argc, char **argv) {
     switch (mode) {
     case GENERATE: generate(&t, &tok, &sampler, input, text_len, steps, summary); break;
     case CHAT: chat(&t, &tok, &sampler, text || prompt ? input : NULL, system, steps, summary); break;
-    case PPL: ppl_mode(&t, &tok, prompt_file, input, text_len, stride, json, summary); break;
+    case PPL: ppl_mode(&t, &tok, prompt_file, input, text_len, stride, json, per_position, summary); break;
     case TOKENIZE: tokenize_mode(&tok, input, text_len); break;
     }
     free_sampler(&sampler);

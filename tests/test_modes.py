@@ -170,3 +170,22 @@ def test_stories260k_default_tokenizer_lookup(tmp_path):
 def test_extrapolation_flags_are_checked(model, syn_tokenizer, args, flag):
     p = run(model, "-z", syn_tokenizer, "-n", "1", *args)
     check_error(p, 2 if "dynamic" not in args else 1, [flag])
+
+
+def test_ppl_per_position_agrees_with_buckets(model, syn_tokenizer, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 2)
+    r = json.loads(run_ok(model, "-z", syn_tokenizer, "-m", "ppl", "-f", text, "--ctx", "48", "--json",
+                          "--per-position").stdout)
+    pp = r["per_position"]
+    assert len(pp) == 48 and pp[0] is None and all(v is not None for v in pp[1:])
+    ids = len(tokenize(model, syn_tokenizer, TEXT * 2)) - 1
+    # tokens per in-window position: every full window scores positions 1..47
+    counts = [0] * 48
+    for start in range(0, ids, 47):
+        for p in range(1, min(47, ids - start) + 1):
+            counts[p] += 1
+    for b in r["buckets"]:
+        total = sum(pp[p] * counts[p] for p in range(max(b["start"], 1), b["end"]))
+        assert abs(total / b["tokens"] - b["nll"]) < 1e-4
+    check_error(run(model, "-z", syn_tokenizer, "-m", "ppl", "-f", text, "--per-position"), 2, ["--per-position"])
