@@ -25,7 +25,7 @@ HDR = model.h
 # report aborts the program, so the test fails.
 SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all build portable run test test-c test-py sanitize extrapolation clean help
+.PHONY: all build portable run test test-c test-py sanitize extrapolation bench clean help
 
 all: build
 
@@ -35,6 +35,7 @@ help:
 	@echo "make test       C unit tests, sanitizer run, then the Python tests"
 	@echo "make sanitize   unit tests and a short generation under ASan + UBSan"
 	@echo "make extrapolation   the RoPE extrapolation study (docs/extrapolation/)"
+	@echo "make bench      tokens/s of generation and prompt processing against llama2.c and llama.cpp"
 	@echo "make clean      remove what the build made"
 
 # ./run is rebuilt on every call (about a second): `make run` must stay the
@@ -48,8 +49,11 @@ portable:
 # C unit tests #include the sources under -DTESTING (no main from run.c; the
 # mode functions that only main calls are then unused, hence the -Wno).
 TWARN = $(WARN) -Wno-unused-function
+# test_run is built with $(OPT) like ./run, so on an AVX2 machine it compares
+# the SIMD kernels with the portable ones; the sanitizer build below has no
+# -march and tests the portable kernels alone.
 tests/test_run: tests/test_run.c $(SRC) $(HDR)
-	$(CC) -O2 $(OMP) $(TWARN) -I. -o $@ tests/test_run.c tokenizer.c $(LDLIBS)
+	$(CC) $(OPT) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c tokenizer.c $(LDLIBS)
 tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/test_tokenizer.c $(LDLIBS)
 tests/tok_driver: tests/tok_driver.c tokenizer.c $(HDR)
@@ -77,6 +81,12 @@ test: build test-c sanitize test-py
 # the bundled model and stories260K; writes docs/extrapolation/ (tables, plots).
 extrapolation: build
 	$(PYTHON) tools/extrapolation.py
+
+# The benchmark (tools/bench.py): random checkpoints shaped like stories15M,
+# 42M and 110M, f32 and q8_0, 1 and 2 threads; medians against the reference
+# figures. Never fails on a slow machine. BENCH_ARGS="--reps 3" etc. to adjust.
+bench: build
+	$(PYTHON) tools/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -f run run-san tests/test_run tests/test_tokenizer tests/tok_driver tests/*-san

@@ -9,7 +9,9 @@ the top comment of model.h. In short:
     tensors          float32, little-endian, row-major, in TENSOR_TABLE order,
                      each starting at a file offset that is a multiple of 64
                      (zero padding in between); the file ends where the last
-                     tensor ends
+                     tensor ends. With --dtype q8_0 (weight_type 1) the
+                     matrices are int8 values, then float32 scales, one per
+                     group_size values of a row (model.h, "q8_0 tensors")
 
 The tokenizer is llama2.c's tokenizer.bin layout:
 
@@ -36,9 +38,14 @@ Command line (docs/convert.md is the user's guide to the conversions):
                                                   source's: neox for HF, interleaved for Meta)
         [--seq-len N]                             training context to record
     python3 export.py OUT --llama2c IN.bin        convert a llama2.c checkpoint
+    python3 export.py OUT --checkpoint IN.bin     re-export one of ours (e.g. --dtype q8_0)
     python3 export.py OUT --tokenizer FILE.model  sentencepiece -> tokenizer.bin
     python3 export.py OUT --random D,H,L,NH,NKV,V,S [--seed N] [--unshared] ...
                                                    random weights (tests, benchmarks)
+    Any checkpoint source also takes
+        [--dtype f32|q8_0] [--group-size N]       q8_0: int8 weights, a float32 scale
+                                                  per N values (default 32, or the largest
+                                                  power of two dividing dim and hidden_dim)
 
 Conversions stream: each output tensor is read, converted to float32 and
 written a block of rows at a time (see "Lazy tensors"), so memory stays at a
@@ -69,6 +76,8 @@ HEADER_BYTES = 256
 ALIGN = 64
 LEGACY_HEADER_BYTES = 28  # llama2.c: 7 int32
 WEIGHT_F32 = 0
+WEIGHT_TYPES = ("f32", "q8_0")  # index = weight_type in the header
+Q8_DEFAULT_GROUP = 32
 
 ROPE_LAYOUTS = ("interleaved", "neox")  # index = value in the header
 ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
@@ -126,24 +135,29 @@ CONFIG_DEFAULTS = {
     "yarn_attn_factor": 0.0,     # 0 = derive 0.1 ln s + 1
     "llama3_low_freq": 1.0,
     "llama3_high_freq": 4.0,
+    "weight_type": "f32",        # f32 | q8_0 (or the header's 0 | 1)
+    "group_size": 0,             # q8_0: values per scale; 0 = the default (Q8_DEFAULT_GROUP,
+                                 # or the largest power of two below it dividing dim and hidden_dim)
 }
 
 # The tensor order of the format. run.c's `weight_table` walks the same list to
 # assign its pointers: reordering one side without the other is a format change.
-# Each entry: (name, shape as a function of the config).
+# Each entry: (name, shape as a function of the config, matrix?). Matrices
+# are quantized when weight_type is q8_0 (run.c: a Matrix entry); the norm
+# weights always stay float32.
 TENSOR_TABLE = [
-    ("token_embedding",  lambda c: (c["vocab_size"], c["dim"])),
-    ("rms_att_weight",   lambda c: (c["n_layers"], c["dim"])),
-    ("wq",               lambda c: (c["n_layers"], c["dim"], c["dim"])),
-    ("wk",               lambda c: (c["n_layers"], _kv_dim(c), c["dim"])),
-    ("wv",               lambda c: (c["n_layers"], _kv_dim(c), c["dim"])),
-    ("wo",               lambda c: (c["n_layers"], c["dim"], c["dim"])),
-    ("rms_ffn_weight",   lambda c: (c["n_layers"], c["dim"])),
-    ("w1",               lambda c: (c["n_layers"], c["hidden_dim"], c["dim"])),  # gate
-    ("w2",               lambda c: (c["n_layers"], c["dim"], c["hidden_dim"])),  # down
-    ("w3",               lambda c: (c["n_layers"], c["hidden_dim"], c["dim"])),  # up
-    ("rms_final_weight", lambda c: (c["dim"],)),
-    ("wcls",             lambda c: (c["vocab_size"], c["dim"])),  # only when not shared
+    ("token_embedding",  lambda c: (c["vocab_size"], c["dim"]), True),
+    ("rms_att_weight",   lambda c: (c["n_layers"], c["dim"]), False),
+    ("wq",               lambda c: (c["n_layers"], c["dim"], c["dim"]), True),
+    ("wk",               lambda c: (c["n_layers"], _kv_dim(c), c["dim"]), True),
+    ("wv",               lambda c: (c["n_layers"], _kv_dim(c), c["dim"]), True),
+    ("wo",               lambda c: (c["n_layers"], c["dim"], c["dim"]), True),
+    ("rms_ffn_weight",   lambda c: (c["n_layers"], c["dim"]), False),
+    ("w1",               lambda c: (c["n_layers"], c["hidden_dim"], c["dim"]), True),  # gate
+    ("w2",               lambda c: (c["n_layers"], c["dim"], c["hidden_dim"]), True),  # down
+    ("w3",               lambda c: (c["n_layers"], c["hidden_dim"], c["dim"]), True),  # up
+    ("rms_final_weight", lambda c: (c["dim"],), False),
+    ("wcls",             lambda c: (c["vocab_size"], c["dim"]), True),  # only when not shared
 ]
 
 INT32_MAX = 2**31 - 1
@@ -159,7 +173,7 @@ def _kv_dim(c):
 
 def tensor_names(cfg):
     """The tensor names a checkpoint with this config holds, in file order."""
-    return [name for name, _ in TENSOR_TABLE
+    return [name for name, _, _ in TENSOR_TABLE
             if name != "wcls" or not cfg["shared_classifier"]]
 
 
@@ -167,18 +181,31 @@ def _align(offset):
     return (offset + ALIGN - 1) // ALIGN * ALIGN
 
 
+def is_quantized(cfg, name):
+    """Whether tensor `name` is stored as q8_0 in a checkpoint with this config."""
+    return cfg["weight_type"] == "q8_0" and dict((n, m) for n, _, m in TENSOR_TABLE)[name]
+
+
 def tensor_layout(cfg):
-    """[(name, shape, file offset)] in file order, and the file size.
+    """[(name, shape, file offset, scales offset)] in file order, and the file size.
 
     The file size is the end of the last tensor: header, then each tensor at
-    the next multiple of ALIGN."""
+    the next multiple of ALIGN. A q8_0 tensor is int8 values at `file offset`,
+    then float32 scales at the next multiple of ALIGN; scales offset is None
+    for float32 tensors."""
     cfg = normalize_config(cfg)
-    shapes = dict((name, fn(cfg)) for name, fn in TENSOR_TABLE)
+    shapes = dict((name, fn(cfg)) for name, fn, _ in TENSOR_TABLE)
     layout, offset = [], HEADER_BYTES
     for name in tensor_names(cfg):
+        n = math.prod(shapes[name])
         offset = _align(offset)
-        layout.append((name, shapes[name], offset))
-        offset += 4 * math.prod(shapes[name])
+        if is_quantized(cfg, name):
+            scales = _align(offset + n)
+            layout.append((name, shapes[name], offset, scales))
+            offset = scales + 4 * (n // cfg["group_size"])
+        else:
+            layout.append((name, shapes[name], offset, None))
+            offset += 4 * n
     return layout, offset
 
 
@@ -268,12 +295,34 @@ def normalize_config(cfg):
     if c["yarn_attn_factor"] < 0:
         raise ExportError(f"config yarn_attn_factor={c['yarn_attn_factor']} must be >= 0 "
                           "(0 = derive from the factor)")
+
+    wt = c["weight_type"]
+    if isinstance(wt, (int, np.integer)) and not isinstance(wt, bool) and 0 <= wt < len(WEIGHT_TYPES):
+        wt = WEIGHT_TYPES[wt]
+    if wt not in WEIGHT_TYPES:
+        raise ExportError(f"config weight_type={wt!r} must be one of {', '.join(WEIGHT_TYPES)}")
+    c["weight_type"] = wt
+    gs = c["group_size"] or 0
+    if isinstance(gs, bool) or not isinstance(gs, (int, np.integer)) or gs < 0:
+        raise ExportError(f"config group_size={gs!r} must be a positive integer (0 = default)")
+    gs = int(gs)
+    if wt == "f32" and gs:
+        raise ExportError(f"group_size {gs}: only q8_0 weights have groups")
+    if wt == "q8_0":
+        if gs == 0:  # the default: the largest power of two <= Q8_DEFAULT_GROUP dividing both
+            gs = Q8_DEFAULT_GROUP
+            while c["dim"] % gs or c["hidden_dim"] % gs:
+                gs //= 2
+        if c["dim"] % gs or c["hidden_dim"] % gs:
+            raise ExportError(f"group_size {gs} must divide both dim={c['dim']} and "
+                              f"hidden_dim={c['hidden_dim']}")
+    c["group_size"] = gs
     return c
 
 
 def _pack_header(c):
     values = dict(c)
-    values.update(magic=MAGIC, version=VERSION, weight_type=WEIGHT_F32, group_size=0,
+    values.update(magic=MAGIC, version=VERSION, weight_type=WEIGHT_TYPES.index(c["weight_type"]),
                   shared_classifier=int(c["shared_classifier"]),
                   rope_layout=ROPE_LAYOUTS.index(c["rope_layout"]),
                   rope_scaling=ROPE_SCALINGS.index(c["rope_scaling"]))
@@ -491,6 +540,38 @@ def _write_tensor(f, name, t, on_block=None):
             on_block(block.nbytes)
 
 
+def quantize_q8(rows, group_size):
+    """q8_0 of float32 rows (r, cols): int8 values (r, cols) and float32 scales
+    (r, cols / group_size), scale = max|v| / 127 over each group of a row and
+    q = round(v / scale), so that v ~ q * scale (model.h, "q8_0 tensors")."""
+    r, cols = rows.shape
+    g = rows.reshape(r, cols // group_size, group_size)
+    scale = (np.abs(g).max(axis=2) / np.float32(127)).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1))[:, :, None]
+    q = np.clip(np.rint(g / safe), -127, 127).astype(np.int8)
+    return q.reshape(r, cols), scale
+
+
+def _write_q8_tensor(f, name, t, group_size, scales_offset, on_block=None):
+    """Write lazy tensor t as q8_0: every int8 value, zero padding up to
+    scales_offset, then every scale. The source is read twice (once per part)
+    so that memory stays at one block whatever the tensor's size."""
+    n_rows, cols = _view_rows(t.shape), t.shape[-1]
+    step = max(1, _CHUNK_BYTES // max(1, 4 * cols))
+    for part in ("values", "scales"):
+        if part == "scales":
+            f.write(bytes(scales_offset - f.tell()))
+        for r in range(0, n_rows, step):
+            block = np.ascontiguousarray(t.rows(r, min(n_rows, r + step)), dtype=np.float32)
+            if not np.isfinite(block).all():
+                raise ExportError(f"tensor {name} contains NaN or infinite values")
+            q, scale = quantize_q8(block, group_size)
+            out = q if part == "values" else scale.astype("<f4")
+            f.write(out.data)
+            if on_block:
+                on_block(out.nbytes)
+
+
 def write_checkpoint(path, cfg, tensors):
     """Write a version-1 checkpoint.
 
@@ -498,7 +579,8 @@ def write_checkpoint(path, cfg, tensors):
     seq_len, and optionally the keys of CONFIG_DEFAULTS.
     tensors: name -> array (any real dtype; written as float32) or lazy tensor
     (see "Lazy tensors" above), shapes as in TENSOR_TABLE; wcls is required
-    exactly when shared_classifier is false.
+    exactly when shared_classifier is false. cfg's weight_type "q8_0" (and
+    group_size) quantizes the matrices as they are written.
     The file is written atomically; raises ExportError (nothing written) when
     the config or a tensor is wrong. Progress goes to stderr when it takes
     more than 2 seconds."""
@@ -512,20 +594,23 @@ def write_checkpoint(path, cfg, tensors):
     if missing:
         raise ExportError("missing tensor(s): " + ", ".join(missing))
     layout, size = tensor_layout(c)
-    lazy = {name: _check_tensor(name, tensors[name], shape) for name, shape, _ in layout}
+    lazy = {name: _check_tensor(name, tensors[name], shape) for name, shape, _, _ in layout}
 
     progress = _Progress(f"writing {path}")
     total_mb, done = size / 2**20, [0]
     with _AtomicFile(path) as f:
         f.write(_pack_header(c))
-        for i, (name, shape, offset) in enumerate(layout):
+        for i, (name, shape, offset, scales_offset) in enumerate(layout):
             f.write(bytes(offset - f.tell()))  # zero padding up to the aligned offset
 
             def on_block(nbytes, i=i, name=name):
                 done[0] += nbytes
                 progress.step(f"tensor {i + 1}/{len(layout)} ({name}), "
                               f"{done[0] / 2**20:.0f}/{total_mb:.0f} MB written")
-            _write_tensor(f, name, lazy[name], on_block)
+            if scales_offset is None:
+                _write_tensor(f, name, lazy[name], on_block)
+            else:
+                _write_q8_tensor(f, name, lazy[name], c["group_size"], scales_offset, on_block)
         assert f.tell() == size, (f.tell(), size)
         f.flush()
         os.fsync(f.fileno())  # on disk before the rename makes it visible
@@ -534,7 +619,8 @@ def write_checkpoint(path, cfg, tensors):
 
 def read_checkpoint(path):
     """Read a version-1 checkpoint written by write_checkpoint: (cfg, tensors),
-    tensors as read-only float32 memory maps. Checks magic, version and size
+    tensors as read-only float32 memory maps (q8_0 matrices: dequantized
+    float32 arrays). Checks magic, version and size
     (for tests and round trips; run.c is the real loader)."""
     path = os.fspath(path)
     h = read_header(path)
@@ -549,8 +635,17 @@ def read_checkpoint(path):
     actual = os.path.getsize(path)
     if actual != size:
         raise ExportError(f"{path}: expected {size} bytes, file has {actual}")
-    tensors = {name: np.memmap(path, dtype="<f4", mode="r", offset=offset, shape=shape)
-               for name, shape, offset in layout}
+    tensors = {}
+    for name, shape, offset, scales_offset in layout:
+        if scales_offset is None:
+            tensors[name] = np.memmap(path, dtype="<f4", mode="r", offset=offset, shape=shape)
+            continue
+        # q8_0: dequantized into memory, v = q * scale
+        gs = c["group_size"]
+        q = np.memmap(path, dtype=np.int8, mode="r", offset=offset, shape=(math.prod(shape),))
+        scale = np.memmap(path, dtype="<f4", mode="r", offset=scales_offset,
+                          shape=(math.prod(shape) // gs,))
+        tensors[name] = (q.reshape(-1, gs) * scale[:, None]).astype(np.float32).reshape(shape)
     return c, tensors
 
 
@@ -561,7 +656,7 @@ def random_tensors(cfg, seed=0):
     weight is visible). Deterministic for a given seed. float32."""
     c = normalize_config(cfg)
     rng = np.random.default_rng(seed)
-    shapes = dict((name, fn(c)) for name, fn in TENSOR_TABLE)
+    shapes = dict((name, fn(c)) for name, fn, _ in TENSOR_TABLE)
     out = {}
     for name in tensor_names(c):
         shape = shapes[name]
@@ -1126,7 +1221,7 @@ def read_hf(directory, layout="neox"):
     cfg, notes = hf_config(_read_json(config_path, "a model config"), config_path)
     source, listing = read_hf_weights(directory)
     c = normalize_config(cfg)
-    shapes = dict((name, fn(c)) for name, fn in TENSOR_TABLE)
+    shapes = dict((name, fn(c)) for name, fn, _ in TENSOR_TABLE)
     used = set()
 
     def take(name, shape):
@@ -1397,7 +1492,7 @@ def read_meta(directory, layout="interleaved", seq_len=None):
         c = normalize_config(cfg)
     except ExportError as e:
         raise ExportError(f"{where}: {e}") from None
-    shapes = dict((name, fn(c)) for name, fn in TENSOR_TABLE)
+    shapes = dict((name, fn(c)) for name, fn, _ in TENSOR_TABLE)
 
     tensors = {"token_embedding": joined("tok_embeddings.weight", emb_axis,
                                          shapes["token_embedding"])}
@@ -1532,7 +1627,8 @@ def _describe(cfg, path):
             f"seq_len {c['seq_len']}, {'tied' if c['shared_classifier'] else 'untied'} "
             f"classifier, rope {c['rope_layout']} theta {c['rope_theta']:g} rot_dim "
             f"{c['rot_dim']} scaling {scaling}, eps {c['norm_eps']:g}, bos {c['bos_id']} "
-            f"eos {c['eos_id']}")
+            f"eos {c['eos_id']}, weights {c['weight_type']}"
+            + (f" (group size {c['group_size']})" if c["weight_type"] == "q8_0" else ""))
 
 
 def main(argv=None):
@@ -1550,6 +1646,8 @@ def main(argv=None):
                      help="convert a Meta Llama checkpoint directory (params.json and "
                           "consolidated.*.pth; needs torch)")
     src.add_argument("--llama2c", metavar="IN.bin", help="convert a llama2.c (version 0) checkpoint")
+    src.add_argument("--checkpoint", metavar="IN.bin",
+                     help="re-export a checkpoint of ours (version 1), e.g. with --dtype q8_0")
     src.add_argument("--tokenizer", metavar="FILE.model",
                      help="convert a sentencepiece model to tokenizer.bin")
     src.add_argument("--random", metavar="D,H,L,NH,NKV,V,S",
@@ -1564,6 +1662,13 @@ def main(argv=None):
     m.add_argument("--seq-len", type=int, default=None, metavar="N",
                    help="--hf/--meta-llama: training context to record (default: "
                         "max_position_embeddings, or params.json max_seq_len)")
+    q = p.add_argument_group("weights (every checkpoint source)")
+    q.add_argument("--dtype", choices=WEIGHT_TYPES, default="f32",
+                   help="f32 (default) or q8_0: int8 matrices with a float32 scale per group of "
+                        "values along a row; norm weights stay float32")
+    q.add_argument("--group-size", type=int, default=0, metavar="N",
+                   help=f"q8_0: values per scale, dividing dim and hidden_dim (default "
+                        f"{Q8_DEFAULT_GROUP}, or the largest power of two below it that divides both)")
     r = p.add_argument_group("options for --random")
     r.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     r.add_argument("--unshared", action="store_true", help="separate classifier (wcls)")
@@ -1571,14 +1676,21 @@ def main(argv=None):
     r.add_argument("--rope-theta", type=float, default=10000.0)
     r.add_argument("--norm-eps", type=float, default=1e-5)
     args = p.parse_args(argv)
-    if args.rope_layout and (args.llama2c or args.tokenizer):
+    if args.rope_layout and (args.llama2c or args.checkpoint or args.tokenizer):
         p.error("--rope-layout applies to --hf, --meta-llama and --random only")
     if args.seq_len is not None and not (args.hf or args.meta_llama):
         p.error("--seq-len applies to --hf and --meta-llama only")
     if args.seq_len is not None and not 0 < args.seq_len <= INT32_MAX:
         p.error(f"--seq-len {args.seq_len}: expected a positive integer")
+    if args.tokenizer and (args.dtype != "f32" or args.group_size):
+        p.error("--dtype and --group-size apply to checkpoints, not --tokenizer")
+    if args.group_size and args.dtype != "q8_0":
+        p.error("--group-size applies to --dtype q8_0 only")
+    if args.group_size < 0:
+        p.error(f"--group-size {args.group_size}: expected a positive integer")
+    weights = dict(weight_type=args.dtype, group_size=args.group_size)
 
-    source = args.hf or args.meta_llama or args.llama2c or args.tokenizer
+    source = args.hf or args.meta_llama or args.llama2c or args.checkpoint or args.tokenizer
     culprit = source or args.out
     try:
         if args.hf or args.meta_llama:
@@ -1592,12 +1704,19 @@ def main(argv=None):
             if cfg["seq_len"] > 32768:
                 notes.append(f"seq_len {cfg['seq_len']}: run sizes its KV cache for the training "
                              "context unless told otherwise; pass run --ctx N to use less memory")
+            cfg.update(weights)
             write_checkpoint(args.out, cfg, tensors)
             for note in notes:
                 print(f"export.py: note: {note}", file=sys.stderr)
             print(f"export.py: {_describe(cfg, args.out)}", file=sys.stderr)
-        elif args.llama2c:
-            cfg, tensors = read_llama2c(args.llama2c)
+        elif args.llama2c or args.checkpoint:
+            if args.llama2c:
+                cfg, tensors = read_llama2c(args.llama2c)
+            else:
+                cfg, tensors = read_checkpoint(args.checkpoint)
+                if os.path.exists(args.out) and os.path.samefile(args.checkpoint, args.out):
+                    raise ExportError("OUT is the input file; write to another path")
+            cfg.update(weights)
             write_checkpoint(args.out, cfg, tensors)
         elif args.tokenizer:
             pieces, scores = sentencepiece_vocab(args.tokenizer)
@@ -1606,7 +1725,8 @@ def main(argv=None):
             cfg = _parse_random_spec(args.random)
             cfg.update(shared_classifier=not args.unshared,
                        rope_layout=args.rope_layout or "interleaved",
-                       rot_dim=args.rot_dim, rope_theta=args.rope_theta, norm_eps=args.norm_eps)
+                       rot_dim=args.rot_dim, rope_theta=args.rope_theta, norm_eps=args.norm_eps,
+                       **weights)
             cfg = normalize_config(cfg)
             write_checkpoint(args.out, cfg, random_tensors(cfg, args.seed))
     except ExportError as e:

@@ -44,8 +44,9 @@
  *   36    i32     shared_classifier 1: logits use token_embedding; 0: wcls follows
  *   40    i32     bos_id            e.g. 1
  *   44    i32     eos_id            e.g. 2
- *   48    i32     weight_type       0 = float32 (the only type of version 1)
- *   52    i32     group_size        0 for float32 (room for quantized types)
+ *   48    i32     weight_type       0 = float32, 1 = q8_0 (see "q8_0 tensors" below)
+ *   52    i32     group_size        0 for float32; q8_0: values per scale, dividing
+ *                                   dim and hidden_dim (e.g. 32)
  *   56    f32     norm_eps          RMSNorm epsilon, e.g. 1e-5
  *   60    f32     rope_theta        RoPE base b, e.g. 10000
  *   64    i32     rope_layout       0 = interleaved pairs (2i, 2i+1), 1 = neox halves (i, i+rot/2)
@@ -75,6 +76,18 @@
  *   wcls             (vocab_size, dim)       only when shared_classifier == 0
  * The file size must equal the end of the last tensor exactly.
  *
+ * q8_0 tensors (weight_type 1). The matrices token_embedding, wq, wk, wv, wo,
+ * w1, w2, w3 and wcls are stored quantized in groups of group_size
+ * consecutive values along a row; the norm weights stay float32. A quantized
+ * tensor of n values (all layers together, e.g. wq: L * dim * dim) is two
+ * parts, each starting at a multiple of 64 bytes:
+ *   values  int8    (n)                 q = round(v / scale), in -127..127
+ *   scales  float32 (n / group_size)    scale = max|v| over the group / 127
+ * and v is read back as q * scale. Group g of a row covers columns
+ * g*group_size .. (g+1)*group_size - 1, so a row of `cols` values has
+ * cols / group_size scales, and row r of layer l has its scales at
+ * ((l * rows + r) * cols) / group_size.
+ *
  * The legacy llama2.c format (version 0, no magic) is read too: 7 int32
  * (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a
  * negative vocab_size means an unshared classifier), then float32 tensors in
@@ -89,8 +102,9 @@
 #define CKPT_ALIGN 64
 #define LEGACY_HEADER_BYTES 28
 
-enum { WEIGHT_F32 = 0 };
+enum { WEIGHT_F32 = 0, WEIGHT_Q8_0 = 1, WEIGHT_N_TYPES };
 enum { ROPE_INTERLEAVED = 0, ROPE_NEOX = 1 };
+enum { KV_F32 = 0, KV_F16 = 1 }; /* KV cache element type (run --kv) */
 enum { ROPE_NONE = 0, ROPE_LINEAR, ROPE_NTK, ROPE_DYNAMIC, ROPE_YARN, ROPE_LLAMA3, ROPE_N_SCALINGS };
 
 typedef struct {
@@ -105,6 +119,8 @@ typedef struct {
     int bos_id, eos_id;    // e.g. 1, 2
     float norm_eps;        // RMSNorm epsilon, e.g. 1e-5
     int version;           // 0 = legacy llama2.c file, 1 = ours
+    int weight_type;       // WEIGHT_F32 | WEIGHT_Q8_0
+    int group_size;        // q8_0: values per scale, e.g. 32; 0 for float32
 } Config;
 
 /* RoPE parameters: the checkpoint's, then overridden by command-line flags.
@@ -128,25 +144,52 @@ typedef struct {
     int se_window;      // Self-Extend neighbour window W, in tokens
 } RopeConfig;
 
-/* Pointers into the read-only mapping; never written, never freed one by one. */
+/* A weight matrix (rows, cols) in the mapping, float32 or q8_0. matmul reads
+ * it through this struct, so the forward pass never sees the weight type. */
 typedef struct {
-    const float *token_embedding;  // (vocab_size, dim)
+    int type;           // WEIGHT_F32 | WEIGHT_Q8_0
+    int group_size;     // q8_0: values per scale; 0 for float32
+    const void *values; // (rows, cols) float32, or int8 for q8_0
+    const float *scale; // q8_0: (rows, cols / group_size); NULL for float32
+} Matrix;
+
+/* Pointers into the read-only mapping; never written, never freed one by one.
+ * A Matrix covers all layers; matrix_at() selects one layer's rows. */
+typedef struct {
+    Matrix token_embedding;        // (vocab_size, dim)
     const float *rms_att_weight;   // (n_layers, dim)
-    const float *wq;               // (n_layers, dim, dim)
-    const float *wk;               // (n_layers, kv_dim, dim)
-    const float *wv;               // (n_layers, kv_dim, dim)
-    const float *wo;               // (n_layers, dim, dim)
+    Matrix wq;                     // (n_layers, dim, dim)
+    Matrix wk;                     // (n_layers, kv_dim, dim)
+    Matrix wv;                     // (n_layers, kv_dim, dim)
+    Matrix wo;                     // (n_layers, dim, dim)
     const float *rms_ffn_weight;   // (n_layers, dim)
-    const float *w1;               // (n_layers, hidden_dim, dim)
-    const float *w2;               // (n_layers, dim, hidden_dim)
-    const float *w3;               // (n_layers, hidden_dim, dim)
+    Matrix w1;                     // (n_layers, hidden_dim, dim)
+    Matrix w2;                     // (n_layers, dim, hidden_dim)
+    Matrix w3;                     // (n_layers, hidden_dim, dim)
     const float *rms_final_weight; // (dim)
-    const float *wcls;             // (vocab_size, dim); == token_embedding when shared
+    Matrix wcls;                   // (vocab_size, dim); == token_embedding when shared
 } Weights;
 
 /* Tokens one forward_block call carries (prompt prefill, ppl windows); every
  * weight row loaded from memory then serves this many tokens. */
 #define FORWARD_BLOCK 32
+
+/* Rows of W one thread takes at a time in matmul (a multiple of both tile
+ * heights in run.c): with several tokens, the chunk's rows stay in the L2
+ * cache while every tile of tokens passes over them. */
+#define ROW_CHUNK 24
+
+/* What matmul needs besides its operands when the weights are q8_0 (NULL
+ * pointers for float32 weights). With one token, x is quantized into x_q and
+ * x_scale and the products are int8 dot products; with several, each thread
+ * dequantizes ROW_CHUNK rows at a time into its slice of w_rows and uses the
+ * float kernel. */
+typedef struct {
+    int8_t *x_q;     // (B, max(dim, hidden_dim)) the input, quantized
+    float *x_scale;  // (B, max(dim, hidden_dim) / group_size) its scales
+    float *w_rows;   // (threads, ROW_CHUNK, max(dim, hidden_dim)) dequantized rows
+    int threads;     // slices in w_rows (OpenMP threads when allocated)
+} QuantScratch;
 
 /* Activations for a block of B <= FORWARD_BLOCK tokens, the KV cache and the
  * RoPE table. Owned by Transformer; allocated in build_transformer, freed in
@@ -162,13 +205,16 @@ typedef struct {
     float *v;           // (B, kv_dim) values of the block
     float *att;         // (B, n_heads, n_ctx) attention weights
     float *logits;      // (B, vocab_size)
-    float *key_cache;   // (n_layers, n_ctx, kv_dim), keys rotated, or raw with a pre-RoPE cache
-    float *value_cache; // (n_layers, n_ctx, kv_dim)
+    void *key_cache;    // (n_layers, n_ctx, kv_dim) float32 or IEEE half (--kv f16); keys
+                        // rotated, or raw with a pre-RoPE cache
+    void *value_cache;  // (n_layers, n_ctx, kv_dim) float32 or IEEE half
+    QuantScratch q8;    // matmul's scratch for q8_0 weights
     float *rope_cos;    // (n_ctx, rot_dim/2), multiplied by attn factor
     float *rope_sin;    // (n_ctx, rot_dim/2), multiplied by attn factor
     double *inv_freq;   // (rot_dim/2) scratch for rebuilding table rows
     float *q_group;     // (dim) query rotated at its Self-Extend group position
-    float *key_rot;     // (n_ctx, kv_dim) one layer's keys rotated for this step (pre-RoPE cache only)
+    float *key_rot;     // (n_ctx, kv_dim) one layer's keys rotated for this step (pre-RoPE cache only),
+                        // float32 whatever the cache's type
 } RunState;
 
 typedef struct {
@@ -178,6 +224,7 @@ typedef struct {
     int prerope;        // 1: key_cache holds keys before RoPE, rotated at attention time
                         //    (exact dynamic NTK and Self-Extend need this)
     int table_len;      // the sequence length the table rows were built for (exact dynamic NTK)
+    int kv_type;        // KV_F32 | KV_F16: what key_cache and value_cache hold (--kv)
     Weights weights;
     RunState state;
     void *mapping;      // the whole checkpoint file, mmap'd read-only

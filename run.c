@@ -4,8 +4,11 @@
  *   1. errors and small helpers
  *   2. checkpoint: read header -> validate -> expected size == file size -> mmap -> pointers
  *   3. RoPE: inverse frequencies (every scaling method) -> cos/sin table, built once
- *   4. ops: rmsnorm, matmul, rope, attention, swiglu, residual_add, each one formula
- *   5. forward: one token through every layer, as a sequence of those ops
+ *   4. ops: rmsnorm, matmul, softmax, rope, attention, swiglu, residual_add, each one formula
+ *   4b. kernels (skip on a first reading): the KV cache as float32 or IEEE half
+ *      (--kv f16), the program's one block of SIMD code (AVX2, each kernel with
+ *      its portable C version beside it), and matmul over float32 or q8_0 weights
+ *   5. forward: a block of tokens through every layer, as a sequence of those ops
  *   6. sampler: repetition penalty -> temperature -> top-k -> top-p -> min-p -> draw
  *   7. modes: generate, chat, tokenize, ppl, rope
  *   8. command line and main (left out when tests #define TESTING and #include this file)
@@ -134,11 +137,12 @@ static float read_f32(const unsigned char *p) {
 #define MAX_SEQ_LEN (1 << 24)
 
 /* One entry of the ordered tensor table: where a tensor's pointer goes and how
- * many floats it holds. export.py's TENSOR_TABLE is the other side. */
+ * many values it holds. export.py's TENSOR_TABLE is the other side. */
 typedef struct {
     const char *name;
-    const float **dst; // NULL for data that is skipped (legacy freq_cis tables)
-    size_t n_floats;
+    const float **vec; // a float32 vector (norm weights), or NULL
+    Matrix *mat;       // a weight matrix, float32 or q8_0 as the header says, or NULL
+    size_t n_values;   // all layers together; neither pointer: skipped (legacy freq_cis)
 } TensorSpec;
 
 /* Fill `table` with the checkpoint's tensors in file order; returns the count. */
@@ -148,39 +152,61 @@ static int weight_table(const Config *c, Weights *w, TensorSpec table[16]) {
     size_t kv_dim = head_size * (size_t)c->n_kv_heads;
     size_t vocab = (size_t)c->vocab_size;
     int n = 0;
-    table[n++] = (TensorSpec){"token_embedding", &w->token_embedding, vocab * dim};
-    table[n++] = (TensorSpec){"rms_att_weight", &w->rms_att_weight, layers * dim};
-    table[n++] = (TensorSpec){"wq", &w->wq, layers * dim * dim};
-    table[n++] = (TensorSpec){"wk", &w->wk, layers * kv_dim * dim};
-    table[n++] = (TensorSpec){"wv", &w->wv, layers * kv_dim * dim};
-    table[n++] = (TensorSpec){"wo", &w->wo, layers * dim * dim};
-    table[n++] = (TensorSpec){"rms_ffn_weight", &w->rms_ffn_weight, layers * dim};
-    table[n++] = (TensorSpec){"w1", &w->w1, layers * hidden * dim};
-    table[n++] = (TensorSpec){"w2", &w->w2, layers * dim * hidden};
-    table[n++] = (TensorSpec){"w3", &w->w3, layers * hidden * dim};
-    table[n++] = (TensorSpec){"rms_final_weight", &w->rms_final_weight, dim};
+    table[n++] = (TensorSpec){"token_embedding", NULL, &w->token_embedding, vocab * dim};
+    table[n++] = (TensorSpec){"rms_att_weight", &w->rms_att_weight, NULL, layers * dim};
+    table[n++] = (TensorSpec){"wq", NULL, &w->wq, layers * dim * dim};
+    table[n++] = (TensorSpec){"wk", NULL, &w->wk, layers * kv_dim * dim};
+    table[n++] = (TensorSpec){"wv", NULL, &w->wv, layers * kv_dim * dim};
+    table[n++] = (TensorSpec){"wo", NULL, &w->wo, layers * dim * dim};
+    table[n++] = (TensorSpec){"rms_ffn_weight", &w->rms_ffn_weight, NULL, layers * dim};
+    table[n++] = (TensorSpec){"w1", NULL, &w->w1, layers * hidden * dim};
+    table[n++] = (TensorSpec){"w2", NULL, &w->w2, layers * dim * hidden};
+    table[n++] = (TensorSpec){"w3", NULL, &w->w3, layers * hidden * dim};
+    table[n++] = (TensorSpec){"rms_final_weight", &w->rms_final_weight, NULL, dim};
     if (c->version == 0) { // llama2.c's unused freq_cis_real and freq_cis_imag
-        table[n++] = (TensorSpec){"freq_cis_real", NULL, (size_t)c->seq_len * head_size / 2};
-        table[n++] = (TensorSpec){"freq_cis_imag", NULL, (size_t)c->seq_len * head_size / 2};
+        table[n++] = (TensorSpec){"freq_cis_real", NULL, NULL, (size_t)c->seq_len * head_size / 2};
+        table[n++] = (TensorSpec){"freq_cis_imag", NULL, NULL, (size_t)c->seq_len * head_size / 2};
     }
-    if (!c->shared_classifier) table[n++] = (TensorSpec){"wcls", &w->wcls, vocab * dim};
+    if (!c->shared_classifier) table[n++] = (TensorSpec){"wcls", NULL, &w->wcls, vocab * dim};
     return n;
 }
 
-/* Byte offset where each tensor starts: version 1 aligns to CKPT_ALIGN. */
+/* Byte offset where each tensor (or q8_0 part) starts: version 1 aligns to CKPT_ALIGN. */
 static size_t tensor_start(const Config *c, size_t offset) {
     if (c->version == 0) return offset;
     return (offset + CKPT_ALIGN - 1) / CKPT_ALIGN * CKPT_ALIGN;
 }
 
+/* Walk the tensor table from the end of the header; returns the file size it
+ * implies. With map != NULL, also point each table entry into the mapping.
+ * A float32 tensor is one part; a q8_0 matrix is int8 values, then float32
+ * scales (model.h, "q8_0 tensors"). */
+static size_t place_tensors(const Config *c, Weights *w, const char *map) {
+    TensorSpec table[16];
+    int n = weight_table(c, w, table);
+    size_t offset = c->version == 0 ? LEGACY_HEADER_BYTES : CKPT_HEADER_BYTES;
+    for (int i = 0; i < n; i++) {
+        int q8 = table[i].mat && c->weight_type == WEIGHT_Q8_0;
+        offset = tensor_start(c, offset);
+        const char *values = map ? map + offset : NULL, *scales = NULL;
+        offset += table[i].n_values * (q8 ? sizeof(int8_t) : sizeof(float));
+        if (q8) {
+            offset = tensor_start(c, offset);
+            scales = map ? map + offset : NULL;
+            offset += table[i].n_values / (size_t)c->group_size * sizeof(float);
+        }
+        if (!map) continue;
+        if (table[i].vec) *table[i].vec = (const float *)values;
+        if (table[i].mat)
+            *table[i].mat = (Matrix){c->weight_type, c->group_size, values, (const float *)scales};
+    }
+    return offset;
+}
+
 /* Total bytes a checkpoint with this header must have. */
 static size_t expected_file_size(const Config *c) {
     Weights unused;
-    TensorSpec table[16];
-    int n = weight_table(c, &unused, table);
-    size_t offset = c->version == 0 ? LEGACY_HEADER_BYTES : CKPT_HEADER_BYTES;
-    for (int i = 0; i < n; i++) offset = tensor_start(c, offset) + table[i].n_floats * sizeof(float);
-    return offset;
+    return place_tensors(c, &unused, NULL);
 }
 
 static const char *const SCALING_NAMES[ROPE_N_SCALINGS] = {"none", "linear", "ntk", "dynamic", "yarn", "llama3"};
@@ -223,9 +249,12 @@ static int parse_header(const char *path, const unsigned char *h, size_t n_read,
         r->attn_factor = read_f32(h + 92);
         r->low_freq = read_f32(h + 96);
         r->high_freq = read_f32(h + 100);
-        if (weight_type != WEIGHT_F32)
-            return fail(err, err_len, "%s: weight_type %d is not supported (expected 0 = float32)", path, weight_type);
-        if (group_size != 0)
+        c->weight_type = weight_type;
+        c->group_size = group_size;
+        if (weight_type < 0 || weight_type >= WEIGHT_N_TYPES)
+            return fail(err, err_len, "%s: weight_type %d is not supported (expected 0 = float32 or 1 = q8_0)", path,
+                        weight_type);
+        if (weight_type == WEIGHT_F32 && group_size != 0)
             return fail(err, err_len, "%s: group_size %d given for float32 weights (expected 0)", path, group_size);
         if (c->shared_classifier != 0 && c->shared_classifier != 1)
             return fail(err, err_len, "%s: shared_classifier=%d (expected 0 or 1)", path, c->shared_classifier);
@@ -285,6 +314,10 @@ static int validate_config(const char *path, const Config *c, const RopeConfig *
         return fail(err, err_len, "%s: head size dim/n_heads=%d is odd (RoPE rotates pairs; expected even)", path,
                     head_size);
     if (c->version == 0) return 0; // the remaining fields are fixed for legacy files
+    if (c->weight_type == WEIGHT_Q8_0 &&
+        (c->group_size <= 0 || c->dim % c->group_size != 0 || c->hidden_dim % c->group_size != 0))
+        return fail(err, err_len, "%s: group_size=%d does not divide dim=%d and hidden_dim=%d (q8_0 needs a "
+                    "positive group size dividing both)", path, c->group_size, c->dim, c->hidden_dim);
     if (c->bos_id < 0 || c->bos_id >= c->vocab_size || c->eos_id < 0 || c->eos_id >= c->vocab_size)
         return fail(err, err_len, "%s: bos_id=%d eos_id=%d (expected 0..%d)", path, c->bos_id, c->eos_id,
                     c->vocab_size - 1);
@@ -355,15 +388,7 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
     t->mapping = map;
     t->file_size = file_size;
 
-    // Walk the tensor table and point each weight into the mapping.
-    TensorSpec table[16];
-    int n = weight_table(c, &t->weights, table);
-    size_t offset = c->version == 0 ? LEGACY_HEADER_BYTES : CKPT_HEADER_BYTES;
-    for (int i = 0; i < n; i++) {
-        offset = tensor_start(c, offset);
-        if (table[i].dst) *table[i].dst = (const float *)((const char *)map + offset);
-        offset += table[i].n_floats * sizeof(float);
-    }
+    place_tensors(c, &t->weights, (const char *)map); // point each weight into the mapping
     if (c->shared_classifier) t->weights.wcls = t->weights.token_embedding;
     return 0;
 }
@@ -530,6 +555,9 @@ static void rope_sync_dynamic(Transformer *t, int pos) {
  * rotates the keys for each query position separately, so it goes 1 by 1. */
 int block_limit(const Transformer *t) { return t->prerope ? 1 : FORWARD_BLOCK; }
 
+/* Bytes of one KV cache element: float32, or IEEE half with --kv f16. */
+static size_t kv_elem_bytes(int kv_type) { return kv_type == KV_F16 ? sizeof(uint16_t) : sizeof(float); }
+
 /* Allocate the activations and KV cache for n_ctx positions and build the
  * RoPE table from t->rope. Returns -1 with a message if memory runs out. */
 static int build_run_state(Transformer *t, char *err, size_t err_len) {
@@ -537,22 +565,35 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
     RunState *s = &t->state;
     size_t dim = c->dim, hidden = c->hidden_dim, head_size = dim / c->n_heads;
     size_t kv_dim = head_size * c->n_kv_heads, n_ctx = t->n_ctx, half = t->rope.rot_dim / 2;
-    size_t cache_floats = (size_t)c->n_layers * n_ctx * kv_dim;
+    size_t cache_values = (size_t)c->n_layers * n_ctx * kv_dim;
     size_t B = (size_t)block_limit(t); // tokens one forward_block call may carry
-    struct { float **p; size_t n; } bufs[] = {
-        {&s->x, B * dim}, {&s->xb, B * dim}, {&s->xb2, B * dim}, {&s->hb, B * hidden}, {&s->hb2, B * hidden},
-        {&s->q, B * dim}, {&s->k, B * kv_dim}, {&s->v, B * kv_dim}, {&s->att, B * c->n_heads * n_ctx},
-        {&s->logits, B * c->vocab_size}, {&s->key_cache, cache_floats}, {&s->value_cache, cache_floats},
-        {&s->rope_cos, n_ctx * half}, {&s->rope_sin, n_ctx * half},
+    size_t widest = hidden > dim ? hidden : dim, q8 = c->weight_type == WEIGHT_Q8_0, threads = 1;
+#ifdef _OPENMP
+    threads = (size_t)omp_get_max_threads();
+#endif
+    s->q8.threads = (int)threads;
+    struct { void **p; size_t n, size; } bufs[] = {
+#define FLOATS(ptr, n) {(void **)&(ptr), (n), sizeof(float)}
+        FLOATS(s->x, B * dim), FLOATS(s->xb, B * dim), FLOATS(s->xb2, B * dim), FLOATS(s->hb, B * hidden),
+        FLOATS(s->hb2, B * hidden), FLOATS(s->q, B * dim), FLOATS(s->k, B * kv_dim), FLOATS(s->v, B * kv_dim),
+        FLOATS(s->att, B * c->n_heads * n_ctx), FLOATS(s->logits, B * c->vocab_size),
+        {&s->key_cache, cache_values, kv_elem_bytes(t->kv_type)},
+        {&s->value_cache, cache_values, kv_elem_bytes(t->kv_type)},
+        FLOATS(s->rope_cos, n_ctx * half), FLOATS(s->rope_sin, n_ctx * half),
         // only with a pre-RoPE key cache: the query at its group position, one layer of rotated keys
-        {&s->q_group, t->prerope ? dim : 0}, {&s->key_rot, t->prerope ? n_ctx * kv_dim : 0},
+        FLOATS(s->q_group, t->prerope ? dim : 0), FLOATS(s->key_rot, t->prerope ? n_ctx * kv_dim : 0),
+        // only with q8_0 weights: the matmul input, quantized
+        {(void **)&s->q8.x_q, q8 ? B * widest : 0, sizeof(int8_t)},
+        FLOATS(s->q8.x_scale, q8 ? B * widest / c->group_size : 0),
+        FLOATS(s->q8.w_rows, q8 && B > 1 ? (size_t)threads * ROW_CHUNK * widest : 0),
+#undef FLOATS
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (bufs[i].n == 0) continue;
-        *bufs[i].p = calloc(bufs[i].n, sizeof(float));
+        *bufs[i].p = calloc(bufs[i].n, bufs[i].size);
         if (!*bufs[i].p)
             return fail(err, err_len, "--ctx %d: cannot allocate %.1f MiB (KV cache and buffers for this context)",
-                        t->n_ctx, (double)bufs[i].n * sizeof(float) / (1 << 20));
+                        t->n_ctx, (double)bufs[i].n * bufs[i].size / (1 << 20));
     }
     s->inv_freq = malloc(half * sizeof(double));
     if (!s->inv_freq) return fail(err, err_len, "out of memory building the RoPE table");
@@ -561,11 +602,13 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
 }
 
 /* Load a checkpoint, apply the RoPE overrides in *rope_override (fields < 0 or
- * NAN are "not given"), size everything for n_ctx positions (0 = seq_len).
+ * NAN are "not given"), size everything for n_ctx positions (0 = seq_len)
+ * with a KV cache of kv_type (KV_F32 | KV_F16).
  * Owns the mapping and the run state; release with free_transformer. */
-int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_override, int n_ctx, char *err,
-                      size_t err_len) {
+int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_override, int n_ctx, int kv_type,
+                      char *err, size_t err_len) {
     if (load_checkpoint(t, path, err, err_len) != 0) return -1;
+    t->kv_type = kv_type;
     if (rope_override) {
         const RopeConfig *o = rope_override;
         RopeConfig *r = &t->rope;
@@ -597,8 +640,9 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
 /* Release everything build_transformer (or a failed call of it) acquired. */
 void free_transformer(Transformer *t) {
     RunState *s = &t->state;
-    float *bufs[] = {s->x, s->xb, s->xb2, s->hb, s->hb2, s->q, s->k, s->v, s->att, s->logits,
-                     s->key_cache, s->value_cache, s->rope_cos, s->rope_sin, s->q_group, s->key_rot};
+    void *bufs[] = {s->x, s->xb, s->xb2, s->hb, s->hb2, s->q, s->k, s->v, s->att, s->logits, s->key_cache,
+                    s->value_cache, s->rope_cos, s->rope_sin, s->q_group, s->key_rot, s->q8.x_q, s->q8.x_scale,
+                    s->q8.w_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->inv_freq);
     if (t->mapping) munmap(t->mapping, t->file_size);
@@ -638,18 +682,17 @@ void rmsnorm(float *out, const float *x, const float *w, int B, int n, float eps
     }
 }
 
-/* out = x @ W^T        x (B, n), W (d, n) -> out (B, d)
- * Rows of W are split across threads; each row, once loaded, is used for all
- * B tokens. Each output is one dot product in a fixed order, so results do
- * not depend on the thread count. */
-void matmul(float *out, const float *x, const float *w, int B, int n, int d) {
-    int i;
-#pragma omp parallel for private(i) if ((long)B * n * d >= PARALLEL_MIN_WORK)
-    for (i = 0; i < d; i++) {
-        const float *row = w + (size_t)i * n;
-        for (int b = 0; b < B; b++) out[(size_t)b * d + i] = dot(row, x + (size_t)b * n, n);
-    }
-}
+/* The matmul and the KV cache element access are defined in section 4b
+ * (weight types, SIMD tiles, half-precision cache); what they compute:
+ *   matmul(out, x, W, B, n, d, q)     out = x @ W^T     x (B, n), W (d, n) -> out (B, d)
+ *   kv_dot(q, cache, type, off, n)    q . cache[off .. off+n)
+ *   kv_axpy(out, a, cache, type, off, n)    out += a * cache[off .. off+n)
+ *   kv_axpy4(out, a, cache, type, off, stride, n)   the same for four rows at once */
+void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const QuantScratch *q);
+static inline float kv_dot(const float *q, const void *cache, int kv_type, size_t offset, int n);
+static inline void kv_axpy(float *out, float a, const void *cache, int kv_type, size_t offset, int n);
+static inline void kv_axpy4(float *out, const float *a, const void *cache, int kv_type, size_t offset, int stride,
+                            int n);
 
 /* x = exp(x - max) / sum(exp(x - max))          x: (n), in place.
  * Subtracting the max changes nothing mathematically and keeps exp() finite. */
@@ -693,28 +736,21 @@ void rope(float *vec, const float *cos, const float *sin, int B, int n_heads, in
  *   att[t] = softmax_t(q . k_t / sqrt(head_size)),  out = sum_t att[t] * v_t
  * With Self-Extend the first n_far keys (the far ones) are scored against
  * q_far, the query rotated at its group position; otherwise n_far = 0.
- * q, q_far, out: (head_size); keys, values: (n_ctx, kv_dim) with this head's
- * slice starting at kv_offset; att: (pos + 1) scratch. */
-void attention_head(float *out, const float *q, const float *q_far, int n_far, const float *keys,
-                    const float *values, float *att, int pos, int head_size, int kv_dim, int kv_offset) {
+ * q, q_far, out: (head_size); keys, values: (n_ctx, kv_dim) of type
+ * key_type / value_type (KV_F32 | KV_F16) with this head's slice starting at
+ * kv_offset; att: (pos + 1) scratch. */
+void attention_head(float *out, const float *q, const float *q_far, int n_far, const void *keys, int key_type,
+                    const void *values, int value_type, float *att, int pos, int head_size, int kv_dim,
+                    int kv_offset) {
     float scale = 1.0f / sqrtf((float)head_size);
     for (int t = 0; t <= pos; t++)
-        att[t] = dot(t < n_far ? q_far : q, keys + (size_t)t * kv_dim + kv_offset, head_size) * scale;
+        att[t] = kv_dot(t < n_far ? q_far : q, keys, key_type, (size_t)t * kv_dim + kv_offset, head_size) * scale;
     softmax(att, pos + 1);
-    // out = sum_t att[t] * v_t, four positions per pass over out: each pass
-    // loads and stores out once, instead of once per position.
     memset(out, 0, (size_t)head_size * sizeof(float));
     int t = 0;
-    for (; t + 3 <= pos; t += 4) {
-        const float *v0 = values + (size_t)t * kv_dim + kv_offset, *v1 = v0 + kv_dim, *v2 = v1 + kv_dim,
-                    *v3 = v2 + kv_dim;
-        float a0 = att[t], a1 = att[t + 1], a2 = att[t + 2], a3 = att[t + 3];
-        for (int i = 0; i < head_size; i++) out[i] += a0 * v0[i] + a1 * v1[i] + a2 * v2[i] + a3 * v3[i];
-    }
-    for (; t <= pos; t++) {
-        const float *v = values + (size_t)t * kv_dim + kv_offset;
-        for (int i = 0; i < head_size; i++) out[i] += att[t] * v[i];
-    }
+    for (; t + 3 <= pos; t += 4) // four positions per pass over out
+        kv_axpy4(out, att + t, values, value_type, (size_t)t * kv_dim + kv_offset, kv_dim, head_size);
+    for (; t <= pos; t++) kv_axpy(out, att[t], values, value_type, (size_t)t * kv_dim + kv_offset, head_size);
 }
 
 /* Causal multi-head attention for B tokens at positions pos0 .. pos0+B-1:
@@ -722,25 +758,28 @@ void attention_head(float *out, const float *q, const float *q_far, int n_far, c
  * across threads. Query head h reads kv head h / kv_mul (kv_mul = n_heads /
  * n_kv_heads): the contiguous grouping of GQA/MQA, as in HF's repeat_kv.
  * out, q: (B, n_heads, head_size); q_far: (n_heads, head_size), B = 1 only;
- * keys, values: one layer's (n_ctx, kv_dim); att: (B, n_heads, n_ctx) scratch. */
-void attention(float *out, const float *q, const float *q_far, int n_far, const float *keys, const float *values,
-               float *att, int B, int pos0, int n_heads, int n_kv_heads, int head_size, int n_ctx) {
+ * keys, values: one layer's (n_ctx, kv_dim), of key_type / value_type;
+ * att: (B, n_heads, n_ctx) scratch. */
+void attention(float *out, const float *q, const float *q_far, int n_far, const void *keys, int key_type,
+               const void *values, int value_type, float *att, int B, int pos0, int n_heads, int n_kv_heads,
+               int head_size, int n_ctx) {
     int kv_mul = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_size;
     int bh;
 #pragma omp parallel for private(bh) if ((long)B * n_heads * head_size * (pos0 + B) >= PARALLEL_MIN_WORK)
     for (bh = 0; bh < B * n_heads; bh++) {
         int b = bh / n_heads, h = bh % n_heads;
         size_t row = (size_t)bh * head_size; // (b, h) in (B, n_heads, head_size)
-        attention_head(out + row, q + row, n_far ? q_far + (size_t)h * head_size : NULL, n_far, keys, values,
-                       att + (size_t)bh * n_ctx, pos0 + b, head_size, kv_dim, (h / kv_mul) * head_size);
+        attention_head(out + row, q + row, n_far ? q_far + (size_t)h * head_size : NULL, n_far, keys, key_type,
+                       values, value_type, att + (size_t)bh * n_ctx, pos0 + b, head_size, kv_dim,
+                       (h / kv_mul) * head_size);
     }
 }
 
 /* Pre-RoPE key cache: rotate each cached raw key t in 0..pos into key_rot at
  * the position it has for this query: its own, or with Self-Extend, when it
  * is W or more tokens back, its group floor(t / G).
- * keys, key_rot: one layer's (n_ctx, kv_dim). */
-void rotate_cached_keys(float *key_rot, const float *keys, int pos, const Transformer *t) {
+ * keys: one layer's (n_ctx, kv_dim) of t->kv_type; key_rot: (n_ctx, kv_dim) float32. */
+void rotate_cached_keys(float *key_rot, const void *keys, int pos, const Transformer *t) {
     const Config *c = &t->config;
     int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, half = t->rope.rot_dim / 2;
     int G = t->rope.se_group, W = t->rope.se_window, i;
@@ -748,7 +787,8 @@ void rotate_cached_keys(float *key_rot, const float *keys, int pos, const Transf
     for (i = 0; i <= pos; i++) {
         int key_pos = G > 0 && pos - i >= W ? i / G : i;
         float *k = key_rot + (size_t)i * kv_dim;
-        memcpy(k, keys + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float));
+        memset(k, 0, (size_t)kv_dim * sizeof(float));
+        kv_axpy(k, 1.0f, keys, t->kv_type, (size_t)i * kv_dim, kv_dim); // k = cached key as float
         rope(k, t->state.rope_cos + (size_t)key_pos * half, t->state.rope_sin + (size_t)key_pos * half, 1,
              c->n_kv_heads, head_size, t->rope.rot_dim, t->rope.layout);
     }
@@ -769,8 +809,379 @@ void residual_add(float *x, const float *y, int n) {
 }
 
 /* ==========================================================================
+ * 4b. Kernels: how the ops above touch memory. Half-precision KV cache
+ * elements, the SIMD dot-product tiles, and matmul over float32 or q8_0
+ * weights. Skip on a first reading: each function computes exactly the
+ * formula in its first comment line.
+ * ========================================================================== */
+
+/* --------------------------------------------------------------------------
+ * KV cache elements: float32, or IEEE 754 half precision (--kv f16: half the
+ * memory; 11 significant bits, range +-65504). Keys and values are converted
+ * on write and read back as float for the arithmetic.
+ * -------------------------------------------------------------------------- */
+
+/* Portable conversions (round to nearest even; infinities, NaN, subnormals). */
+uint16_t float_to_half_c(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, mag = x & 0x7fffffffu;
+    if (mag >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (mag > 0x7f800000u ? 0x200u : 0)); // inf, NaN
+    if (mag >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);           // rounds past 65504: infinity
+    if (mag < 0x38800000u) {                                              // below 2^-14: subnormal or zero
+        float a;
+        memcpy(&a, &mag, 4);
+        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f));   // in units of 2^-24
+    }
+    uint32_t h = ((mag - 0x38000000u) >> 13), rest = mag & 0x1fffu;      // rebias 127 -> 15
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++;              // round to nearest even
+    return (uint16_t)(sign | h);
+}
+float half_to_float_c(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu, x;
+    if (e == 0) { // zero or subnormal: m * 2^-24
+        float f = (float)m / 16777216.0f;
+        return sign ? -f : f;
+    }
+    x = sign | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+/* The compiler's _Float16 where it has one (one instruction with F16C). */
+#ifdef __FLT16_MAX__
+static inline float half_to_float(uint16_t h) {
+    _Float16 f;
+    memcpy(&f, &h, 2);
+    return (float)f;
+}
+static inline uint16_t float_to_half(float x) {
+    _Float16 f = (_Float16)x;
+    uint16_t h;
+    memcpy(&h, &f, 2);
+    return h;
+}
+#else
+#define half_to_float half_to_float_c
+#define float_to_half float_to_half_c
+#endif
+
+/* cache[offset .. offset+n) = src, converted to the cache's type */
+void kv_store(void *cache, int kv_type, size_t offset, const float *src, int n) {
+    if (kv_type == KV_F32) {
+        memcpy((float *)cache + offset, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = (uint16_t *)cache + offset;
+    for (int i = 0; i < n; i++) h[i] = float_to_half(src[i]);
+}
+
+/* q . cache[offset .. offset+n) */
+static inline float kv_dot(const float *q, const void *cache, int kv_type, size_t offset, int n) {
+    if (kv_type == KV_F32) return dot(q, (const float *)cache + offset, n);
+    const uint16_t *h = (const uint16_t *)cache + offset;
+    float sum = 0.0f, row[64]; // converted 64 at a time, then the float dot
+    for (int i0 = 0; i0 < n; i0 += 64) {
+        int m = n - i0 < 64 ? n - i0 : 64;
+        for (int i = 0; i < m; i++) row[i] = half_to_float(h[i0 + i]);
+        sum += dot(q + i0, row, m);
+    }
+    return sum;
+}
+
+/* out += a * cache[offset .. offset+n) */
+static inline void kv_axpy(float *out, float a, const void *cache, int kv_type, size_t offset, int n) {
+    if (kv_type == KV_F32) {
+        const float *v = (const float *)cache + offset;
+        for (int i = 0; i < n; i++) out[i] += a * v[i];
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)cache + offset;
+    for (int i = 0; i < n; i++) out[i] += a * half_to_float(h[i]);
+}
+
+/* out += a[0] * row t + a[1] * row t+1 + a[2] * row t+2 + a[3] * row t+3 of
+ * a cache, rows `stride` apart from offset: one pass over out for four rows. */
+static inline void kv_axpy4(float *out, const float *a, const void *cache, int kv_type, size_t offset, int stride,
+                            int n) {
+    if (kv_type == KV_F32) {
+        const float *v0 = (const float *)cache + offset, *v1 = v0 + stride, *v2 = v1 + stride, *v3 = v2 + stride;
+        for (int i = 0; i < n; i++) out[i] += a[0] * v0[i] + a[1] * v1[i] + a[2] * v2[i] + a[3] * v3[i];
+        return;
+    }
+    const uint16_t *h0 = (const uint16_t *)cache + offset, *h1 = h0 + stride, *h2 = h1 + stride, *h3 = h2 + stride;
+    for (int i = 0; i < n; i++)
+        out[i] += a[0] * half_to_float(h0[i]) + a[1] * half_to_float(h1[i]) + a[2] * half_to_float(h2[i]) +
+                  a[3] * half_to_float(h3[i]);
+}
+
+/* --------------------------------------------------------------------------
+ * SIMD kernels: the program's only intrinsics, AVX2 + FMA (x86-64 since 2013).
+ * Each kernel has its portable C version right beside it, which computes the
+ * same sums in a different order (results agree to float rounding; the tests
+ * compare the two). Builds without AVX2 (`make portable`, ARM) get only the C
+ * versions; `use_simd = 0` selects them at run time (the tests do).
+ * -------------------------------------------------------------------------- */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_SIMD 1
+#else
+#define HAVE_SIMD 0
+#endif
+int use_simd = HAVE_SIMD;
+
+/* out[t * ldo + r] = w_r . x_t  for R rows w_r and T rows x_t of n floats.
+ * Each weight row, once loaded, serves all T tokens. */
+static void dot_tile_f32_c(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = dot(w + (size_t)r * n, x + (size_t)t * n, n);
+}
+
+/* The same as int8 dot products in groups: out[t * ldo + r] =
+ *   sum over groups g of ws_r[g] * xs_t[g] * (sum of w_r[i] * x_t[i] over the group)
+ * w: R rows of n int8 with scales ws (R, n/gs); x: T rows, scales xs (T, n/gs). */
+static void dot_tile_q8_c(float *out, int ldo, const int8_t *w, const float *ws, const int8_t *x, const float *xs,
+                          int R, int T, int n, int gs) {
+    int groups = n / gs;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            const int8_t *wr = w + (size_t)r * n, *xt = x + (size_t)t * n;
+            float sum = 0.0f;
+            for (int g = 0; g < groups; g++) {
+                int32_t isum = 0;
+#pragma omp simd reduction(+ : isum)
+                for (int i = g * gs; i < (g + 1) * gs; i++) isum += (int32_t)wr[i] * xt[i];
+                sum += (float)isum * ws[(size_t)r * groups + g] * xs[(size_t)t * groups + g];
+            }
+            out[(size_t)t * ldo + r] = sum;
+        }
+}
+
+#if HAVE_SIMD
+static float hsum_avx(__m256 v) { // the 8 lanes of v added
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* dot_tile_f32_c for R <= 3, T <= 4 given as constants (always_inline makes
+ * the compiler unroll the r and t loops): the R weight vectors stay in
+ * registers while the T token vectors stream past them, 12 sums + 3 weights
+ * + 1 token = the 16 AVX2 registers. */
+static inline __attribute__((always_inline)) void dot_tile_f32_avx(float *out, int ldo, const float *w,
+                                                                  const float *x, int R, int T, int n) {
+    __m256 acc[3][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 wv[3];
+        for (int r = 0; r < R; r++) wv[r] = _mm256_loadu_ps(w + (size_t)r * n + i);
+        for (int t = 0; t < T; t++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)t * n + i);
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float sum = hsum_avx(acc[r][t]);
+            for (int j = i; j < n; j++) sum += w[(size_t)r * n + j] * x[(size_t)t * n + j];
+            out[(size_t)t * ldo + r] = sum;
+        }
+}
+
+/* dot_tile_q8_c for R <= 4, T <= 2 and gs a multiple of 32. Per 32 values:
+ * _mm256_maddubs_epi16 multiplies unsigned by signed bytes, so the sign of x
+ * moves onto w (|x| * sign(x) w = x w); pairs are summed to int16 (at most
+ * 2 * 127 * 127, no overflow) and then to int32 by _mm256_madd_epi16. */
+static inline __attribute__((always_inline)) void dot_tile_q8_avx(float *out, int ldo, const int8_t *w,
+                                                                 const float *ws, const int8_t *x, const float *xs,
+                                                                 int R, int T, int n, int gs) {
+    int groups = n / gs;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++)
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++) {
+                __m256i isum = _mm256_setzero_si256();
+                for (int i = g * gs; i < (g + 1) * gs; i += 32) {
+                    __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (size_t)t * n + i));
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (size_t)r * n + i));
+                    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, ones));
+                }
+                __m256 scale = _mm256_set1_ps(ws[(size_t)r * groups + g] * xs[(size_t)t * groups + g]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][t]);
+            }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = hsum_avx(acc[r][t]);
+}
+#endif
+
+/* The tile functions matmul calls. With SIMD every tile size goes through the
+ * one kernel, instantiated with constant sizes, so each output is the same
+ * sum in the same order whatever B, the tile or the thread count. A single
+ * token (generation) reads the rows one after the other: one sequential
+ * stream, which the hardware prefetcher follows best (measured: 4 rows side
+ * by side streamed 15-25% slower). */
+static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
+#if HAVE_SIMD
+    if (use_simd) {
+        int step = R == 3 && T > 1 ? 3 : 1;
+        for (int r = 0; r < R; r += step) {
+            float *o = out + r;
+            const float *wr = w + (size_t)r * n;
+            if (step == 3 && T == 4) dot_tile_f32_avx(o, ldo, wr, x, 3, 4, n);
+            else if (step == 3 && T == 3) dot_tile_f32_avx(o, ldo, wr, x, 3, 3, n);
+            else if (step == 3) dot_tile_f32_avx(o, ldo, wr, x, 3, 2, n);
+            else if (T == 4) dot_tile_f32_avx(o, ldo, wr, x, 1, 4, n);
+            else if (T == 3) dot_tile_f32_avx(o, ldo, wr, x, 1, 3, n);
+            else if (T == 2) dot_tile_f32_avx(o, ldo, wr, x, 1, 2, n);
+            else dot_tile_f32_avx(o, ldo, wr, x, 1, 1, n);
+        }
+        return;
+    }
+#endif
+    dot_tile_f32_c(out, ldo, w, x, R, T, n);
+}
+static void dot_tile_q8(float *out, int ldo, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int R,
+                        int T, int n, int gs) {
+#if HAVE_SIMD
+    if (use_simd && gs % 32 == 0) {
+        int step = R == 4 && T > 1 ? 4 : 1;
+        for (int r = 0; r < R; r += step) {
+            float *o = out + r;
+            const int8_t *wr = w + (size_t)r * n;
+            const float *wsr = ws + (size_t)r * (n / gs);
+            if (step == 4) dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 4, 2, n, gs);
+            else if (T == 2) dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 1, 2, n, gs);
+            else dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 1, 1, n, gs);
+        }
+        return;
+    }
+#endif
+    dot_tile_q8_c(out, ldo, w, ws, x, xs, R, T, n, gs);
+}
+
+/* --------------------------------------------------------------------------
+ * matmul and the weight types
+ * -------------------------------------------------------------------------- */
+
+/* Rows [first_row, ...) of a stacked matrix, e.g. layer l of wq is
+ * matrix_rows(w->wq, l * dim, dim). */
+static Matrix matrix_rows(Matrix m, size_t first_row, size_t cols) {
+    size_t first = first_row * cols; // values before the row
+    if (m.type == WEIGHT_F32) {
+        m.values = (const float *)m.values + first;
+    } else {
+        m.values = (const int8_t *)m.values + first;
+        m.scale += first / (size_t)m.group_size;
+    }
+    return m;
+}
+
+/* out = row `row` of m as floats (the embedding lookup)        out: (cols) */
+void matrix_row(float *out, Matrix m, int row, int cols) {
+    m = matrix_rows(m, (size_t)row, (size_t)cols);
+    if (m.type == WEIGHT_F32) {
+        memcpy(out, m.values, (size_t)cols * sizeof(float));
+        return;
+    }
+    const int8_t *q = m.values;
+    for (int g = 0; g < cols / m.group_size; g++)
+        for (int i = g * m.group_size; i < (g + 1) * m.group_size; i++) out[i] = q[i] * m.scale[g];
+}
+
+/* q8_0 quantization of B rows of n floats, groups of gs along each row:
+ * scale = max|x| / 127, q = round(x / scale)   x: (B, n) -> q (B, n), scale (B, n/gs) */
+void quantize_q8(int8_t *q, float *scale, const float *x, int B, int n, int gs) {
+    for (size_t g = 0; g < (size_t)B * n / gs; g++) {
+        const float *xg = x + g * gs;
+        float amax = 0.0f;
+        for (int i = 0; i < gs; i++) amax = fabsf(xg[i]) > amax ? fabsf(xg[i]) : amax;
+        float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+        for (int i = 0; i < gs; i++) { // round half away from zero; |q| <= 127
+            float v = xg[i] * inv;
+            q[g * gs + i] = (int8_t)(int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+        }
+        scale[g] = s;
+    }
+}
+
+/* Tiles: rows of W x tokens of x that one kernel call computes, sized so the
+ * partial sums fit in the 16 AVX2 registers: 3 x 4 for float32, 4 x 2 for
+ * q8_0. Each row of a tile, once loaded, serves all of the tile's tokens. */
+#define TILE_ROWS_F32 3
+#define TILE_TOKENS_F32 4
+#define TILE_ROWS_Q8 4
+#define TILE_TOKENS_Q8 2
+
+/* Which q8_0 method a call uses: int8 dot products (one token: reading the
+ * weights dominates, and they stay int8), or dequantized rows and the float
+ * kernel (several tokens: without VNNI the float FMA does 8 multiply-adds per
+ * instruction, the int8 kernel about 3, and dequantizing a chunk of rows once
+ * costs little next to B tokens' products). The results differ by the
+ * rounding of x to int8, within the q8_0 bounds the tests state. */
+static int q8_dequantize_rows(const QuantScratch *q, int B) {
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    return B > 1 && q && q->w_rows && threads <= q->threads;
+}
+
+/* out = x @ W^T        x (B, n), W (d, n) -> out (B, d)
+ * W is float32 or q8_0 (see q8_dequantize_rows; q: scratch, NULL for float32).
+ * Chunks of ROW_CHUNK rows are split across threads; a chunk, once loaded,
+ * serves all B tokens. Each output is computed by the same code whatever the
+ * thread count. */
+void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const QuantScratch *q) {
+    int q8 = w.type == WEIGHT_Q8_0, gs = w.group_size, dequant = q8 && q8_dequantize_rows(q, B);
+    int int8 = q8 && !dequant;
+    if (int8) quantize_q8(q->x_q, q->x_scale, x, B, n, gs);
+    int tile_rows = int8 ? TILE_ROWS_Q8 : TILE_ROWS_F32, tile_tokens = int8 ? TILE_TOKENS_Q8 : TILE_TOKENS_F32;
+    int n_chunks = (d + ROW_CHUNK - 1) / ROW_CHUNK, chunk;
+#pragma omp parallel for private(chunk) if ((long)B * n * d >= PARALLEL_MIN_WORK)
+    for (chunk = 0; chunk < n_chunks; chunk++) {
+        int start = chunk * ROW_CHUNK, end = start + ROW_CHUNK < d ? start + ROW_CHUNK : d;
+        const float *rows = q8 ? NULL : (const float *)w.values + (size_t)start * n; // (end - start, n) floats
+        if (dequant) { // this thread's slice of w_rows = rows start..end of W
+            int thread = 0;
+#ifdef _OPENMP
+            thread = omp_get_thread_num();
+#endif
+            float *slice = q->w_rows + (size_t)thread * ROW_CHUNK * n;
+            for (int i = start; i < end; i++) matrix_row(slice + (size_t)(i - start) * n, w, i, n);
+            rows = slice;
+        }
+        for (int b = 0; b < B; b += tile_tokens) {
+            int T = B - b < tile_tokens ? B - b : tile_tokens;
+            for (int i = start; i < end; i += tile_rows) {
+                int R = end - i < tile_rows ? end - i : tile_rows;
+                float *o = out + (size_t)b * d + i; // (T, d) from row i on
+                if (int8)
+                    dot_tile_q8(o, d, (const int8_t *)w.values + (size_t)i * n, w.scale + (size_t)i * (n / gs),
+                                q->x_q + (size_t)b * n, q->x_scale + (size_t)b * (n / gs), R, T, n, gs);
+                else
+                    dot_tile_f32(o, d, rows + (size_t)(i - start) * n, x + (size_t)b * n, R, T, n);
+            }
+        }
+    }
+}
+
+/* ==========================================================================
  * 5. Forward pass: B tokens at positions pos0.. -> logits
  * ========================================================================== */
+
+/* out = x @ W_l^T for layer l's rows of a stacked matrix W (n_layers, d, n):
+ * matmul with the run state's scratch for a quantized input.
+ * x (B, n) -> out (B, d) */
+static void project(RunState *s, float *out, const float *x, Matrix w, int l, int B, int n, int d) {
+    matmul(out, x, matrix_rows(w, (size_t)l * d, (size_t)n), B, n, d, &s->q8);
+}
 
 /* Run tokens[0..B) at positions pos0..pos0+B-1 through the model, writing
  * their keys and values into the cache. Returns the logits: (B, vocab_size)
@@ -797,19 +1208,20 @@ float *forward_block(Transformer *t, const int *tokens, int B, int pos0, int all
     size_t group_row = n_far ? (size_t)(pos0 / r->se_group + r->se_window - r->se_window / r->se_group) * half : 0;
 
     // x = token_embedding[tokens]                                  (B, dim)
-    for (int b = 0; b < B; b++)
-        memcpy(s->x + (size_t)b * dim, w->token_embedding + (size_t)tokens[b] * dim, (size_t)dim * sizeof(float));
+    for (int b = 0; b < B; b++) matrix_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
 
     for (int l = 0; l < c->n_layers; l++) {
-        size_t ld = (size_t)l * dim;                                 // offsets of layer l's slices
-        float *keys = s->key_cache + (size_t)l * t->n_ctx * kv_dim;   // (n_ctx, kv_dim)
-        float *values = s->value_cache + (size_t)l * t->n_ctx * kv_dim;
+        size_t ld = (size_t)l * dim;                            // offset of layer l's norm weights
+        size_t kv_layer = (size_t)l * t->n_ctx * kv_dim;        // offset of layer l in the caches
+        size_t kv_elem = kv_elem_bytes(t->kv_type);
+        void *keys = (char *)s->key_cache + kv_layer * kv_elem;     // (n_ctx, kv_dim)
+        void *values = (char *)s->value_cache + kv_layer * kv_elem; // (n_ctx, kv_dim)
 
         // attention block: x += wo @ attention(rope(wq @ h), rope(wk @ h), wv @ h)
-        rmsnorm(s->xb, s->x, w->rms_att_weight + ld, B, dim, c->norm_eps);     // h (B, dim)
-        matmul(s->q, s->xb, w->wq + ld * dim, B, dim, dim);                    // q (B, n_heads, head_size)
-        matmul(s->k, s->xb, w->wk + (size_t)l * kv_dim * dim, B, dim, kv_dim); // k (B, n_kv_heads, head_size)
-        matmul(s->v, s->xb, w->wv + (size_t)l * kv_dim * dim, B, dim, kv_dim); // v (B, n_kv_heads, head_size)
+        rmsnorm(s->xb, s->x, w->rms_att_weight + ld, B, dim, c->norm_eps); // h (B, dim)
+        project(s, s->q, s->xb, w->wq, l, B, dim, dim);                    // q (B, n_heads, head_size)
+        project(s, s->k, s->xb, w->wk, l, B, dim, kv_dim);                 // k (B, n_kv_heads, head_size)
+        project(s, s->v, s->xb, w->wv, l, B, dim, kv_dim);                 // v (B, n_kv_heads, head_size)
         if (n_far) { // Self-Extend's second query
             memcpy(s->q_group, s->q, (size_t)dim * sizeof(float));
             rope(s->q_group, s->rope_cos + group_row, s->rope_sin + group_row, 1, c->n_heads, head_size, r->rot_dim,
@@ -818,24 +1230,25 @@ float *forward_block(Transformer *t, const int *tokens, int B, int pos0, int all
         rope(s->q, cos_rows, sin_rows, B, c->n_heads, head_size, r->rot_dim, r->layout);
         if (!t->prerope) rope(s->k, cos_rows, sin_rows, B, c->n_kv_heads, head_size, r->rot_dim, r->layout);
         // KV cache write: the B positions' keys (rotated, or raw for a pre-RoPE cache) and values
-        memcpy(keys + (size_t)pos0 * kv_dim, s->k, (size_t)B * kv_dim * sizeof(float));
-        memcpy(values + (size_t)pos0 * kv_dim, s->v, (size_t)B * kv_dim * sizeof(float));
-        const float *scored_keys = keys;
+        kv_store(keys, t->kv_type, (size_t)pos0 * kv_dim, s->k, B * kv_dim);
+        kv_store(values, t->kv_type, (size_t)pos0 * kv_dim, s->v, B * kv_dim);
+        const void *scored_keys = keys;
+        int key_type = t->kv_type;
         if (t->prerope) { // rotate every cached key for this query
             rotate_cached_keys(s->key_rot, keys, pos0, t);
-            scored_keys = s->key_rot;
+            scored_keys = s->key_rot, key_type = KV_F32;
         }
-        attention(s->xb, s->q, s->q_group, n_far, scored_keys, values, s->att, B, pos0, c->n_heads, c->n_kv_heads,
-                  head_size, t->n_ctx);                                       // (B, dim)
-        matmul(s->xb2, s->xb, w->wo + ld * dim, B, dim, dim);                  // (B, dim)
+        attention(s->xb, s->q, s->q_group, n_far, scored_keys, key_type, values, t->kv_type, s->att, B, pos0,
+                  c->n_heads, c->n_kv_heads, head_size, t->n_ctx);     // (B, dim)
+        project(s, s->xb2, s->xb, w->wo, l, B, dim, dim);                  // (B, dim)
         residual_add(s->x, s->xb2, B * dim);
 
         // feed-forward block: x += w2 @ (silu(w1 @ h) * (w3 @ h))
         rmsnorm(s->xb, s->x, w->rms_ffn_weight + ld, B, dim, c->norm_eps);
-        matmul(s->hb, s->xb, w->w1 + (size_t)l * hidden_dim * dim, B, dim, hidden_dim);  // (B, hidden_dim)
-        matmul(s->hb2, s->xb, w->w3 + (size_t)l * hidden_dim * dim, B, dim, hidden_dim); // (B, hidden_dim)
+        project(s, s->hb, s->xb, w->w1, l, B, dim, hidden_dim);            // (B, hidden_dim)
+        project(s, s->hb2, s->xb, w->w3, l, B, dim, hidden_dim);           // (B, hidden_dim)
         swiglu(s->hb, s->hb2, B * hidden_dim);
-        matmul(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden_dim, B, hidden_dim, dim); // (B, dim)
+        project(s, s->xb2, s->hb, w->w2, l, B, hidden_dim, dim);           // (B, dim)
         residual_add(s->x, s->xb2, B * dim);
     }
 
@@ -843,7 +1256,7 @@ float *forward_block(Transformer *t, const int *tokens, int B, int pos0, int all
     int first = all_logits ? 0 : B - 1, n_out = B - first;
     float *x_out = s->x + (size_t)first * dim;
     rmsnorm(x_out, x_out, w->rms_final_weight, n_out, dim, c->norm_eps);
-    matmul(s->logits, x_out, w->wcls, n_out, dim, c->vocab_size);
+    project(s, s->logits, x_out, w->wcls, 0, n_out, dim, c->vocab_size);
     return s->logits;
 }
 
@@ -1004,11 +1417,12 @@ static void emit(const Tokenizer *tok, DecodeState *ds, char *buf, int prev, int
 }
 
 /* generate: stdout = the prompt's text, then the continuation, then "\n"
- * (llama2.c prints the same). The prompt is fed one token at a time; sampling
+ * (llama2.c prints the same). The prompt goes through in blocks; sampling
  * starts at its last token and stops at max_new new tokens, an end token
- * (BOS or EOS), or a full context. Statistics go to stderr. */
+ * (BOS or EOS; not with ignore_eos, for benchmarks), or a full context.
+ * Statistics go to stderr. */
 static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *prompt, size_t prompt_len,
-                     int max_new, const char *summary) {
+                     int max_new, int ignore_eos, const char *summary) {
     int n_prompt;
     int *prompt_ids = encode_or_die(tok, prompt, prompt_len, 1, &n_prompt);
     if (n_prompt > t->n_ctx)
@@ -1037,7 +1451,7 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     while (n_new < max_new) {
         int next = sample(sampler, logits, history, pos + 1);
         n_new++;
-        if (next == t->config.bos_id || next == t->config.eos_id) break;
+        if (!ignore_eos && (next == t->config.bos_id || next == t->config.eos_id)) break;
         emit(tok, &ds, buf, history[pos], next);
         history[++pos] = next;
         if (pos >= t->n_ctx) break; // context full: no room to feed it back
@@ -1286,9 +1700,11 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
 }
 
 /* rope: the inverse frequencies used for the full context, per pair i:
- * inv_freq, wavelength 2*pi/inv_freq in tokens, and whether the wavelength
- * fits in the training context (extrapolated: the model saw full turns) or
- * not; plus the attention factor. */
+ * inv_freq, its wavelength 2*pi/inv_freq in tokens, its ratio to the unscaled
+ * frequency, and whether the pair is extrapolated (frequency kept as trained:
+ * positions past the training length simply turn it further) or interpolated
+ * (frequency lowered, so the longer context maps into angles seen in
+ * training); plus the attention factor. Dynamic NTK is shown for length ctx. */
 static void rope_mode(const Transformer *t, int json) {
     const RopeConfig *r = &t->rope;
     int half = r->rot_dim / 2;
@@ -1306,16 +1722,21 @@ static void rope_mode(const Transformer *t, int json) {
         for (int i = 0; i < half; i++) printf("%s%.17g", i ? ", " : "", inv[i]);
         printf("], \"wavelength\": [");
         for (int i = 0; i < half; i++) printf("%s%.17g", i ? ", " : "", 2 * PI / inv[i]);
+        printf("], \"ratio\": [");
+        for (int i = 0; i < half; i++) printf("%s%.17g", i ? ", " : "", inv[i] / plain[i]);
+        printf("], \"status\": [");
+        for (int i = 0; i < half; i++)
+            printf("%s\"%s\"", i ? ", " : "", fabs(inv[i] / plain[i] - 1) < 1e-12 ? "extrapolated" : "interpolated");
         printf("]}\n");
     } else {
         printf("rot_dim %d, layout %s, base %g, scaling %s (factor %g, orig_ctx %d), ctx %d, attn_factor %.10f\n",
                r->rot_dim, LAYOUT_NAMES[r->layout], r->base, SCALING_NAMES[r->scaling], r->factor, r->orig_ctx,
                t->n_ctx, attn);
-        printf("%5s %16s %16s %10s  %s\n", "pair", "inv_freq", "wavelength", "/ unscaled", "within training context");
+        printf("%5s %16s %16s %12s  %s\n", "pair", "inv_freq", "wavelength", "/ unscaled", "status");
         for (int i = 0; i < half; i++) {
-            double wl = 2 * PI / inv[i];
-            printf("%5d %16.10g %16.6g %10.4f  %s\n", i, inv[i], wl, inv[i] / plain[i],
-                   wl <= r->orig_ctx ? "yes (full turns seen in training)" : "no");
+            double ratio = inv[i] / plain[i];
+            printf("%5d %16.10g %16.6g %12.6g  %s\n", i, inv[i], 2 * PI / inv[i], ratio,
+                   fabs(ratio - 1) < 1e-12 ? "extrapolated" : "interpolated");
         }
     }
     free(inv);
@@ -1358,8 +1779,12 @@ static void usage(FILE *out) {
         "                             floor(n/G) (group size G, neighbour window W); pre-RoPE key cache\n"
         "  --json       machine-readable output for ppl and rope\n"
         "  --per-position             ppl --json: add the mean NLL at every in-window position\n"
+        "  --kv f32|f16               KV cache element type, default f32; f16 halves its memory\n"
+        "  --ignore-eos               generate: keep going past end tokens (BOS/EOS), for benchmarks\n"
+        "  --threads <int>            OpenMP threads; default OMP_NUM_THREADS, else one per core\n"
         "  -h, --help   this text\n"
-        "Threads: OpenMP, set with OMP_NUM_THREADS.\n"
+        "Threads: OpenMP; --threads N overrides OMP_NUM_THREADS.\n"
+        "Weights: float32 or q8_0, as the checkpoint says (export.py --dtype).\n"
         "Exit status: 0 ok, 1 bad input or runtime failure, 2 bad usage.\n");
 }
 
@@ -1407,10 +1832,12 @@ static char *default_tokenizer_path(const char *checkpoint) {
 int main(int argc, char **argv) {
     static const char *const MODES[] = {"generate", "chat", "ppl", "tokenize", "rope"};
     static const char *const DYNAMIC_MODES[] = {"hf", "exact"};
+    static const char *const KV_NAMES[] = {"f32", "f16"}; // index = KV_F32, KV_F16
     enum { GENERATE, CHAT, PPL, TOKENIZE, ROPE_MODE };
     const char *checkpoint = NULL, *tokenizer_path = NULL, *prompt = NULL, *prompt_file = NULL, *system = NULL;
     float temperature = 1.0f, topp = 0.9f, minp = 0.0f, repeat_penalty = 1.0f;
     int topk = 0, repeat_last_n = 64, steps = 256, ctx = 0, stride = 0, json = 0, per_position = 0, mode = GENERATE;
+    int kv_type = KV_F32, threads = 0, ignore_eos = 0;
     uint64_t seed = (uint64_t)time(NULL);
     RopeConfig ov = {.base = NAN, .layout = -1, .rot_dim = -1, .scaling = -1, .factor = NAN, .orig_ctx = -1,
                      .beta_fast = NAN, .beta_slow = NAN, .attn_factor = NAN, .low_freq = NAN, .high_freq = NAN,
@@ -1430,6 +1857,10 @@ int main(int argc, char **argv) {
             per_position = 1;
             continue;
         }
+        if (strcmp(a, "--ignore-eos") == 0) {
+            ignore_eos = 1;
+            continue;
+        }
         if (a[0] != '-') {
             if (checkpoint) die(EXIT_USAGE, "%s: unexpected argument (the checkpoint is already %s)", a, checkpoint);
             checkpoint = a;
@@ -1439,7 +1870,7 @@ int main(int argc, char **argv) {
             "-t", "-p", "-k", "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "-s", "-n", "-i", "-f",
             "-z", "-m", "-y", "-c", "--ctx", "--stride", "--rope-scaling", "--rope-factor", "--rope-base",
             "--rope-orig-ctx", "--yarn-beta-fast", "--yarn-beta-slow", "--yarn-attn-factor", "--llama3-low-freq",
-            "--llama3-high-freq", "--rope-dynamic", "--self-extend"};
+            "--llama3-high-freq", "--rope-dynamic", "--self-extend", "--kv", "--threads"};
         int known = 0;
         for (size_t f = 0; f < sizeof VALUED / sizeof VALUED[0]; f++) known |= strcmp(a, VALUED[f]) == 0;
         if (!known) die(EXIT_USAGE, "%s: unknown option (see --help)", a);
@@ -1470,6 +1901,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--llama3-low-freq")) ov.low_freq = parse_double(a, v, 1e-6, 1e6);
         else if (!strcmp(a, "--llama3-high-freq")) ov.high_freq = parse_double(a, v, 1e-6, 1e6);
         else if (!strcmp(a, "--rope-dynamic")) ov.dynamic_exact = parse_choice(a, v, DYNAMIC_MODES, 2);
+        else if (!strcmp(a, "--kv")) kv_type = parse_choice(a, v, KV_NAMES, 2);
+        else if (!strcmp(a, "--threads")) threads = (int)parse_long(a, v, 1, 1024);
         else if (!strcmp(a, "--self-extend")) { // two values: G W
             if (i + 1 >= argc) die(EXIT_USAGE, "--self-extend: expected two values, G (group size) and W (window)");
             ov.se_group = (int)parse_long("--self-extend G", v, 1, 1 << 20);
@@ -1484,22 +1917,35 @@ int main(int argc, char **argv) {
     if (mode == PPL && !prompt_file) die(EXIT_USAGE, "-m ppl: needs -f <text file> to score");
     if (stride && mode != PPL) die(EXIT_USAGE, "--stride: only used by -m ppl");
     if (per_position && !(mode == PPL && json)) die(EXIT_USAGE, "--per-position: only used by -m ppl --json");
+    if (ignore_eos && mode != GENERATE) die(EXIT_USAGE, "--ignore-eos: only used by -m generate");
+#ifdef _OPENMP
+    if (threads > 0) omp_set_num_threads(threads);
+#else
+    if (threads > 1) fprintf(stderr, "--threads %d: this build has no OpenMP; running on one thread\n", threads);
+#endif
 
     char err[512];
     Transformer t;
     double t0 = now_seconds();
-    if (build_transformer(&t, checkpoint, &ov, ctx, err, sizeof err) != 0) die(EXIT_BAD_INPUT, "%s", err);
+    if (build_transformer(&t, checkpoint, &ov, ctx, kv_type, err, sizeof err) != 0) die(EXIT_BAD_INPUT, "%s", err);
     const Config *c = &t.config;
     // The model summary goes to stderr once a mode has checked its inputs, so
     // that a rejected input gets a one-line message and nothing else.
-    size_t kv_bytes = 2 * (size_t)c->n_layers * t.n_ctx * (c->dim / c->n_heads) * c->n_kv_heads * sizeof(float);
+    size_t kv_bytes = 2 * (size_t)c->n_layers * t.n_ctx * (c->dim / c->n_heads) * c->n_kv_heads *
+                      kv_elem_bytes(t.kv_type);
+    static const char *const WEIGHT_NAMES[] = {"f32", "q8_0"};
+    int n_threads = 1;
+#ifdef _OPENMP
+    n_threads = omp_get_max_threads();
+#endif
     char summary[512];
     snprintf(summary, sizeof summary,
             "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, seq_len %d; rope %s base %g rot %d "
-            "scaling %s; ctx %d, KV cache %.1f MiB; loaded in %.2f s\n",
+            "scaling %s; weights %s; ctx %d, KV cache %s %.1f MiB; %d threads; loaded in %.2f s\n",
             checkpoint, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len,
-            LAYOUT_NAMES[t.rope.layout], t.rope.base, t.rope.rot_dim, SCALING_NAMES[t.rope.scaling], t.n_ctx,
-            kv_bytes / 1048576.0, now_seconds() - t0);
+            LAYOUT_NAMES[t.rope.layout], t.rope.base, t.rope.rot_dim, SCALING_NAMES[t.rope.scaling],
+            WEIGHT_NAMES[c->weight_type], t.n_ctx, KV_NAMES[t.kv_type], kv_bytes / 1048576.0, n_threads,
+            now_seconds() - t0);
     if (mode == ROPE_MODE) {
         fputs(summary, stderr);
         rope_mode(&t, json);
@@ -1526,7 +1972,7 @@ int main(int argc, char **argv) {
     if (build_sampler(&sampler, c->vocab_size, temperature, topp, topk, minp, repeat_penalty, repeat_last_n, seed))
         die(EXIT_BAD_INPUT, "out of memory for the sampler");
     switch (mode) {
-    case GENERATE: generate(&t, &tok, &sampler, input, text_len, steps, summary); break;
+    case GENERATE: generate(&t, &tok, &sampler, input, text_len, steps, ignore_eos, summary); break;
     case CHAT: chat(&t, &tok, &sampler, text || prompt ? input : NULL, system, steps, summary); break;
     case PPL: ppl_mode(&t, &tok, prompt_file, input, text_len, stride, json, per_position, summary); break;
     case TOKENIZE: tokenize_mode(&tok, input, text_len); break;

@@ -141,6 +141,10 @@ def test_rope_mode_json_matches_formula(model):
     y = json.loads(run_ok(model, "-m", "rope", "--json", "--rope-scaling", "yarn",
                           "--rope-factor", "4").stdout)
     assert abs(y["attn_factor"] - (0.1 * math.log(4) + 1)) < 1e-12
+    # fast pairs kept (extrapolated), slow pairs divided by the factor (interpolated)
+    assert y["status"][0] == "extrapolated" and y["status"][-1] == "interpolated"
+    assert y["ratio"][0] == 1 and abs(y["ratio"][-1] - 0.25) < 1e-12
+    assert set(r["status"]) == {"extrapolated"}
     lines = run_ok(model, "-m", "rope").stdout.decode().splitlines()
     assert len(lines) == 2 + d // 2
 

@@ -273,7 +273,7 @@ static void test_ops(void) {
     CHECK(close_to(out[2], 2 * 3 / rms, 1e-6) && close_to(out[3], 0.5 * 4 / rms, 1e-6), "rmsnorm: %g %g", out[2],
           out[3]);
     float m[6] = {1, 2, 3, 4, 5, 6}, v[3] = {1, 0, -1}, mo[2];
-    matmul(mo, v, m, 1, 3, 2); // (1,3) @ (2,3)^T -> (1,2)
+    matmul(mo, v, (Matrix){WEIGHT_F32, 0, m, NULL}, 1, 3, 2, NULL); // (1,3) @ (2,3)^T -> (1,2)
     CHECK(mo[0] == -2 && mo[1] == -2, "matmul: expected -2 -2 got %g %g", mo[0], mo[1]);
     float sm[3] = {1000, 1000, 1000};
     softmax(sm, 3);
@@ -284,7 +284,7 @@ static void test_ops(void) {
     // GQA grouping: with 4 query heads and 2 kv heads, heads 0,1 read kv head 0.
     float keys[2 * 4] = {1, 0, 0, 1, 0, 0, 0, 0}, values[2 * 4] = {10, 20, 30, 40, 0, 0, 0, 0};
     float q[4 * 2] = {1, 0, 1, 0, 1, 0, 1, 0}, att[4 * 2], o[4 * 2];
-    attention(o, q, NULL, 0, keys, values, att, 1, 0, 4, 2, 2, 2);
+    attention(o, q, NULL, 0, keys, KV_F32, values, KV_F32, att, 1, 0, 4, 2, 2, 2);
     CHECK(o[0] == 10 && o[2] == 10 && o[4] == 30 && o[6] == 30, "GQA grouping: got %g %g %g %g", o[0], o[2], o[4],
           o[6]);
     // Bucket edges for L = 256, ctx = 4096.
@@ -466,6 +466,191 @@ static void test_loader(void) {
     CHECK(load_checkpoint(&t, "/tmp", err, sizeof err) != 0 && strstr(err, "directory"), "directory: %s", err);
 }
 
+/* -------------------------------------------------- kernels and formats --- */
+
+/* Fill n floats with N(0, 1) * scale. */
+static void fill_randn(float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = randn() * scale;
+}
+
+/* matmul y = x W^T in double, for the checks below. */
+static void matmul_ref(double *out, const float *x, const float *w, int B, int n, int d) {
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < d; i++) out[(size_t)b * d + i] = dot64(x + (size_t)b * n, w + (size_t)i * n, n);
+}
+
+/* The SIMD kernels against the portable ones, and both against double.
+ * Tolerances: float32, different summation orders over n <= 512 terms of
+ * unit-scale products: 1e-5 * sqrt(n)-ish, written 2e-4 absolute on outputs of
+ * magnitude ~sqrt(n). q8_0: the same integer sums, only the float
+ * accumulation order differs: 1e-4 relative to the output scale.
+ * Shapes include edge tiles (d % 4 != 0, B % 3 != 0) and n % 8 != 0. */
+static void test_matmul_kernels(void) {
+    int shapes[][3] = {{1, 288, 36}, {5, 288, 37}, {32, 64, 16}, {7, 172, 9}, {2, 96, 5}, {3, 512, 12}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int B = shapes[c][0], n = shapes[c][1], d = shapes[c][2], gs = n % 32 == 0 ? 32 : 4;
+        float *x = malloc(sizeof(float) * B * n), *w = malloc(sizeof(float) * d * n);
+        float *simd = malloc(sizeof(float) * B * d), *port = malloc(sizeof(float) * B * d);
+        float *wd = malloc(sizeof(float) * d * n), *ws = malloc(sizeof(float) * d * n / gs);
+        float *xs = malloc(sizeof(float) * B * n / gs);
+        int8_t *wq = malloc((size_t)d * n), *xq = malloc((size_t)B * n);
+        double *ref = malloc(sizeof(double) * B * d);
+        fill_randn(x, (size_t)B * n, 1.0f);
+        fill_randn(w, (size_t)d * n, 1.0f);
+        matmul_ref(ref, x, w, B, n, d);
+        Matrix mf = {WEIGHT_F32, 0, w, NULL};
+        use_simd = HAVE_SIMD;
+        matmul(simd, x, mf, B, n, d, NULL);
+        use_simd = 0;
+        matmul(port, x, mf, B, n, d, NULL);
+        double worst = 0, worst_ref = 0;
+        for (int i = 0; i < B * d; i++) {
+            worst = fmax(worst, fabs(simd[i] - port[i]));
+            worst_ref = fmax(worst_ref, fmax(fabs(simd[i] - ref[i]), fabs(port[i] - ref[i])));
+        }
+        CHECK(worst < 2e-4 && worst_ref < 2e-4, "f32 matmul B=%d n=%d d=%d: simd vs portable %.3g, vs double %.3g",
+              B, n, d, worst, worst_ref);
+        // Row results must not depend on B: token b alone gives the same row.
+        use_simd = HAVE_SIMD;
+        int same = 1;
+        for (int b = 0; b < B; b++) {
+            matmul(port, x + (size_t)b * n, mf, 1, n, d, NULL);
+            for (int i = 0; i < d; i++) same &= port[i] == simd[(size_t)b * d + i];
+        }
+        CHECK(same, "f32 matmul B=%d n=%d d=%d: a token's row differs when computed alone", B, n, d);
+
+        // q8_0: quantize W; the kernels against each other and against the
+        // float matmul with the dequantized W (error from quantizing x only).
+        quantize_q8(wq, ws, w, d, n, gs);
+        for (size_t i = 0; i < (size_t)d * n; i++) wd[i] = wq[i] * ws[i / gs];
+        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+        QuantScratch int8_only = {xq, xs, NULL, 0}; // no w_rows: int8 dot products for any B
+        matmul(simd, x, mq, B, n, d, &int8_only);
+        use_simd = 0;
+        matmul(port, x, mq, B, n, d, &int8_only);
+        use_simd = HAVE_SIMD;
+        matmul_ref(ref, x, wd, B, n, d);
+        double scale = sqrt((double)n), worst_q = 0, worst_deq = 0;
+        for (int i = 0; i < B * d; i++) {
+            worst_q = fmax(worst_q, fabs(simd[i] - port[i]));
+            worst_deq = fmax(worst_deq, fabs(simd[i] - ref[i]));
+        }
+        // quantizing x: relative error per value <= 1/254 of the group max, ~0.5% of the output scale
+        CHECK(worst_q < 1e-4 * scale && worst_deq < 0.03 * scale,
+              "q8_0 matmul B=%d n=%d d=%d gs=%d: simd vs portable %.3g, vs dequantized float %.3g", B, n, d, gs,
+              worst_q, worst_deq);
+        if (B > 1) { // several tokens with w_rows: dequantized rows, the float kernel
+            int threads = 1;
+#ifdef _OPENMP
+            threads = omp_get_max_threads();
+#endif
+            QuantScratch full = {xq, xs, malloc(sizeof(float) * threads * ROW_CHUNK * n), threads};
+            matmul(port, x, mq, B, n, d, &full);
+            double worst_rows = 0;
+            for (int i = 0; i < B * d; i++) worst_rows = fmax(worst_rows, fabs(port[i] - ref[i]));
+            CHECK(worst_rows < 2e-4, "q8_0 matmul B=%d n=%d d=%d, dequantized rows vs double: %.3g", B, n, d,
+                  worst_rows);
+            free(full.w_rows);
+        }
+        free(x), free(w), free(simd), free(port), free(wd), free(ws), free(xs), free(wq), free(xq), free(ref);
+    }
+    // matrix_row dequantizes one row (the embedding lookup)
+    int8_t q[8] = {1, -2, 3, -4, 127, 0, -127, 5};
+    float sc[2] = {0.5f, 2.0f}, row[4];
+    matrix_row(row, (Matrix){WEIGHT_Q8_0, 4, q, sc}, 1, 4);
+    CHECK(row[0] == 254 && row[1] == 0 && row[2] == -254 && row[3] == 10, "matrix_row q8_0: %g %g %g %g", row[0],
+          row[1], row[2], row[3]);
+}
+
+/* IEEE half conversions: the portable functions against the compiler's
+ * _Float16 (every one of the 65536 halves; floats at rounding ties, edges). */
+static void test_half(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = half_to_float_c((uint16_t)h), b = half_to_float((uint16_t)h);
+        if (!(a == b || (isnan(a) && isnan(b)))) bad++;
+        else if (!isnan(a) && float_to_half_c(a) != h && !(a == 0 && (h & 0x7fff) == 0)) bad++;
+    }
+    CHECK(bad == 0, "half_to_float_c / float_to_half_c round trip: %d of 65536 halves wrong", bad);
+    float edge[] = {65504.0f, 65519.0f, 65520.0f, 1e9f, -1e9f, 6.1e-5f, 5.96e-8f, 2.98e-8f, 2.99e-8f, 1e-10f,
+                    1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, -0.0f, 0.333333f, INFINITY, -INFINITY};
+    bad = 0;
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) bad += float_to_half_c(edge[i]) != float_to_half(edge[i]);
+    for (int i = 0; i < 100000; i++) {
+        float f = randn() * (float)pow(2.0, (i % 40) - 25);
+        bad += float_to_half_c(f) != float_to_half(f);
+    }
+    CHECK(bad == 0, "float_to_half_c disagrees with the compiler's conversion on %d values", bad);
+}
+
+/* Write a random version-1 checkpoint (float32, dims below) to path. */
+static void write_random_checkpoint(const char *path, int dim, int hidden, int layers, int heads, int kv_heads,
+                                    int vocab, int seq_len) {
+    unsigned char h[CKPT_HEADER_BYTES];
+    good_header(h);
+    int32_t dims[] = {dim, hidden, layers, heads, kv_heads, vocab, seq_len};
+    for (int i = 0; i < 7; i++) put_i32(h + 8 + 4 * i, dims[i]);
+    put_i32(h + 68, dim / heads); // full rotary
+    Config c;
+    RopeConfig r;
+    char err[256];
+    parse_header(path, h, sizeof h, &c, &r, err, sizeof err);
+    size_t n_floats = (expected_file_size(&c) - CKPT_HEADER_BYTES) / sizeof(float);
+    float *payload = malloc(n_floats * sizeof(float));
+    fill_randn(payload, n_floats, 0.1f); // ~1/sqrt(dim): unit-scale activations
+    Weights w;
+    place_tensors(&c, &w, (const char *)payload - CKPT_HEADER_BYTES); // norm weights near 1
+    float *norms[] = {(float *)w.rms_att_weight, (float *)w.rms_ffn_weight, (float *)w.rms_final_weight};
+    size_t norm_len[] = {(size_t)layers * dim, (size_t)layers * dim, (size_t)dim};
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < norm_len[k]; i++) norms[k][i] = 1.0f + norms[k][i];
+    FILE *f = fopen(path, "wb");
+    fwrite(h, 1, sizeof h, f);
+    fwrite(payload, sizeof(float), n_floats, f);
+    fclose(f);
+    free(payload);
+}
+
+/* Prefill in blocks equals token-by-token, and an f16 KV cache stays close.
+ * Tolerances: blocks vs single tokens run the same kernels per output (the
+ * tile code computes each output the same way whatever B), so the logits
+ * must agree to float rounding of the attention sums: 1e-4 absolute on
+ * logits of magnitude ~1. f16 keys/values carry a relative error of 2^-11 each;
+ * through 2 layers the logits move by about 1e-3; the bound is 2e-2. */
+static void test_block_prefill(void) {
+    const char *path = tmp_path("block.bin");
+    write_random_checkpoint(path, 64, 96, 2, 4, 2, 50, 64);
+    char err[512];
+    Transformer a, b, h;
+    int ok = build_transformer(&a, path, NULL, 0, KV_F32, err, sizeof err) == 0 &&
+             build_transformer(&b, path, NULL, 0, KV_F32, err, sizeof err) == 0 &&
+             build_transformer(&h, path, NULL, 0, KV_F16, err, sizeof err) == 0;
+    CHECK(ok, "random checkpoint rejected: %s", err);
+    if (!ok) return;
+    int tokens[45], V = 50;
+    for (int i = 0; i < 45; i++) tokens[i] = (int)(random_u32(&test_rng) % V);
+    float *block = malloc(sizeof(float) * 45 * V);
+    for (int p0 = 0; p0 < 45; p0 += FORWARD_BLOCK) { // blocks of 32, then 13
+        int B = 45 - p0 < FORWARD_BLOCK ? 45 - p0 : FORWARD_BLOCK;
+        memcpy(block + (size_t)p0 * V, forward_block(&a, tokens + p0, B, p0, 1), sizeof(float) * B * V);
+    }
+    double worst = 0, worst_f16 = 0;
+    for (int p = 0; p < 45; p++) {
+        float *one = forward(&b, tokens[p], p);
+        for (int i = 0; i < V; i++) worst = fmax(worst, fabs(one[i] - block[(size_t)p * V + i]));
+        float *half = forward(&h, tokens[p], p);
+        for (int i = 0; i < V; i++) worst_f16 = fmax(worst_f16, fabs(half[i] - block[(size_t)p * V + i]));
+    }
+    CHECK(worst < 1e-4, "block prefill vs token by token: max logit difference %.3g (expected < 1e-4)", worst);
+    CHECK(worst_f16 < 2e-2 && worst_f16 > 0, "f16 KV cache vs f32: max logit difference %.3g (expected (0, 2e-2))",
+          worst_f16);
+    free(block);
+    free_transformer(&a);
+    free_transformer(&b);
+    free_transformer(&h);
+    remove(path);
+}
+
 int main(void) {
     test_rope_worked_example();
     test_rope_properties();
@@ -475,6 +660,10 @@ int main(void) {
     test_ops();
     test_sampler();
     test_loader();
-    printf("run: %d passed, %d failed\n", n_pass, n_fail);
+    test_matmul_kernels();
+    test_half();
+    test_block_prefill();
+    printf("run: %d passed, %d failed (SIMD kernels %s)\n", n_pass, n_fail,
+           HAVE_SIMD ? "compared with the portable ones" : "not built: portable kernels only");
     return n_fail ? 1 : 0;
 }
