@@ -30,6 +30,7 @@ SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-
 all: build
 
 help:
+	@echo "make run        build, then generate text with the bundled model (models/)"
 	@echo "make            build ./run (optimized for this CPU, OpenMP)"
 	@echo "make portable   build ./run with -O2 only (any x86-64 / ARM machine)"
 	@echo "make test       C unit tests, sanitizer run, then the Python tests"
@@ -37,6 +38,13 @@ help:
 	@echo "make extrapolation   the RoPE extrapolation study (docs/extrapolation/)"
 	@echo "make bench      tokens/s of generation and prompt processing against llama2.c and llama.cpp"
 	@echo "make clean      remove what the build made"
+
+# make run: build, then generate from the bundled model. Override the prompt
+# or the sampling, e.g. make run PROMPT="The sea" RUN_ARGS="-t 0 -n 100".
+PROMPT ?= It was a dark and stormy night
+RUN_ARGS ?= -t 0.8 -p 0.9 -n 256
+run: build
+	./run models/model.bin -z models/tokenizer.bin $(RUN_ARGS) -i "$(PROMPT)"
 
 # ./run is rebuilt on every call (about a second): `make run` must stay the
 # phony "build and generate" target, so the binary has no file rule of its own.

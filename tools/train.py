@@ -1,0 +1,565 @@
+#!/usr/bin/env python3
+"""Train the bundled default model: a small Llama on public-domain books.
+
+The network is exactly the one run.c evaluates (see model.h):
+
+    x = token_embedding[tok]
+    per layer:  h = rmsnorm(x) * rms_att_weight
+                q, k, v = wq h, wk h, wv h                (no biases)
+                RoPE on every q and k head, INTERLEAVED pairs (2i, 2i+1),
+                    angle = pos * rope_theta ** (-2i / head_size)
+                causal softmax attention, scale 1/sqrt(head_size),
+                    query head h reads kv head h // (n_heads // n_kv_heads)
+                x += wo attn
+                h = rmsnorm(x) * rms_ffn_weight
+                x += w2(silu(w1 h) * w3 h)
+    logits = token_embedding @ (rmsnorm(x) * rms_final_weight)   (tied classifier)
+
+Pipeline (each stage is a function below, in this order):
+
+ 1. data       tools/prepare_data.py cleans the Gutenberg books (header/footer,
+               BOM, CRLF, line wraps). moby_dick and pride_and_prejudice are held
+               out entirely: neither the tokenizer nor the model ever sees them.
+ 2. tokenizer  sentencepiece BPE trained on the training books (byte fallback,
+               identity normalization, dummy prefix; unk 0, bos 1, eos 2), cached
+               under --cache-dir.
+ 3. tokens     each book is encoded as one string (as `run` encodes a file) and
+               the books are joined into one stream with BOS between documents.
+ 4. train      AdamW, linear warmup then cosine decay, gradient clipping. A
+               batch holds --batch-size windows of --seq-len tokens; each window
+               is BOS followed by seq_len-1 tokens from a random offset, the same
+               shape `run -m ppl` scores. The offsets of step s come from
+               numpy.random.default_rng([seed, s]), so a run (and a resumed run)
+               is a pure function of its flags (and of --threads, which changes
+               float summation order: the same seed and thread count give the
+               same weights).
+ 5. evaluate   held-out NLL every --eval-every steps on a fixed, evenly spaced
+               subset of the held-out windows; at the end on all of them (the
+               number `run -m ppl --ctx 256` reproduces). Also reported per
+               UTF-8 byte, so runs with different vocabularies compare.
+ 6. export     the torch checkpoint (.pt, written every --ckpt-every steps and at
+               the end, enough to --resume) and, through export.py (the only
+               writer of our format), model.bin and tokenizer.bin.
+
+Progress (step, loss, learning rate, tokens/s, elapsed wall and CPU time, time
+left) goes to stderr; the same numbers go to OUT/log.jsonl for
+tools/plot_loss.py. --threads N sets torch's and OpenBLAS's thread counts (it
+is read before torch is imported, since OpenBLAS fixes its pool at load time).
+
+Example (the command that trained models/model.bin is in models/README.md):
+
+  /usr/bin/python3 tools/train.py --threads 1 --out-dir /tmp/train/final --export-dir models
+
+The defaults are the bundled model's settings; --help lists every flag.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _threads_from_argv(argv, default=2):
+    """--threads, read before torch loads: OpenBLAS sizes its own thread pool at load
+    time from OPENBLAS_NUM_THREADS and ignores torch.set_num_threads afterwards."""
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return str(default)
+
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = _threads_from_argv(sys.argv[1:])
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import prepare_data  # noqa: E402  (tools/prepare_data.py)
+
+BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def fmt_time(s: float) -> str:
+    s = int(max(s, 0))
+    return f"{s // 3600}h{s // 60 % 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# --------------------------------------------------------------------------
+# 1-3. data, tokenizer, token stream
+# --------------------------------------------------------------------------
+
+def training_documents(shared: Path, extra: list) -> list:
+    """The cleaned training books (sorted by name), then any --extra corpora."""
+    train_paths, _ = prepare_data.book_paths(shared)
+    docs = [prepare_data.clean_book(p) for p in train_paths]
+    for name in extra:
+        if name == "tinyshakespeare":
+            docs.append((shared / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8"))
+        elif name == "tinystories":
+            raw = (shared / "data" / "tinystories").glob("*train*")
+            for p in sorted(raw):
+                stories = p.read_text(encoding="utf-8").split("<|endoftext|>")[:-1]  # last is cut
+                docs.extend(s.strip() + "\n" for s in stories if s.strip())
+        else:
+            raise SystemExit(f"unknown --extra corpus {name!r}")
+    return docs
+
+
+def train_tokenizer(docs: list, vocab_size: int, prefix: Path, threads: int) -> Path:
+    """sentencepiece BPE on the training text; returns the .model path (cached)."""
+    import sentencepiece as spm
+    model = prefix.with_suffix(".model")
+    if model.exists():
+        return model
+    log(f"tokenizer: training BPE, vocab {vocab_size} -> {model}")
+    t0 = time.time()
+    # One "sentence" per paragraph (sentencepiece reads lines; no line holds a newline).
+    sentences = [p for d in docs for p in d.split("\n") if p.strip()]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_prefix=str(prefix),
+        model_type="bpe",
+        vocab_size=vocab_size,
+        byte_fallback=True,                 # any byte encodes; pieces <0x00>..<0xFF> at ids 3..258
+        normalization_rule_name="identity",  # the text is kept as it is
+        add_dummy_prefix=True,
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        character_coverage=0.9995,
+        max_sentence_length=1 << 16,         # reflowed paragraphs can be long
+        input_sentence_size=0,               # use every sentence: no sampling, deterministic
+        unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=-1,
+        num_threads=threads,
+        minloglevel=2,
+    )
+    log(f"tokenizer: done in {time.time() - t0:.0f}s")
+    return model
+
+
+def encode_stream(sp, docs: list) -> np.ndarray:
+    """Each document encoded as one string, documents preceded by BOS, as one int32 stream."""
+    out = []
+    for d in docs:
+        out.append(BOS_ID)
+        out.extend(sp.encode(d))
+    return np.array(out, dtype=np.int32)
+
+
+def load_data(args):
+    """Tokenizer model path, train stream, held-out stream (all cached under --cache-dir)."""
+    import sentencepiece as spm
+    cache = Path(args.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    tag = f"v{args.vocab_size}" + "".join(f"+{e}" for e in args.extra)
+    tok_path = cache / f"tok_{tag}.model"
+    train_npy, held_npy = cache / f"train_{tag}.npy", cache / f"heldout_{tag}.npy"
+    docs = None
+    if not tok_path.exists() or not train_npy.exists():
+        docs = training_documents(Path(args.shared), args.extra)
+        train_tokenizer(docs, args.vocab_size, tok_path.with_suffix(""), args.threads)
+    sp = spm.SentencePieceProcessor(model_file=str(tok_path))
+    assert sp.vocab_size() == args.vocab_size
+    if not train_npy.exists():
+        t0 = time.time()
+        np.save(train_npy, encode_stream(sp, docs))
+        log(f"tokens: training stream encoded in {time.time() - t0:.0f}s")
+    if not held_npy.exists():
+        # Exactly the text of `prepare_data.py --heldout`, encoded as one string like `run -m ppl`.
+        held = prepare_data.heldout_text(Path(args.shared))
+        np.save(held_npy, np.array(sp.encode(held), dtype=np.int32))
+    return sp, tok_path, np.load(train_npy), np.load(held_npy)
+
+
+def token_bytes(sp) -> np.ndarray:
+    """UTF-8 bytes each token stands for (the dummy-prefix space counts as one)."""
+    n = np.zeros(sp.vocab_size(), dtype=np.int64)
+    for i in range(sp.vocab_size()):
+        if sp.is_byte(i):
+            n[i] = 1
+        elif not (sp.is_control(i) or sp.is_unknown(i)):
+            n[i] = len(sp.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+    return n
+
+
+# --------------------------------------------------------------------------
+# the model (run.c's architecture)
+# --------------------------------------------------------------------------
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(seq_len, head_size, theta):
+    """cos, sin of shape (seq_len, head_size/2): angle = pos * theta^(-2i/head_size), in double."""
+    inv = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
+    ang = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
+    return ang.cos().float(), ang.sin().float()
+
+
+def apply_rope(x, rot):
+    """x: (B, T, heads, head_size); rotate interleaved pairs (2i, 2i+1) by the angles of rot.
+
+    Pair (x0, x1) read as the complex number x0 + i x1 and multiplied by
+    rot = cos + i sin gives (x0 cos - x1 sin, x0 sin + x1 cos): run.c's rotation.
+    """
+    B, T, H, D = x.shape
+    xc = torch.view_as_complex(x.reshape(B, T, H, D // 2, 2))
+    return torch.view_as_real(xc * rot[:T].view(1, T, 1, D // 2)).view(B, T, H, D)
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.n_heads, self.n_kv = c["n_heads"], c["n_kv_heads"]
+        self.hs = c["dim"] // c["n_heads"]
+        kv_dim = self.n_kv * self.hs
+        self.attention_norm = RMSNorm(c["dim"], c["norm_eps"])
+        self.wq = nn.Linear(c["dim"], c["dim"], bias=False)
+        self.wk = nn.Linear(c["dim"], kv_dim, bias=False)
+        self.wv = nn.Linear(c["dim"], kv_dim, bias=False)
+        self.wo = nn.Linear(c["dim"], c["dim"], bias=False)
+        self.ffn_norm = RMSNorm(c["dim"], c["norm_eps"])
+        self.w1 = nn.Linear(c["dim"], c["hidden_dim"], bias=False)
+        self.w2 = nn.Linear(c["hidden_dim"], c["dim"], bias=False)
+        self.w3 = nn.Linear(c["dim"], c["hidden_dim"], bias=False)
+
+    def forward(self, x, rot, mask):
+        B, T, _ = x.shape
+        h = self.attention_norm(x)
+        q = apply_rope(self.wq(h).view(B, T, self.n_heads, self.hs), rot)
+        k = apply_rope(self.wk(h).view(B, T, self.n_kv, self.hs), rot)
+        v = self.wv(h).view(B, T, self.n_kv, self.hs)
+        if self.n_kv != self.n_heads:  # GQA: query head h uses kv head h // group
+            g = self.n_heads // self.n_kv
+            k, v = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+        # (B*H, T, hs); scores = mask + q k^T / sqrt(hs) in one baddbmm (mask: 0 or -inf)
+        q, k, v = (t.transpose(1, 2).reshape(B * self.n_heads, T, self.hs) for t in (q, k, v))
+        att = torch.baddbmm(mask[:T, :T], q, k.transpose(1, 2), alpha=1.0 / math.sqrt(self.hs))
+        y = torch.bmm(att.softmax(-1), v).view(B, self.n_heads, T, self.hs)
+        y = y.transpose(1, 2).reshape(B, T, -1)
+        x = x + self.wo(y)
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.tok_embeddings = nn.Embedding(c["vocab_size"], c["dim"])
+        self.layers = nn.ModuleList(Block(c) for _ in range(c["n_layers"]))
+        self.norm = RMSNorm(c["dim"], c["norm_eps"])
+        cos, sin = rope_tables(c["seq_len"], c["dim"] // c["n_heads"], c["rope_theta"])
+        self.register_buffer("rot", torch.complex(cos, sin), persistent=False)
+        mask = torch.full((c["seq_len"], c["seq_len"]), float("-inf")).triu(1)  # causal, additive
+        self.register_buffer("mask", mask, persistent=False)
+        # llama2.c's init: N(0, 0.02); residual projections scaled by 1/sqrt(2 L).
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * c["n_layers"]) if name.endswith(("wo.weight", "w2.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, tokens):
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x, self.rot, self.mask)
+        return F.linear(self.norm(x), self.tok_embeddings.weight)  # tied classifier
+
+
+def default_hidden(dim: int) -> int:
+    """llama's SwiGLU width: 2/3 of 4*dim, rounded up to a multiple of 16."""
+    h = int(2 * 4 * dim / 3)
+    return 16 * ((h + 15) // 16)
+
+
+# --------------------------------------------------------------------------
+# 4-5. training and evaluation
+# --------------------------------------------------------------------------
+
+def get_batch(stream: np.ndarray, seed: int, step: int, batch: int, seq_len: int):
+    """Windows of BOS + seq_len-1 stream tokens at offsets drawn from rng([seed, step])."""
+    rng = np.random.default_rng([seed, step])
+    offs = rng.integers(0, len(stream) - seq_len, size=batch)
+    x = np.empty((batch, seq_len), dtype=np.int64)
+    y = np.empty((batch, seq_len), dtype=np.int64)
+    for b, o in enumerate(offs):
+        x[b, 0] = BOS_ID
+        x[b, 1:] = stream[o:o + seq_len - 1]
+        y[b] = stream[o:o + seq_len]
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def heldout_windows(stream: np.ndarray, ctx: int):
+    """`run -m ppl` windows: consecutive chunks of ctx-1 tokens, each scored after a BOS."""
+    n = ctx - 1
+    return [stream[i:i + n] for i in range(0, len(stream), n)]
+
+
+@torch.no_grad()
+def evaluate(model, windows, tok_bytes, batch=32):
+    """Sum NLL (nats), scored tokens, their UTF-8 bytes over the given windows."""
+    model.eval()
+    nll, ntok, nbytes = 0.0, 0, 0
+    for L in sorted({len(w) for w in windows}):  # full windows batched; a short last one alone
+        group = [w for w in windows if len(w) == L]
+        for i in range(0, len(group), batch):
+            ys = np.stack(group[i:i + batch]).astype(np.int64)
+            xs = np.concatenate([np.full((len(ys), 1), BOS_ID), ys[:, :-1]], axis=1)
+            logits = model(torch.from_numpy(xs))
+            y = torch.from_numpy(ys)
+            nll += F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), reduction="sum").item()
+            ntok += ys.size
+            nbytes += int(tok_bytes[ys].sum())
+    model.train()
+    return nll, ntok, nbytes
+
+
+def lr_at(step, args):
+    """Linear warmup for --warmup steps, then cosine from --lr to --lr * --min-lr-ratio."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    t = (step - args.warmup) / max(1, args.max_steps - args.warmup)
+    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def make_config(args):
+    return dict(
+        dim=args.dim, hidden_dim=args.hidden_dim or default_hidden(args.dim), n_layers=args.n_layers,
+        n_heads=args.n_heads, n_kv_heads=args.n_kv_heads or args.n_heads, vocab_size=args.vocab_size,
+        seq_len=args.seq_len, shared_classifier=True, bos_id=BOS_ID, eos_id=EOS_ID, norm_eps=1e-5,
+        rope_theta=args.rope_theta, rope_layout="interleaved", rot_dim=args.dim // args.n_heads,
+    )
+
+
+def save_pt(path, model, opt, step, args, cfg, history):
+    tmp = Path(str(path) + ".tmp")
+    torch.save(dict(model=model.state_dict(), optim=opt.state_dict(), step=step,
+                    args=vars(args), cfg=cfg, history=history), tmp)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------
+# 6. export through export.py
+# --------------------------------------------------------------------------
+
+def export_tensors(model) -> dict:
+    """Our state dict -> export.py's tensor names, float32 numpy, stacked over layers."""
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    L = model.c["n_layers"]
+    stack = lambda name: np.stack([sd[f"layers.{i}.{name}"] for i in range(L)])  # noqa: E731
+    return dict(
+        token_embedding=sd["tok_embeddings.weight"],
+        rms_att_weight=stack("attention_norm.weight"),
+        wq=stack("wq.weight"), wk=stack("wk.weight"), wv=stack("wv.weight"), wo=stack("wo.weight"),
+        rms_ffn_weight=stack("ffn_norm.weight"),
+        w1=stack("w1.weight"), w2=stack("w2.weight"), w3=stack("w3.weight"),
+        rms_final_weight=sd["norm.weight"],
+    )
+
+
+def export_model(model, cfg, tok_model: Path, out_dir: Path):
+    """Write out_dir/model.bin and tokenizer.bin through export.py, and copy tokenizer.model."""
+    import shutil
+    sys.path.insert(0, str(ROOT))
+    import export  # the one writer of our checkpoint and tokenizer formats
+    out_dir.mkdir(parents=True, exist_ok=True)
+    export.write_checkpoint(str(out_dir / "model.bin"), cfg, export_tensors(model))
+    export.write_tokenizer(str(out_dir / "tokenizer.bin"), *export.sentencepiece_vocab(str(tok_model)))
+    if Path(tok_model).resolve() != (out_dir / "tokenizer.model").resolve():
+        shutil.copyfile(tok_model, out_dir / "tokenizer.model")
+    log(f"export: wrote {out_dir}/model.bin, tokenizer.bin, tokenizer.model")
+
+
+# --------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_argument_group("data")
+    g.add_argument("--shared", default=str(prepare_data.default_shared()),
+                   help="shared folder holding data/books (default: $SHARED_DIR or ../shared)")
+    g.add_argument("--extra", nargs="*", default=[], choices=["tinyshakespeare", "tinystories"],
+                   help="extra corpora mixed into training (default: none, books only)")
+    g.add_argument("--cache-dir", default="/tmp/train/cache", help="tokenizer and token streams cache")
+    g.add_argument("--vocab-size", type=int, default=4096, help="sentencepiece BPE vocabulary")
+    g = ap.add_argument_group("model")
+    g.add_argument("--dim", type=int, default=128)
+    g.add_argument("--n-layers", type=int, default=6)
+    g.add_argument("--n-heads", type=int, default=4)
+    g.add_argument("--n-kv-heads", type=int, default=0, help="0: same as --n-heads (no GQA)")
+    g.add_argument("--hidden-dim", type=int, default=0, help="0: 8/3 dim rounded up to 16")
+    g.add_argument("--seq-len", type=int, default=256, help="training context")
+    g.add_argument("--rope-theta", type=float, default=10000.0)
+    g = ap.add_argument_group("optimization")
+    g.add_argument("--batch-size", type=int, default=16, help="windows of --seq-len tokens per step")
+    g.add_argument("--max-steps", type=int, default=1700)
+    g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    g.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr = lr * this")
+    g.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW, on 2-D weights only")
+    g.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    g.add_argument("--seed", type=int, default=1337)
+    g.add_argument("--threads", type=int, default=2, help="torch threads (CPU cores to use)")
+    g = ap.add_argument_group("evaluation and output")
+    g.add_argument("--eval-every", type=int, default=100, help="held-out eval interval (steps)")
+    g.add_argument("--eval-windows", type=int, default=64, help="held-out windows per periodic eval")
+    g.add_argument("--log-every", type=int, default=20)
+    g.add_argument("--ckpt-every", type=int, default=100, help=".pt save interval (steps)")
+    g.add_argument("--out-dir", default="/tmp/train/run", help="ckpt.pt and log.jsonl go here")
+    g.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
+    g.add_argument("--no-final-eval", action="store_true", help="skip the full held-out eval")
+    g.add_argument("--export-dir", default="", help="write model.bin + tokenizer here at the end")
+    g.add_argument("--export-only", action="store_true",
+                   help="no training: export OUT/ckpt.pt to --export-dir and stop")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log("command: " + " ".join([Path(sys.executable).name] + sys.argv))
+
+    if args.export_only:  # the model and its tokenizer as the checkpoint's own run made them
+        if not args.export_dir:
+            raise SystemExit("--export-only needs --export-dir")
+        st = torch.load(out / "ckpt.pt")
+        for k in ("vocab_size", "extra", "shared"):
+            setattr(args, k, st["args"][k])
+        model = Llama(st["cfg"])
+        model.load_state_dict(st["model"])
+        log(f"export-only: {out / 'ckpt.pt'} at step {st['step']}")
+        export_model(model, st["cfg"], load_data(args)[1], Path(args.export_dir))
+        return 0
+
+    sp, tok_model, train, held = load_data(args)
+    tok_bytes = token_bytes(sp)
+    log(f"data: {len(train):,} training tokens, {len(held):,} held-out tokens "
+        f"({tok_bytes[held].sum() / len(held):.2f} bytes/token)")
+
+    cfg = make_config(args)
+    model = Llama(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {json.dumps(cfg)}\nmodel: {n_params:,} parameters ({n_params * 4 / 2**20:.2f} MiB float32)")
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+
+    step, history = 0, []
+    ckpt = out / "ckpt.pt"
+    if args.resume and ckpt.exists():
+        st = torch.load(ckpt)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optim"])
+        step, history = st["step"], st["history"]
+        log(f"resume: from step {step}")
+
+    windows = heldout_windows(held, args.seq_len)
+    full = [w for w in windows if len(w) == args.seq_len - 1]
+    idx = np.linspace(0, len(full) - 1, min(args.eval_windows, len(full))).round().astype(int)
+    subset = [full[i] for i in idx]
+
+    def periodic_eval():
+        nll, n, nb = evaluate(model, subset, tok_bytes)
+        return nll / n, nll / nb / math.log(2)
+
+    logf = open(out / "log.jsonl", "a" if step else "w")  # a resumed run appends
+    tokens_per_step = args.batch_size * args.seq_len
+    # Wall time and this process's CPU time (the machine may be shared: CPU time
+    # divided by --threads is what the run would take on idle cores).
+    t_start, cpu_start, steps_timed, t_timed = time.time(), time.process_time(), 0, 0.0
+    if history:  # resumed: keep counting from the saved totals
+        t_start -= history[-1]["elapsed"]
+        cpu_start -= history[-1].get("cpu", 0.0)
+    ema = None
+    model.train()
+    while step < args.max_steps:
+        if step % args.eval_every == 0:
+            hl, hb = periodic_eval()
+            rec = dict(step=step, heldout_loss=hl, heldout_bpb=hb, elapsed=time.time() - t_start,
+                       cpu=time.process_time() - cpu_start)
+            history.append(rec)
+            logf.write(json.dumps(rec) + "\n")
+            logf.flush()
+            log(f"eval  step {step:5d} | held-out loss {hl:.4f} nats/token, {hb:.4f} bits/byte")
+        t0 = time.time()
+        lr = lr_at(step, args)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        x, y = get_batch(train, args.seed, step, args.batch_size, args.seq_len)
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
+        opt.step()
+        step += 1
+        dt = time.time() - t0
+        steps_timed, t_timed = steps_timed + 1, t_timed + dt
+        lv = loss.item()
+        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+        if step % args.log_every == 0 or step == args.max_steps:
+            tps = steps_timed * tokens_per_step / t_timed
+            left = (args.max_steps - step) * t_timed / steps_timed
+            rec = dict(step=step, loss=lv, loss_ema=ema, lr=lr, grad_norm=gnorm, tok_per_s=tps,
+                       elapsed=time.time() - t_start, cpu=time.process_time() - cpu_start)
+            history.append(rec)
+            logf.write(json.dumps(rec) + "\n")
+            logf.flush()
+            log(f"step {step:5d}/{args.max_steps} | loss {lv:.4f} (ema {ema:.4f}) | lr {lr:.2e} | "
+                f"gnorm {gnorm:.2f} | {tps:,.0f} tok/s | elapsed {fmt_time(time.time() - t_start)} "
+                f"(cpu {fmt_time(time.process_time() - cpu_start)}) | "
+                f"left {fmt_time(left)}")
+            steps_timed, t_timed = 0, 0.0
+        if step % args.ckpt_every == 0 or step == args.max_steps:
+            save_pt(ckpt, model, opt, step, args, cfg, history)
+
+    train_wall, train_cpu = time.time() - t_start, time.process_time() - cpu_start
+    hl, hb = periodic_eval()
+    rec = dict(step=step, heldout_loss=hl, heldout_bpb=hb, elapsed=train_wall, cpu=train_cpu)
+    history.append(rec)
+    logf.write(json.dumps(rec) + "\n")
+    log(f"eval  step {step:5d} | held-out loss {hl:.4f} nats/token, {hb:.4f} bits/byte")
+    summary = dict(train_wall_s=train_wall, train_cpu_s=train_cpu, threads=args.threads,
+                   n_params=n_params, cfg=cfg, final_train_loss_ema=ema,
+                   subset_heldout_loss=hl, subset_heldout_bpb=hb)
+    if not args.no_final_eval:
+        t0 = time.time()
+        nll, n, nb = evaluate(model, windows, tok_bytes)
+        summary.update(heldout_tokens=n, heldout_nll=nll / n, heldout_ppl=math.exp(nll / n),
+                       heldout_bpb=nll / nb / math.log(2), full_eval_s=time.time() - t0)
+        log(f"final held-out (all {n:,} tokens, ctx {args.seq_len}): nll {nll / n:.4f}, "
+            f"ppl {math.exp(nll / n):.3f}, {nll / nb / math.log(2):.4f} bits/byte")
+    save_pt(ckpt, model, opt, step, args, cfg, history)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    log(f"done: {step} steps in {fmt_time(train_wall)} wall, {fmt_time(train_cpu)} cpu "
+        f"({args.threads} thread(s)); {json.dumps(summary)}")
+    if args.export_dir:
+        export_model(model, cfg, tok_model, Path(args.export_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
