@@ -336,6 +336,15 @@ static int validate_config(const char *path, const Config *c, const RopeConfig *
         return fail(err, err_len, "%s: rope_factor=%g (expected a finite value >= 1)", path, r->factor);
     if (r->orig_ctx < 0 || r->orig_ctx > MAX_SEQ_LEN)
         return fail(err, err_len, "%s: rope_orig_ctx=%d (expected 0..%d)", path, r->orig_ctx, MAX_SEQ_LEN);
+    struct { const char *name; double value, max; } params[] = { // 0 = the default
+        {"yarn_beta_fast", r->beta_fast, 1e6}, {"yarn_beta_slow", r->beta_slow, 1e6},
+        {"yarn_attn_factor", r->attn_factor, 1e3}, {"llama3_low_freq", r->low_freq, 1e6},
+        {"llama3_high_freq", r->high_freq, 1e6},
+    };
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; i++)
+        if (!(params[i].value >= 0 && params[i].value <= params[i].max))
+            return fail(err, err_len, "%s: %s=%g (expected 0 = default, or a value up to %g)", path, params[i].name,
+                        params[i].value, params[i].max);
     return 0;
 }
 
@@ -348,7 +357,11 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
     int fd = open(path, O_RDONLY);
     if (fd < 0) return fail(err, err_len, "%s: cannot open checkpoint: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return fail(err, err_len, "%s: cannot stat checkpoint: %s", path, strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
         close(fd);
         return fail(err, err_len, "%s: expected a checkpoint file, got a %s", path,
                     S_ISDIR(st.st_mode) ? "directory" : "special file");
@@ -604,6 +617,8 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
 /* Load a checkpoint, apply the RoPE overrides in *rope_override (fields < 0 or
  * NAN are "not given"), size everything for n_ctx positions (0 = seq_len)
  * with a KV cache of kv_type (KV_F32 | KV_F16).
+ * Returns 0; -1 with a message for a bad checkpoint or no memory; -2 for
+ * RoPE settings that do not fit together (bad usage: they come from flags).
  * Owns the mapping and the run state; release with free_transformer. */
 int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_override, int n_ctx, int kv_type,
                       char *err, size_t err_len) {
@@ -631,9 +646,8 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
     if (t->rope.high_freq == 0) t->rope.high_freq = 4;
     t->n_ctx = n_ctx > 0 ? n_ctx : t->config.seq_len;
     t->prerope = t->rope.se_group > 0 || (t->rope.scaling == ROPE_DYNAMIC && t->rope.dynamic_exact);
-    if (validate_rope(&t->rope, t->config.dim / t->config.n_heads, err, err_len) != 0 ||
-        build_run_state(t, err, err_len) != 0)
-        return -1;
+    if (validate_rope(&t->rope, t->config.dim / t->config.n_heads, err, err_len) != 0) return -2;
+    if (build_run_state(t, err, err_len) != 0) return -1;
     return 0;
 }
 
@@ -1354,7 +1368,8 @@ void apply_repetition_penalty(Sampler *s, float *logits, const int *history, int
  * tokens so far (prompt included), for the repetition penalty. */
 int sample(Sampler *s, float *logits, const int *history, int n) {
     apply_repetition_penalty(s, logits, history, n);
-    if (s->temperature == 0.0f) return argmax(logits, s->vocab_size);
+    int greedy = argmax(logits, s->vocab_size);
+    if (s->temperature == 0.0f) return greedy;
     for (int i = 0; i < s->vocab_size; i++) logits[i] /= s->temperature;
     softmax(logits, s->vocab_size);
 
@@ -1369,11 +1384,12 @@ int sample(Sampler *s, float *logits, const int *history, int n) {
     int truncating = s->topk > 0 || s->topp < 1.0f || s->minp > 0.0f;
     if (truncating) qsort(s->candidates, (size_t)n_cand, sizeof(ProbIndex), compare_prob_desc);
     if (s->topk > 0 && s->topk < n_cand) n_cand = s->topk;
-    if (s->topp < 1.0f) {
-        float cum = 0.0f;
+    if (s->topp < 1.0f) { // the nucleus of what top-k kept, renormalized (as HF and llama.cpp)
+        float kept = 0.0f, cum = 0.0f;
+        for (int i = 0; i < n_cand; i++) kept += s->candidates[i].prob;
         for (int i = 0; i < n_cand; i++) {
             cum += s->candidates[i].prob;
-            if (cum >= s->topp) {
+            if (cum >= s->topp * kept) {
                 n_cand = i + 1;
                 break;
             }
@@ -1387,6 +1403,9 @@ int sample(Sampler *s, float *logits, const int *history, int n) {
     }
     float total = 0.0f;
     for (int i = 0; i < n_cand; i++) total += s->candidates[i].prob;
+    // Nothing left to draw from: every probability was NaN or 0 (a temperature
+    // so small that logits / t overflowed, or non-finite logits). Be greedy.
+    if (n_cand == 0 || !(total > 0.0f) || !isfinite(total)) return greedy;
     float r = random_f32(&s->rng_state) * total, cum = 0.0f;
     for (int i = 0; i < n_cand; i++) {
         cum += s->candidates[i].prob;
@@ -1500,7 +1519,6 @@ static char *render_chat_turn(const char *system, const char *user) {
  * with BOS; the reply ends at EOS, which is fed back as the turn separator. */
 static void chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *first_user,
                  const char *system, int max_new, const char *summary) {
-    fputs(summary, stderr);
     int *history = malloc(((size_t)t->n_ctx + 1) * sizeof(int));
     char *buf = malloc(tokenizer_decode_bound(tok));
     if (!history || !buf) die(EXIT_BAD_INPUT, "out of memory");
@@ -1515,10 +1533,14 @@ static void chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, const c
         int *ids = encode_or_die(tok, turn, strlen(turn), 1, &n_turn);
         free(turn);
         if (pos + n_turn > t->n_ctx) {
+            if (pos == 0) // not even the first turn fits: the same bad input as a long prompt
+                die(EXIT_BAD_INPUT, "prompt: the first chat turn has %d tokens, the context holds %d (raise --ctx)",
+                    n_turn, t->n_ctx);
             free(ids);
             fprintf(stderr, "chat: the context of %d tokens is full (raise --ctx)\n", t->n_ctx);
             break;
         }
+        if (pos == 0) fputs(summary, stderr); // the first turn fits: inputs are good
         printf("Assistant: ");
         fflush(stdout);
         float *logits = NULL;
@@ -1907,7 +1929,7 @@ int main(int argc, char **argv) {
             if (i + 1 >= argc) die(EXIT_USAGE, "--self-extend: expected two values, G (group size) and W (window)");
             ov.se_group = (int)parse_long("--self-extend G", v, 1, 1 << 20);
             ov.se_window = (int)parse_long("--self-extend W", argv[++i], 1, MAX_SEQ_LEN);
-        }
+        } else die(EXIT_USAGE, "%s: listed in VALUED but not parsed (a bug in run.c)", a);
     }
     if (!checkpoint) {
         usage(stderr);
@@ -1927,7 +1949,8 @@ int main(int argc, char **argv) {
     char err[512];
     Transformer t;
     double t0 = now_seconds();
-    if (build_transformer(&t, checkpoint, &ov, ctx, kv_type, err, sizeof err) != 0) die(EXIT_BAD_INPUT, "%s", err);
+    int built = build_transformer(&t, checkpoint, &ov, ctx, kv_type, err, sizeof err);
+    if (built != 0) die(built == -2 ? EXIT_USAGE : EXIT_BAD_INPUT, "%s", err); // -2: RoPE settings
     const Config *c = &t.config;
     // The model summary goes to stderr once a mode has checked its inputs, so
     // that a rejected input gets a one-line message and nothing else.

@@ -448,6 +448,10 @@ static void test_loader(void) {
     good_header(h);
     put_f32(h + 56, -1.0f);
     CHECK(try_load(h, sizeof h, payload, err, sizeof err) != 0 && strstr(err, "norm_eps"), "negative eps: %s", err);
+    good_header(h);
+    put_f32(h + 92, 1e30f); // a YaRN attention factor this large turns every logit into NaN
+    CHECK(try_load(h, sizeof h, payload, err, sizeof err) != 0 && strstr(err, "yarn_attn_factor"),
+          "yarn_attn_factor 1e30: %s", err);
     put_i32(h, 0x12345678); // not our magic: read as a legacy header with absurd dims
     CHECK(try_load(h, sizeof h, payload, err, sizeof err) != 0 && strstr(err, "out of range"), "bad magic: %s", err);
 
