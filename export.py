@@ -934,6 +934,19 @@ def _integer(where, key, v, minimum=1):
     return v
 
 
+def _head_counts(where, cfg, dim_key, heads_key, kv_key):
+    """(dim, heads, kv_heads) from a source config, named by its own keys:
+    heads must divide dim and kv_heads (default: heads) must divide heads."""
+    dim, heads = cfg[dim_key], cfg[heads_key]
+    kv = cfg.get(kv_key)
+    kv = heads if kv is None else _integer(where, kv_key, kv)
+    if dim % heads:
+        raise ExportError(f"{where}: {heads_key}={heads} does not divide {dim_key}={dim}")
+    if heads % kv:
+        raise ExportError(f"{where}: {kv_key}={kv} does not divide {heads_key}={heads}")
+    return dim, heads, kv
+
+
 def _hf_token_id(where, config, key, default, notes):
     v = config.get(key)
     if v is None:
@@ -1100,14 +1113,7 @@ def hf_config(config, where="config.json"):
         if config.get(key) is None:
             raise ExportError(f"{where}: {key} is missing")
         _integer(where, key, config[key])
-    dim, heads = config["hidden_size"], config["num_attention_heads"]
-    kv = config.get("num_key_value_heads")
-    kv = heads if kv is None else _integer(where, "num_key_value_heads", kv)
-    if dim % heads:
-        raise ExportError(f"{where}: num_attention_heads={heads} does not divide hidden_size={dim}")
-    if heads % kv:
-        raise ExportError(f"{where}: num_key_value_heads={kv} does not divide "
-                          f"num_attention_heads={heads}")
+    dim, heads, kv = _head_counts(where, config, "hidden_size", "num_attention_heads", "num_key_value_heads")
     hs = dim // heads
     if config.get("head_dim") is not None and config["head_dim"] != hs:
         raise ExportError(f"{where}: head_dim={_js(config['head_dim'])} differs from hidden_size / "
@@ -1368,13 +1374,7 @@ def read_meta(directory, layout="interleaved", seq_len=None):
         if params.get(k) is None:
             raise ExportError(f"{where}: {k} is missing")
         _integer(where, k, params[k])
-    dim, heads = params["dim"], params["n_heads"]
-    kv = params.get("n_kv_heads")
-    kv = heads if kv is None else _integer(where, "n_kv_heads", kv)
-    if dim % heads:
-        raise ExportError(f"{where}: n_heads={heads} does not divide dim={dim}")
-    if heads % kv:
-        raise ExportError(f"{where}: n_kv_heads={kv} does not divide n_heads={heads}")
+    dim, heads, kv = _head_counts(where, params, "dim", "n_heads", "n_kv_heads")
 
     names = sorted(n for n in os.listdir(directory)
                    if n.startswith("consolidated.") and n.endswith(".pth"))

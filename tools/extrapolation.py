@@ -180,23 +180,29 @@ def write_outputs(results, models, out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    def decorate(ax, L, xlabel, ylabel, title):  # log2 x axis, a line at the training length
+        ax.set_xscale("log", base=2)
+        ax.axvline(L, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+
+    def finish(fig, axes, path):
+        axes[0][0].legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
     n = len(models)
     fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.5), squeeze=False)
     for ax, (name, _, _, L, _, _) in zip(axes[0], models):
         for m in METHODS:
             pts = sorted((r["ctx"], r["ppl"]) for r in results if r["model"] == name and r["method"] == m)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
-        ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.axvline(L, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("perplexity")
-        ax.set_title(f"{name}: perplexity vs context (L = {L})")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "ppl_vs_ctx.png", dpi=110)
-    plt.close(fig)
+        decorate(ax, L, "context length (tokens)", "perplexity", f"{name}: perplexity vs context (L = {L})")
+    finish(fig, axes, out / "ppl_vs_ctx.png")
 
     fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.5), squeeze=False)
     kmax = max(FACTORS)
@@ -208,16 +214,10 @@ def write_outputs(results, models, out):
             curve = smooth(hit[0]["per_position"], max(8, L // 8))
             xs = [p for p, v in enumerate(curve) if v is not None and p > 0]
             ax.plot(xs, [curve[p] for p in xs], lw=1.2, label=m)
-        ax.set_xscale("log", base=2)
-        ax.axvline(L, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel("position in the window (tokens)")
-        ax.set_ylabel(f"NLL (nats), moving average over {max(8, L // 8)} positions")
-        ax.set_title(f"{name}: NLL by position at {kmax}x (ctx {kmax * L})")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "nll_vs_position.png", dpi=110)
-    plt.close(fig)
+        decorate(ax, L, "position in the window (tokens)",
+                 f"NLL (nats), moving average over {max(8, L // 8)} positions",
+                 f"{name}: NLL by position at {kmax}x (ctx {kmax * L})")
+    finish(fig, axes, out / "nll_vs_position.png")
 
 
 def main():
