@@ -231,7 +231,11 @@ def test_ppl_at_4x_training_length_matches_reference(case, tmp_path, syn_tokeniz
 
 def test_methods_are_identity_inside_training_length(tmp_path, syn_tokenizer):
     """Dynamic NTK (both variants) and Self-Extend with W >= ctx change nothing
-    within the training length; ppl at ctx = L is bit-identical to none."""
+    within the training length: ppl at ctx = L equals none's. Methods that run
+    in blocks as none does must match bit for bit; the pre-RoPE cache (dynamic
+    exact, Self-Extend) goes one token at a time through generation's one-row
+    matmul kernel, which sums in another order: 1e-6 on NLLs of ~10 (float32
+    rounding is ~1e-7 relative), far below what any real change moves."""
     ckpt, cfg, _ = make_model(tmp_path, seed=5, dim=32, hidden_dim=48, n_layers=2, n_heads=4,
                               n_kv_heads=2, seq_len=L)
     text_file = tmp_path / "text.txt"
@@ -244,7 +248,12 @@ def test_methods_are_identity_inside_training_length(tmp_path, syn_tokenizer):
                   ["--rope-scaling", "llama3", "--rope-factor", "1"],
                   ["--rope-scaling", "linear", "--rope-factor", "1"]):
         got = run_ppl(ckpt, syn_tokenizer, text_file, L, extra=flags)
-        assert got["nll"] == base["nll"] and got["buckets"] == base["buckets"], flags
+        if "exact" in flags or "--self-extend" in flags:
+            assert abs(got["nll"] - base["nll"]) <= 1e-6, flags
+            for a, b in zip(got["buckets"], base["buckets"]):
+                assert a["tokens"] == b["tokens"] and abs(a["nll"] - b["nll"]) <= 1e-6, flags
+        else:
+            assert got["nll"] == base["nll"] and got["buckets"] == base["buckets"], flags
 
 
 def test_exact_dynamic_equals_a_full_recompute(tmp_path, syn_tokenizer):
