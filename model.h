@@ -174,22 +174,24 @@ typedef struct {
  * weight row loaded from memory then serves this many tokens. */
 #define FORWARD_BLOCK 32
 
-/* Rows of W one thread takes at a time in matmul (a multiple of both tile
- * heights in run.c): with several tokens, the chunk's rows stay in the L2
- * cache while every tile of tokens passes over them. */
+/* Rows of W one thread takes at a time in matmul (a multiple of the tile
+ * heights in run.c, 6 and 4): with several tokens, the chunk's rows stay in
+ * the cache while every tile of tokens passes over them. */
 #define ROW_CHUNK 24
 
-/* What matmul needs besides its operands when the weights are q8_0 (NULL
- * pointers for float32 weights). With one token, x is quantized into x_q and
- * x_scale and the products are int8 dot products; with several, each thread
- * dequantizes ROW_CHUNK rows at a time into its slice of w_rows and uses the
- * float kernel. */
+/* What matmul needs besides its operands (NULL pointers where unused).
+ * Several tokens (SIMD build): x is transposed into x_t, so that one load
+ * gives 8 tokens' values of one column. q8_0 weights: with one token, x is
+ * quantized into x_q and x_scale and the products are int8 dot products; with
+ * several, each thread dequantizes ROW_CHUNK rows at a time into its slice of
+ * w_rows and uses the float kernel. */
 typedef struct {
+    float *x_t;      // (max(dim, hidden_dim), B rounded up to 8) the input transposed, B > 1 only
     int8_t *x_q;     // (B, max(dim, hidden_dim)) the input, quantized
     float *x_scale;  // (B, max(dim, hidden_dim) / group_size) its scales
     float *w_rows;   // (threads, ROW_CHUNK, max(dim, hidden_dim)) dequantized rows
     int threads;     // slices in w_rows (OpenMP threads when allocated)
-} QuantScratch;
+} MatmulScratch;
 
 /* Activations for a block of B <= FORWARD_BLOCK tokens, the KV cache and the
  * RoPE table. Owned by Transformer; allocated in build_transformer, freed in
@@ -208,7 +210,7 @@ typedef struct {
     void *key_cache;    // (n_layers, n_ctx, kv_dim) float32 or IEEE half (--kv f16); keys
                         // rotated, or raw with a pre-RoPE cache
     void *value_cache;  // (n_layers, n_ctx, kv_dim) float32 or IEEE half
-    QuantScratch q8;    // matmul's scratch for q8_0 weights
+    MatmulScratch mm;   // matmul's scratch
     float *rope_cos;    // (n_ctx, rot_dim/2), multiplied by attn factor
     float *rope_sin;    // (n_ctx, rot_dim/2), multiplied by attn factor
     double *inv_freq;   // (rot_dim/2) scratch for rebuilding table rows

@@ -490,7 +490,8 @@ static void matmul_ref(double *out, const float *x, const float *w, int B, int n
  * accumulation order differs: 1e-4 relative to the output scale.
  * Shapes include edge tiles (d % 4 != 0, B % 3 != 0) and n % 8 != 0. */
 static void test_matmul_kernels(void) {
-    int shapes[][3] = {{1, 288, 36}, {5, 288, 37}, {32, 64, 16}, {7, 172, 9}, {2, 96, 5}, {3, 512, 12}};
+    int shapes[][3] = {{1, 288, 36}, {5, 288, 37}, {32, 64, 16}, {7, 172, 9}, {2, 96, 5}, {3, 512, 12},
+                       {17, 100, 30}, {32, 768, 13}};
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
         int B = shapes[c][0], n = shapes[c][1], d = shapes[c][2], gs = n % 32 == 0 ? 32 : 4;
         float *x = malloc(sizeof(float) * B * n), *w = malloc(sizeof(float) * d * n);
@@ -498,15 +499,17 @@ static void test_matmul_kernels(void) {
         float *wd = malloc(sizeof(float) * d * n), *ws = malloc(sizeof(float) * d * n / gs);
         float *xs = malloc(sizeof(float) * B * n / gs);
         int8_t *wq = malloc((size_t)d * n), *xq = malloc((size_t)B * n);
+        float *xt = malloc(sizeof(float) * n * 32); // x transposed, for blocks (the column kernel)
+        MatmulScratch fs = {.x_t = xt};
         double *ref = malloc(sizeof(double) * B * d);
         fill_randn(x, (size_t)B * n, 1.0f);
         fill_randn(w, (size_t)d * n, 1.0f);
         matmul_ref(ref, x, w, B, n, d);
         Matrix mf = {WEIGHT_F32, 0, w, NULL};
         use_simd = HAVE_SIMD;
-        matmul(simd, x, mf, B, n, d, NULL);
+        matmul(simd, x, mf, B, n, d, &fs);
         use_simd = 0;
-        matmul(port, x, mf, B, n, d, NULL);
+        matmul(port, x, mf, B, n, d, &fs);
         double worst = 0, worst_ref = 0;
         for (int i = 0; i < B * d; i++) {
             worst = fmax(worst, fabs(simd[i] - port[i]));
@@ -515,11 +518,12 @@ static void test_matmul_kernels(void) {
         CHECK(worst < 2e-4 && worst_ref < 2e-4, "f32 matmul B=%d n=%d d=%d: simd vs portable %.3g, vs double %.3g",
               B, n, d, worst, worst_ref);
         // Token b alone (generation's one-row kernel, four partial sums) gives
-        // its row of the block up to the summation order: the same 2e-4.
+        // its row of the block (one FMA chain per output) up to the summation
+        // order: the same 2e-4.
         use_simd = HAVE_SIMD;
         double worst_alone = 0;
         for (int b = 0; b < B; b++) {
-            matmul(port, x + (size_t)b * n, mf, 1, n, d, NULL);
+            matmul(port, x + (size_t)b * n, mf, 1, n, d, &fs);
             for (int i = 0; i < d; i++) worst_alone = fmax(worst_alone, fabs(port[i] - simd[(size_t)b * d + i]));
         }
         CHECK(worst_alone < 2e-4, "f32 matmul B=%d n=%d d=%d: a token alone differs from its block row by %.3g", B,
@@ -530,7 +534,7 @@ static void test_matmul_kernels(void) {
         quantize_q8(wq, ws, w, d, n, gs);
         for (size_t i = 0; i < (size_t)d * n; i++) wd[i] = wq[i] * ws[i / gs];
         Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
-        QuantScratch int8_only = {xq, xs, NULL, 0}; // no w_rows: int8 dot products for any B
+        MatmulScratch int8_only = {.x_q = xq, .x_scale = xs}; // no w_rows: int8 dot products for any B
         matmul(simd, x, mq, B, n, d, &int8_only);
         use_simd = 0;
         matmul(port, x, mq, B, n, d, &int8_only);
@@ -550,7 +554,7 @@ static void test_matmul_kernels(void) {
 #ifdef _OPENMP
             threads = omp_get_max_threads();
 #endif
-            QuantScratch full = {xq, xs, malloc(sizeof(float) * threads * ROW_CHUNK * n), threads};
+            MatmulScratch full = {xt, xq, xs, malloc(sizeof(float) * threads * ROW_CHUNK * n), threads};
             matmul(port, x, mq, B, n, d, &full);
             double worst_rows = 0;
             for (int i = 0; i < B * d; i++) worst_rows = fmax(worst_rows, fabs(port[i] - ref[i]));
@@ -558,7 +562,7 @@ static void test_matmul_kernels(void) {
                   worst_rows);
             free(full.w_rows);
         }
-        free(x), free(w), free(simd), free(port), free(wd), free(ws), free(xs), free(wq), free(xq), free(ref);
+        free(x), free(w), free(simd), free(port), free(wd), free(ws), free(xs), free(wq), free(xq), free(ref), free(xt);
     }
     // matrix_row dequantizes one row (the embedding lookup)
     int8_t q[8] = {1, -2, 3, -4, 127, 0, -127, 5};
