@@ -704,24 +704,52 @@ void rmsnorm(float *out, const float *x, const float *w, int B, int n, float eps
  *   kv_dot(q, cache, type, off, n)    q . cache[off .. off+n)
  *   kv_scores(out, q, cache, type, off, stride, m, n)   out[j] = q . (row j of m rows `stride` apart)
  *   kv_axpy(out, a, cache, type, off, n)    out += a * cache[off .. off+n)
- *   kv_axpy4(out, a, cache, type, off, stride, n)   the same for four rows at once */
+ *   kv_axpy4(out, a, cache, type, off, stride, n)   the same for four rows at once
+ *   attention_block(...)   attention below for a block, as matrix products; 0 when
+ *                          it does not apply (no SIMD, head_size % 8 != 0) */
 void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const MatmulScratch *q);
 static inline float kv_dot(const float *q, const void *cache, int kv_type, size_t offset, int n);
 static void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_t offset, int stride,
                       int n_keys, int n);
+static int attention_block(float *out, const float *q, const float *keys, const float *values, float *att,
+                           float *q_t, int B, int pos0, int n_heads, int n_kv_heads, int head_size, int n_ctx);
 static inline void kv_axpy(float *out, float a, const void *cache, int kv_type, size_t offset, int n);
 static inline void kv_axpy4(float *out, const float *a, const void *cache, int kv_type, size_t offset, int stride,
                             int n);
+
+/* e^x for softmax and SiLU, written so that loops calling it vectorize (libm's
+ * expf is one call per element: 12% of a prompt's instructions).
+ *   e^x = 2^n * e^r,  n = round(x / ln 2),  r = x - n ln 2 in [-ln2/2, ln2/2]
+ * e^r by its Taylor series to r^7 (truncation < 1e-8 relative); ln 2 split in
+ * two (Cody and Waite) so that n ln 2 is exact enough; 2^n built in the
+ * exponent bits. Within 2 ulp of expf (the tests check). Below -87.3 it
+ * returns 0 (no subnormals), above 88.3 infinity; NaN stays NaN. */
+static inline float exp_fast(float x) {
+    float c = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x; // n stays in [-126, 127]
+    float t = c * 1.44269504f + 12582912.0f;                // 1.5 * 2^23: t's last bits hold n
+    float n = t - 12582912.0f;
+    float r = (c - n * 0.693359375f) - n * -2.12194440e-4f; // ln 2 = 0.693359375 - 2.12194440e-4
+    float p = 1.0f / 5040;
+    p = p * r + 1.0f / 720, p = p * r + 1.0f / 120, p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6, p = p * r + 0.5f, p = p * r + 1.0f, p = p * r + 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits - 0x4B400000u + 127u) << 23; // 2^n: bits(t) = bits(1.5 * 2^23) + n
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return x < -87.3f ? 0.0f : x > 88.3f ? INFINITY : p * two_n;
+}
 
 /* x = exp(x - max) / sum(exp(x - max))          x: (n), in place.
  * Subtracting the max changes nothing mathematically and keeps exp() finite. */
 void softmax(float *x, int n) {
     float max = x[0];
-    for (int i = 1; i < n; i++)
-        if (x[i] > max) max = x[i];
+#pragma omp simd reduction(max : max)
+    for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
     float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
     for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
+        x[i] = exp_fast(x[i] - max);
         sum += x[i];
     }
     for (int i = 0; i < n; i++) x[i] /= sum;
@@ -778,12 +806,17 @@ void attention_head(float *out, const float *q, const float *q_far, int n_far, c
  * row b attends to cached positions 0..pos0+b. (row, head) pairs are split
  * across threads. Query head h reads kv head h / kv_mul (kv_mul = n_heads /
  * n_kv_heads): the contiguous grouping of GQA/MQA, as in HF's repeat_kv.
+ * A block (B > 1) with a float32 cache computes the same as two matrix
+ * products per head, Q K^T and P V (attention_block, section 4b).
  * out, q: (B, n_heads, head_size); q_far: (n_heads, head_size), B = 1 only;
  * keys, values: one layer's (n_ctx, kv_dim), of key_type / value_type;
- * att: (B, n_heads, n_ctx) scratch. */
+ * att: (B, n_heads, n_ctx) scratch; q_t: (dim, 32) scratch, or NULL. */
 void attention(float *out, const float *q, const float *q_far, int n_far, const void *keys, int key_type,
-               const void *values, int value_type, float *att, int B, int pos0, int n_heads, int n_kv_heads,
-               int head_size, int n_ctx) {
+               const void *values, int value_type, float *att, float *q_t, int B, int pos0, int n_heads,
+               int n_kv_heads, int head_size, int n_ctx) {
+    if (B > 1 && key_type == KV_F32 && value_type == KV_F32 && q_t &&
+        attention_block(out, q, keys, values, att, q_t, B, pos0, n_heads, n_kv_heads, head_size, n_ctx))
+        return;
     int kv_mul = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_size;
     int bh;
 #pragma omp parallel for private(bh) if ((long)B * n_heads * head_size * (pos0 + B) >= PARALLEL_MIN_WORK)
@@ -820,7 +853,7 @@ void rotate_cached_keys(float *key_rot, const void *keys, int pos, const Transfo
 void swiglu(float *hb, const float *hb2, int n) {
     for (int i = 0; i < n; i++) {
         float g = hb[i];
-        hb[i] = g / (1.0f + expf(-g)) * hb2[i];
+        hb[i] = g / (1.0f + exp_fast(-g)) * hb2[i];
     }
 }
 
@@ -987,23 +1020,25 @@ static float hsum_avx(__m256 v) { // the 8 lanes of v added
 }
 
 /* dot_tile_f32_c for R <= 6 rows and up to 8J tokens (J <= 2, R and J
- * constants), with x given transposed: xt[k * ldx + t] = x_t[k], the block's
- * tokens side by side (zero-padded to a multiple of 8). For each column k, one
+ * constants), with x given transposed: xt[k * ldx + t] = x_t[k], the tokens
+ * side by side. Row r of W starts at w + r * ldw. For each column k, one
  * broadcast of w_r[k] per row meets one load of 8 tokens' x values: 12 sums of
  * 8 tokens each + 2 x vectors + 1 broadcast = 15 of the 16 AVX2 registers, and
  * no horizontal sums. Each output is one FMA chain over k in order, so it is
  * the same whatever the tile, B or the thread count. Only the first T tokens
- * are stored (the rest is padding). Measured against a 3 x 4 dot-product tile
- * (horizontal sums at the end): 1.3-1.45x the FLOP/s on 15M-shaped blocks. */
-static inline __attribute__((always_inline)) void cols_tile_f32_avx(float *out, int ldo, const float *w, int n,
-                                                                   const float *xt, int ldx, int R, int J, int T) {
+ * are stored (the rest is padding): out[t * ldo + r], or out[r * ldo + t]
+ * when by_rows. Measured against a 3 x 4 dot-product tile (horizontal sums
+ * at the end): 1.65x the prefill rate of a 15M-shaped model. */
+static inline __attribute__((always_inline)) void cols_tile_f32_avx(float *out, int ldo, int by_rows, const float *w,
+                                                                   int ldw, int n, const float *xt, int ldx, int R,
+                                                                   int J, int T) {
     __m256 acc[6][2];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < J; j++) acc[r][j] = _mm256_setzero_ps();
     for (int k = 0; k < n; k++) {
         __m256 x0 = _mm256_loadu_ps(xt + (size_t)k * ldx), x1 = J > 1 ? _mm256_loadu_ps(xt + (size_t)k * ldx + 8) : x0;
         for (int r = 0; r < R; r++) {
-            __m256 wr = _mm256_broadcast_ss(w + (size_t)r * n + k);
+            __m256 wr = _mm256_broadcast_ss(w + (size_t)r * ldw + k);
             acc[r][0] = _mm256_fmadd_ps(wr, x0, acc[r][0]);
             if (J > 1) acc[r][1] = _mm256_fmadd_ps(wr, x1, acc[r][1]);
         }
@@ -1013,23 +1048,28 @@ static inline __attribute__((always_inline)) void cols_tile_f32_avx(float *out, 
     for (int r = 0; r < R; r++)
         for (int j = 0; j < J; j++) _mm256_storeu_ps(&tile[r][8 * j], acc[r][j]);
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = tile[r][t];
+        for (int t = 0; t < T; t++) out[by_rows ? (size_t)r * ldo + t : (size_t)t * ldo + r] = tile[r][t];
 }
 
-/* out[t * ldo + r] = w_r . x_t for the rows w_r of W (rows, n) and the B
- * tokens in xt (n, ldx): tiles of 6 rows x 16 tokens. */
-static void cols_f32(float *out, int ldo, const float *w, int rows, int n, const float *xt, int ldx, int B) {
+/* out[t * ldo + r] (or out[r * ldo + t] when by_rows) = w_r . x_t for the
+ * rows w_r of W (rows, n; row r at w + r * ldw) and the B tokens of xt
+ * (n, ldx; B <= ldx, padded to a multiple of 8): tiles of 6 rows x 16 tokens. */
+static void cols_f32(float *out, int ldo, int by_rows, const float *w, int ldw, int rows, int n, const float *xt,
+                     int ldx, int B) {
     for (int i = 0; i < rows; i += 6)
         for (int b = 0; b < B; b += 16) {
-            float *o = out + (size_t)b * ldo + i;
-            const float *wi = w + (size_t)i * n, *x = xt + b;
+            float *o = out + (by_rows ? (size_t)i * ldo + b : (size_t)b * ldo + i);
+            size_t next_row = by_rows ? (size_t)ldo : 1; // o's step from row r to r + 1
+            const float *wi = w + (size_t)i * ldw, *x = xt + b;
             int T = B - b < 16 ? B - b : 16;
-            if (rows - i >= 6 && T > 8) cols_tile_f32_avx(o, ldo, wi, n, x, ldx, 6, 2, T);
-            else if (rows - i >= 6) cols_tile_f32_avx(o, ldo, wi, n, x, ldx, 6, 1, T);
+            if (rows - i >= 6 && T > 8) cols_tile_f32_avx(o, ldo, by_rows, wi, ldw, n, x, ldx, 6, 2, T);
+            else if (rows - i >= 6) cols_tile_f32_avx(o, ldo, by_rows, wi, ldw, n, x, ldx, 6, 1, T);
             else
-                for (int r = 0; r < rows - i; r++) { // the chunk's last rows, one at a time
-                    if (T > 8) cols_tile_f32_avx(o + r, ldo, wi + (size_t)r * n, n, x, ldx, 1, 2, T);
-                    else cols_tile_f32_avx(o + r, ldo, wi + (size_t)r * n, n, x, ldx, 1, 1, T);
+                for (int r = 0; r < rows - i; r++) { // the last rows, one at a time
+                    float *orow = o + r * next_row;
+                    const float *wr = wi + (size_t)r * ldw;
+                    if (T > 8) cols_tile_f32_avx(orow, ldo, by_rows, wr, ldw, n, x, ldx, 1, 2, T);
+                    else cols_tile_f32_avx(orow, ldo, by_rows, wr, ldw, n, x, ldx, 1, 1, T);
                 }
         }
 }
@@ -1170,6 +1210,47 @@ static void kv_scores(float *out, const float *q, const void *cache, int kv_type
     for (; j < n_keys; j++) out[j] = kv_dot(q, cache, kv_type, offset + (size_t)j * stride, n);
 }
 
+/* attention (section 4) for a block of B > 1 tokens at positions
+ * pos0..pos0+B-1 with a float32 cache, as matrix products per head h:
+ *   S = Q_h K_h^T * scale        (B, T), T = pos0 + B keys
+ *   P = softmax of each row b over t <= pos0 + b, the masked entries 0
+ *   out_h = P V_h                (B, head_size)
+ * Both products go through the column kernel: a key, once loaded, serves 16
+ * queries, and a row of P 16 output dims; one thread per head. Results equal
+ * the one-token path up to float summation order. Returns 0 (nothing done)
+ * without SIMD or when head_size is not a multiple of 8.
+ * q_t: (n_heads, head_size, B rounded up to 8) scratch, the queries transposed. */
+static int attention_block(float *out, const float *q, const float *keys, const float *values, float *att,
+                           float *q_t, int B, int pos0, int n_heads, int n_kv_heads, int head_size, int n_ctx) {
+#if HAVE_SIMD
+    if (!use_simd || head_size % 8 != 0) return 0;
+    int kv_mul = n_heads / n_kv_heads, kv_dim = n_kv_heads * head_size, dim = n_heads * head_size;
+    int T = pos0 + B, ldq = (B + 7) / 8 * 8, lds = n_heads * n_ctx, h; // lds: S's row stride in att
+    float scale = 1.0f / sqrtf((float)head_size);
+#pragma omp parallel for private(h) if ((long)B * dim * T >= PARALLEL_MIN_WORK)
+    for (h = 0; h < n_heads; h++) {
+        float *qt = q_t + (size_t)h * head_size * ldq, *S = att + (size_t)h * n_ctx;
+        size_t kv_offset = (size_t)(h / kv_mul) * head_size;
+        for (int i = 0; i < head_size; i++) // qt[i][b] = q[b][h][i], padded with zeros
+            for (int b = 0; b < ldq; b++) qt[(size_t)i * ldq + b] = b < B ? q[(size_t)b * dim + h * head_size + i] : 0;
+        cols_f32(S, lds, 0, keys + kv_offset, kv_dim, T, head_size, qt, ldq, B); // S[b][t] = q_b . k_t
+        for (int b = 0; b < B; b++) {
+            float *row = S + (size_t)b * lds;
+            int n = pos0 + b + 1; // keys row b may see
+            for (int t = 0; t < n; t++) row[t] *= scale;
+            softmax(row, n);
+            for (int t = n; t < T; t++) row[t] = 0.0f;
+        }
+        cols_f32(out + h * head_size, dim, 1, S, lds, B, T, values + kv_offset, kv_dim, head_size); // P V
+    }
+    return 1;
+#else
+    (void)out, (void)q, (void)keys, (void)values, (void)att, (void)q_t, (void)B, (void)pos0, (void)n_heads;
+    (void)n_kv_heads, (void)head_size, (void)n_ctx;
+    return 0;
+#endif
+}
+
 /* --------------------------------------------------------------------------
  * matmul and the weight types
  * -------------------------------------------------------------------------- */
@@ -1275,7 +1356,7 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
         }
 #if HAVE_SIMD
         if (by_columns) {
-            cols_f32(out + start, d, rows, end - start, n, q->x_t, ldx, B);
+            cols_f32(out + start, d, 0, rows, n, end - start, n, q->x_t, ldx, B);
             continue;
         }
 #endif
@@ -1365,7 +1446,7 @@ float *forward_block(Transformer *t, const int *tokens, int B, int pos0, int log
             rotate_cached_keys(s->key_rot, keys, pos0, t);
             scored_keys = s->key_rot, key_type = KV_F32;
         }
-        attention(s->xb, s->q, s->q_group, n_far, scored_keys, key_type, values, t->kv_type, s->att, B, pos0,
+        attention(s->xb, s->q, s->q_group, n_far, scored_keys, key_type, values, t->kv_type, s->att, s->mm.x_t, B, pos0,
                   c->n_heads, c->n_kv_heads, head_size, t->n_ctx);     // (B, dim)
         project(s, s->xb2, s->xb, w->wo, l, B, dim, dim);                  // (B, dim)
         residual_add(s->x, s->xb2, B * dim);
