@@ -1140,21 +1140,35 @@ static inline __attribute__((always_inline)) void dot_tile_q8_avx(float *out, in
         for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = hsum_avx(acc[r][t]);
 }
 
-/* dot_tile_q8_c for one row and one token (generation), gs a multiple of 32:
- * two 32-value blocks per step into two float sums, so that the two
- * conversions and FMAs of a step do not wait for each other. */
-static void dot_q8_avx(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n,
-                       int gs) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    for (int i = 0; i < n; i += 64) {
+/* The int32 sums of w[i] * x[i] over one group of gs int8 values (gs a
+ * multiple of 32), in 8 lanes: as in dot_tile_q8_avx below. */
+static inline __m256i group_dot_i8_avx(const int8_t *w, const int8_t *x, int gs) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int i = 0; i < gs; i += 32) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x + i)), wv = _mm256_loadu_si256((const __m256i *)(w + i));
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv)), ones);
-        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ws[i / gs] * xs[i / gs]), acc0);
-        if (i + 32 >= n) break;
-        xv = _mm256_loadu_si256((const __m256i *)(x + i + 32)), wv = _mm256_loadu_si256((const __m256i *)(w + i + 32));
-        p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv)), ones);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ws[(i + 32) / gs] * xs[(i + 32) / gs]), acc1);
+        __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+    }
+    return isum;
+}
+
+/* dot_tile_q8_c for one row and one token (generation), gs a multiple of 32:
+ * two groups per step into two float sums, so that the conversions and FMAs
+ * of consecutive groups do not wait for each other. Called with gs = 32 as
+ * a constant when it is (the default), so the group loop disappears. */
+static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n,
+                       int gs) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int groups = n / gs, g = 0;
+    for (; g + 2 <= groups; g += 2) {
+        __m256i s0 = group_dot_i8_avx(w + (size_t)g * gs, x + (size_t)g * gs, gs);
+        __m256i s1 = group_dot_i8_avx(w + (size_t)(g + 1) * gs, x + (size_t)(g + 1) * gs, gs);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(ws[g] * xs[g]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(ws[g + 1] * xs[g + 1]), acc1);
+    }
+    if (g < groups) {
+        __m256i s0 = group_dot_i8_avx(w + (size_t)g * gs, x + (size_t)g * gs, gs);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(ws[g] * xs[g]), acc0);
     }
     *out = hsum_avx(_mm256_add_ps(acc0, acc1));
 }
@@ -1189,6 +1203,7 @@ static void dot_tile_q8(float *out, int ldo, const int8_t *w, const float *ws, c
             const float *wsr = ws + (size_t)r * (n / gs);
             if (step == 4) dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 4, 2, n, gs);
             else if (T == 2) dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 1, 2, n, gs);
+            else if (gs == 32) dot_q8_avx(o, wr, wsr, x, xs, n, 32);
             else dot_q8_avx(o, wr, wsr, x, xs, n, gs);
         }
         return;
