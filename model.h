@@ -186,7 +186,8 @@ typedef struct {
  * several, each thread dequantizes ROW_CHUNK rows at a time into its slice of
  * w_rows and uses the float kernel. */
 typedef struct {
-    float *x_t;      // (max(dim, hidden_dim), B rounded up to 8) the input transposed, B > 1 only
+    float *x_t;      // (max(dim, hidden_dim), B rounded up to 8) the input transposed, B > 1 only;
+                     // attention's block path uses it for the queries transposed
     int8_t *x_q;     // (B, max(dim, hidden_dim)) the input, quantized
     float *x_scale;  // (B, max(dim, hidden_dim) / group_size) its scales
     float *w_rows;   // (threads, ROW_CHUNK, max(dim, hidden_dim)) dequantized rows

@@ -15,9 +15,12 @@ What it does:
        prompt      = (P - 1) / (time with a P-token prompt - time with a
                      one-token prompt), -n 1
      each repeated --reps times at every thread count (--threads N);
-  3. prints medians with min-max, peak resident memory (the -n 201 runs), and
-     the ratio to the reference figures measured on the same machine kind
-     (llama2.c run/runq, llama.cpp f32/q8_0; see REFERENCE).
+  3. prints medians with min-max, peak resident memory (the -n 201 runs), the
+     weight bytes generation streams per second (tok/s x checkpoint size: every
+     weight is read once per token) next to this machine's read bandwidth
+     (numpy max over 256 MiB, one thread), and the ratio to the reference
+     figures measured on the same machine kind (llama2.c run/runq, llama.cpp
+     f32/q8_0; see REFERENCE).
 
 It is a benchmark, not a test: it exits 0 whatever the numbers are, and a
 failed run is reported in the table instead of stopping the benchmark. On a
@@ -159,7 +162,7 @@ def main(argv=None):
                             pp.append((n_prompt - 1) / (tp - t1))
                         mem.append(m)
                     row = dict(shape=shape, dtype=dtype, threads=threads, gen=stats(gen), prompt=stats(pp),
-                               mem=stats(mem), n_prompt=n_prompt)
+                               mem=stats(mem), n_prompt=n_prompt, bytes=os.path.getsize(ckpt))
                     rows.append(row)
                     print(f"bench: {shape} {dtype} {threads} thread(s): gen {fmt(row['gen'])}, "
                           f"prompt {fmt(row['prompt'])} tok/s", file=sys.stderr)
@@ -172,9 +175,11 @@ def main(argv=None):
 def report(rows, a):
     print(f"\nrun benchmark: {a.reps} repetitions, median (min-max) tokens/s; generation = "
           f"{a.gen_tokens} tokens (--ignore-eos), prompt = {rows[0]['n_prompt'] if rows else '?'} tokens")
-    print(f"machine: {machine()}\n")
-    head = (f"{'shape':5} {'weights':7} {'thr':>3} | {'generation':>20} {'prompt':>22} {'peak MiB':>9} | "
-            f"{'gen/llama2.c':>12} {'gen/llama.cpp':>13} {'prompt/llama.cpp':>16} | target")
+    print(f"machine: {machine()}")
+    print(f"read bandwidth: {read_bandwidth():.1f} GB/s (numpy max over 256 MiB, one thread, best of 5); "
+          "gen GB/s = generation tok/s x checkpoint bytes\n")
+    head = (f"{'shape':5} {'weights':7} {'thr':>3} | {'generation':>20} {'gen GB/s':>8} {'prompt':>22} "
+            f"{'peak MiB':>9} | {'gen/llama2.c':>12} {'gen/llama.cpp':>13} {'prompt/llama.cpp':>16} | target")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -193,10 +198,25 @@ def report(rows, a):
             if not q8:
                 target += f", prompt >= {tpp}: {'yes' if pp and pp >= tpp else 'no'}"
         mem = f"{r['mem'][0]:9.0f}" if r["mem"] else f"{'-':>9}"
-        print(f"{r['shape']:5} {r['dtype']:7} {r['threads']:>3} | {fmt(r['gen']):>20} {fmt(r['prompt']):>22} "
+        gbs = f"{g * r['bytes'] / 1e9:8.1f}" if g else f"{'-':>8}"
+        print(f"{r['shape']:5} {r['dtype']:7} {r['threads']:>3} | {fmt(r['gen']):>20} {gbs} {fmt(r['prompt']):>22} "
               f"{mem} | {ratio(g, l2c):>12} {ratio(g, lcpp_gen):>13} {ratio(pp, lcpp_pp):>16} | {target}")
     print("\nReference (issue): llama2.c run/runq and llama.cpp f32/q8_0 on a 2-core AMD EPYC Zen 4; "
           "gen/llama2.c compares f32 with run and q8_0 with runq.")
+
+
+def read_bandwidth():
+    """GB/s of one thread reading memory: numpy takes the max of a 256 MiB
+    float32 array (far larger than the caches), best of 5. Generation with float32 weights
+    reads every weight once per token, so this bounds its tokens/s."""
+    import numpy as np
+    a = np.ones(64 << 20, dtype=np.float32)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        a.max()
+        best = min(best, time.perf_counter() - start)
+    return a.nbytes / best / 1e9
 
 
 def machine():
