@@ -13,12 +13,14 @@ PYTHON ?= /usr/bin/python3
 #   -fopenmp       split matmul rows and attention heads over threads
 #                  (OMP_NUM_THREADS); without it the pragmas are ignored
 #   -std=c11 -Wall -Wextra   standard C, and the common warnings
-#   -fno-trapping-math       the program never reads floating-point exception
-#                  flags, so GCC may turn float selects into SIMD blends (the
-#                  clamps in exp_fast; without it softmax stays scalar)
+#   -fno-trapping-math       (FP) the program never reads floating-point
+#                  exception flags, so GCC may turn float selects into SIMD
+#                  blends (the clamps in exp_fast; without it softmax and SiLU
+#                  stay scalar)
 OPT ?= -O3 -march=native
 OMP ?= -fopenmp
-WARN = -std=c11 -Wall -Wextra -fno-trapping-math
+WARN = -std=c11 -Wall -Wextra
+FP = -fno-trapping-math
 LDLIBS = -lm
 SRC = run.c tokenizer.c
 HDR = model.h
@@ -52,19 +54,20 @@ run: build
 # ./run is rebuilt on every call (about a second): `make run` must stay the
 # phony "build and generate" target, so the binary has no file rule of its own.
 build:
-	$(CC) $(OPT) $(OMP) $(WARN) -o run $(SRC) $(LDLIBS)
+	$(CC) $(OPT) $(FP) $(OMP) $(WARN) -o run $(SRC) $(LDLIBS)
 
 portable:
-	$(CC) -O2 $(OMP) $(WARN) -o run $(SRC) $(LDLIBS)
+	$(CC) -O2 $(FP) $(OMP) $(WARN) -o run $(SRC) $(LDLIBS)
 
 # C unit tests #include the sources under -DTESTING (no main from run.c; the
 # mode functions that only main calls are then unused, hence the -Wno).
 TWARN = $(WARN) -Wno-unused-function
 # test_run is built with $(OPT) like ./run, so on an AVX2 machine it compares
-# the SIMD kernels with the portable ones; the sanitizer build below has no
-# -march and tests the portable kernels alone.
+# the SIMD kernels with the portable ones; `make sanitize` builds it twice,
+# without -march (the portable kernels alone) and with -march=native (the SIMD
+# kernels, on a machine that has AVX2).
 tests/test_run: tests/test_run.c $(SRC) $(HDR)
-	$(CC) $(OPT) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c tokenizer.c $(LDLIBS)
+	$(CC) $(OPT) $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c tokenizer.c $(LDLIBS)
 tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/test_tokenizer.c $(LDLIBS)
 tests/tok_driver: tests/tok_driver.c tokenizer.c $(HDR)
@@ -75,10 +78,12 @@ test-c: tests/test_run tests/test_tokenizer
 	./tests/test_tokenizer
 
 sanitize:
-	$(CC) $(SAN) $(OMP) $(TWARN) -I. -o tests/test_run-san tests/test_run.c tokenizer.c $(LDLIBS)
+	$(CC) $(SAN) $(FP) $(OMP) $(TWARN) -I. -o tests/test_run-san tests/test_run.c tokenizer.c $(LDLIBS)
+	$(CC) $(SAN) $(FP) -march=native $(OMP) $(TWARN) -I. -o tests/test_run-san-simd tests/test_run.c tokenizer.c $(LDLIBS)
 	$(CC) $(SAN) $(WARN) -I. -o tests/test_tokenizer-san tests/test_tokenizer.c $(LDLIBS)
-	$(CC) $(SAN) $(OMP) $(WARN) -o run-san $(SRC) $(LDLIBS)
+	$(CC) $(SAN) $(FP) $(OMP) $(WARN) -o run-san $(SRC) $(LDLIBS)
 	./tests/test_run-san
+	./tests/test_run-san-simd
 	./tests/test_tokenizer-san
 	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_modes.py tests/test_loader.py
 
@@ -100,5 +105,5 @@ bench: build
 	$(PYTHON) tools/bench.py $(BENCH_ARGS)
 
 clean:
-	rm -f run run-san tests/test_run tests/test_tokenizer tests/tok_driver tests/*-san
+	rm -f run run-san tests/test_run tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd
 	rm -rf tests/__pycache__ .pytest_cache

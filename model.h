@@ -175,7 +175,7 @@ typedef struct {
 #define FORWARD_BLOCK 32
 
 /* Rows of W one thread takes at a time in matmul (a multiple of the tile
- * heights in run.c, 6 and 4): with several tokens, the chunk's rows stay in
+ * heights in run.c: 6, 4 and 3): with several tokens, the chunk's rows stay in
  * the cache while every tile of tokens passes over them. */
 #define ROW_CHUNK 24
 

@@ -744,7 +744,6 @@ static inline float exp_fast(float x) {
  * Subtracting the max changes nothing mathematically and keeps exp() finite. */
 void softmax(float *x, int n) {
     float max = x[0];
-#pragma omp simd reduction(max : max)
     for (int i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -810,7 +809,8 @@ void attention_head(float *out, const float *q, const float *q_far, int n_far, c
  * products per head, Q K^T and P V (attention_block, section 4b).
  * out, q: (B, n_heads, head_size); q_far: (n_heads, head_size), B = 1 only;
  * keys, values: one layer's (n_ctx, kv_dim), of key_type / value_type;
- * att: (B, n_heads, n_ctx) scratch; q_t: (dim, 32) scratch, or NULL. */
+ * att: (B, n_heads, n_ctx) scratch; q_t: (dim, B rounded up to 8) scratch for
+ * the block path, or NULL (then every B takes the per-(token, head) path). */
 void attention(float *out, const float *q, const float *q_far, int n_far, const void *keys, int key_type,
                const void *values, int value_type, float *att, float *q_t, int B, int pos0, int n_heads,
                int n_kv_heads, int head_size, int n_ctx) {
@@ -1141,7 +1141,7 @@ static inline __attribute__((always_inline)) void dot_tile_q8_avx(float *out, in
 }
 
 /* The int32 sums of w[i] * x[i] over one group of gs int8 values (gs a
- * multiple of 32), in 8 lanes: as in dot_tile_q8_avx below. */
+ * multiple of 32), in 8 lanes: as in dot_tile_q8_avx above. */
 static inline __m256i group_dot_i8_avx(const int8_t *w, const int8_t *x, int gs) {
     __m256i isum = _mm256_setzero_si256();
     for (int i = 0; i < gs; i += 32) {
@@ -1156,8 +1156,8 @@ static inline __m256i group_dot_i8_avx(const int8_t *w, const int8_t *x, int gs)
  * two groups per step into two float sums, so that the conversions and FMAs
  * of consecutive groups do not wait for each other. Called with gs = 32 as
  * a constant when it is (the default), so the group loop disappears. */
-static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n,
-                       int gs) {
+static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const int8_t *w, const float *ws,
+                                                            const int8_t *x, const float *xs, int n, int gs) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     int groups = n / gs, g = 0;
     for (; g + 2 <= groups; g += 2) {
@@ -1342,8 +1342,8 @@ static void transpose_block(float *xt, const float *x, int B, int ldx, int n) {
 }
 
 /* out = x @ W^T        x (B, n), W (d, n) -> out (B, d)
- * W is float32 or q8_0 (see q8_dequantize_rows). q: scratch (NULL allowed:
- * then blocks use the dot-product tiles). Chunks of ROW_CHUNK rows are split
+ * W is float32 or q8_0 (see q8_dequantize_rows). q: scratch (NULL allowed,
+ * for tests: blocks then take the slow portable tiles). Chunks of ROW_CHUNK rows are split
  * across threads; a chunk, once loaded, serves all B tokens. Each output is
  * computed by the same code whatever the thread count. */
 void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const MatmulScratch *q) {
@@ -1461,8 +1461,9 @@ float *forward_block(Transformer *t, const int *tokens, int B, int pos0, int log
             rotate_cached_keys(s->key_rot, keys, pos0, t);
             scored_keys = s->key_rot, key_type = KV_F32;
         }
-        attention(s->xb, s->q, s->q_group, n_far, scored_keys, key_type, values, t->kv_type, s->att, s->mm.x_t, B, pos0,
-                  c->n_heads, c->n_kv_heads, head_size, t->n_ctx);     // (B, dim)
+        // (B, dim); matmul's transposed-input scratch doubles as the queries' (q_t)
+        attention(s->xb, s->q, s->q_group, n_far, scored_keys, key_type, values, t->kv_type, s->att, s->mm.x_t, B,
+                  pos0, c->n_heads, c->n_kv_heads, head_size, t->n_ctx);
         project(s, s->xb2, s->xb, w->wo, l, B, dim, dim);                  // (B, dim)
         residual_add(s->x, s->xb2, B * dim);
 

@@ -564,12 +564,67 @@ static void test_matmul_kernels(void) {
         }
         free(x), free(w), free(simd), free(port), free(wd), free(ws), free(xs), free(wq), free(xq), free(ref), free(xt);
     }
+    // q8_0 generation kernel (one token) with group sizes other than 32:
+    // SIMD against portable, the same 1e-4 relative to the output scale.
+    for (int gs = 64; gs <= 128; gs *= 2) {
+        int n = 256, d = 7;
+        float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * d * n);
+        float *ws = malloc(sizeof(float) * d * n / gs), *xs = malloc(sizeof(float) * n / gs), simd[7], port[7];
+        int8_t *wq = malloc((size_t)d * n), *xq = malloc((size_t)n);
+        fill_randn(x, (size_t)n, 1.0f);
+        fill_randn(w, (size_t)d * n, 1.0f);
+        quantize_q8(wq, ws, w, d, n, gs);
+        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+        MatmulScratch int8_only = {.x_q = xq, .x_scale = xs};
+        matmul(simd, x, mq, 1, n, d, &int8_only);
+        use_simd = 0;
+        matmul(port, x, mq, 1, n, d, &int8_only);
+        use_simd = HAVE_SIMD;
+        double worst = 0;
+        for (int i = 0; i < d; i++) worst = fmax(worst, fabs(simd[i] - port[i]));
+        CHECK(worst < 1e-4 * sqrt((double)n), "q8_0 one-token matmul gs=%d: simd vs portable %.3g", gs, worst);
+        free(x), free(w), free(ws), free(xs), free(wq), free(xq);
+    }
     // matrix_row dequantizes one row (the embedding lookup)
     int8_t q[8] = {1, -2, 3, -4, 127, 0, -127, 5};
     float sc[2] = {0.5f, 2.0f}, row[4];
     matrix_row(row, (Matrix){WEIGHT_Q8_0, 4, q, sc}, 1, 4);
     CHECK(row[0] == 254 && row[1] == 0 && row[2] == -254 && row[3] == 10, "matrix_row q8_0: %g %g %g %g", row[0],
           row[1], row[2], row[3]);
+}
+
+/* attention for a block (B > 1, float32 cache: attention_block, two matrix
+ * products per head) against the per-(token, head) path (q_t = NULL): head
+ * sizes 8, 24, 64 (one and two 8-wide vectors in P V's last tile), MHA, GQA
+ * and MQA, B with and without a multiple of 8, blocks at the start and at the
+ * end of the cache (buffers of exactly n_ctx rows, so the sanitizer build
+ * with -march=native catches a read past them). Without SIMD both calls take
+ * the same path. Tolerance: the same sums in another order over <= 80 keys of
+ * unit-scale values: 1e-5 absolute. */
+static void test_attention_block(void) {
+    int head_sizes[] = {8, 24, 64}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 9, 17, 32}, n_ctx = 80;
+    double worst = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 4; k++)
+                for (int at_end = 0; at_end < 2; at_end++) {
+                    int hs = head_sizes[i], nh = heads[j][0], nkv = heads[j][1], B = blocks[k];
+                    int dim = nh * hs, kv_dim = nkv * hs, pos0 = at_end ? n_ctx - B : 5;
+                    float *q = malloc(sizeof(float) * B * dim), *keys = malloc(sizeof(float) * n_ctx * kv_dim);
+                    float *values = malloc(sizeof(float) * n_ctx * kv_dim);
+                    float *att = malloc(sizeof(float) * B * nh * n_ctx);
+                    float *block = malloc(sizeof(float) * B * dim), *single = malloc(sizeof(float) * B * dim);
+                    float *q_t = malloc(sizeof(float) * dim * 32);
+                    fill_randn(q, (size_t)B * dim, 1.0f);
+                    fill_randn(keys, (size_t)n_ctx * kv_dim, 1.0f);
+                    fill_randn(values, (size_t)n_ctx * kv_dim, 1.0f);
+                    attention(block, q, NULL, 0, keys, KV_F32, values, KV_F32, att, q_t, B, pos0, nh, nkv, hs, n_ctx);
+                    attention(single, q, NULL, 0, keys, KV_F32, values, KV_F32, att, NULL, B, pos0, nh, nkv, hs,
+                              n_ctx);
+                    for (int e = 0; e < B * dim; e++) worst = fmax(worst, fabs(block[e] - single[e]));
+                    free(q), free(keys), free(values), free(att), free(block), free(single), free(q_t);
+                }
+    CHECK(worst < 1e-5, "attention: block path vs per-(token, head) path differ by %.3g (expected < 1e-5)", worst);
 }
 
 /* exp_fast against libm's expf: 2 ulp (2.4e-7 relative) over its range, on a
@@ -725,6 +780,7 @@ int main(void) {
     test_matmul_kernels();
     test_attention_scores();
     test_exp_fast();
+    test_attention_block();
     test_half();
     test_block_prefill();
     printf("run: %d passed, %d failed (SIMD kernels %s)\n", n_pass, n_fail,
