@@ -1206,6 +1206,19 @@ def _shape_checked(t, shape, where_name):
     return t
 
 
+def _source_file(directory, layout, name, expected_dir, expected_in):
+    """The path of `name` inside a source model directory, after checking the
+    requested RoPE layout and that the directory and the file exist."""
+    if layout not in ROPE_LAYOUTS:
+        raise ExportError(f"rope layout {layout!r}: expected one of {', '.join(ROPE_LAYOUTS)}")
+    if not os.path.isdir(directory):
+        raise ExportError(f"{directory}: not a directory (expected {expected_dir})")
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        raise ExportError(f"{directory}: no {name} (expected {expected_in})")
+    return path
+
+
 def read_hf(directory, layout="neox"):
     """A Hugging Face Llama model directory (config.json + safetensors) as
     (cfg, tensors, notes): tensors are lazy (see "Lazy tensors"), nothing is
@@ -1216,14 +1229,9 @@ def read_hf(directory, layout="neox"):
     un-permutes them per head (k with the KEY/VALUE head count) and marks the
     checkpoint interleaved. Both give the same logits."""
     directory = os.fspath(directory)
-    if layout not in ROPE_LAYOUTS:
-        raise ExportError(f"rope layout {layout!r}: expected one of {', '.join(ROPE_LAYOUTS)}")
-    if not os.path.isdir(directory):
-        raise ExportError(f"{directory}: not a directory (expected a Hugging Face model "
-                          "directory with config.json)")
-    config_path = os.path.join(directory, "config.json")
-    if not os.path.isfile(config_path):
-        raise ExportError(f"{directory}: no config.json (expected a Hugging Face model directory)")
+    config_path = _source_file(directory, layout, "config.json",
+                               "a Hugging Face model directory with config.json",
+                               "a Hugging Face model directory")
     cfg, notes = hf_config(_read_json(config_path, "a model config"), config_path)
     source, listing = read_hf_weights(directory)
     c = normalize_config(cfg)
@@ -1353,15 +1361,8 @@ def read_meta(directory, layout="interleaved", seq_len=None):
     (cfg, tensors, notes), tensors lazy. Meta's q/k rows are already
     interleaved; layout "neox" applies Hugging Face's permutation instead."""
     directory = os.fspath(directory)
-    if layout not in ROPE_LAYOUTS:
-        raise ExportError(f"rope layout {layout!r}: expected one of {', '.join(ROPE_LAYOUTS)}")
-    if not os.path.isdir(directory):
-        raise ExportError(f"{directory}: not a directory (expected params.json and "
-                          "consolidated.*.pth)")
-    params_path = os.path.join(directory, "params.json")
-    if not os.path.isfile(params_path):
-        raise ExportError(f"{directory}: no params.json (expected a Meta Llama checkpoint "
-                          "directory)")
+    params_path = _source_file(directory, layout, "params.json", "params.json and consolidated.*.pth",
+                               "a Meta Llama checkpoint directory")
     params = _read_json(params_path, "Meta model parameters")
     notes, where = [], params_path
     for k in sorted(params):
