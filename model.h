@@ -18,9 +18,14 @@
 #ifndef MODEL_H
 #define MODEL_H
 
+#include <errno.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 
 /* ------------------------------------------------------------------------
  * Checkpoint format, version 1 ("LRPE")
@@ -95,6 +100,78 @@
  * freq_cis tables between rms_final_weight and wcls. Its conventions are
  * fixed: interleaved RoPE, base 10000, eps 1e-5, BOS 1, EOS 2.
  * ------------------------------------------------------------------------ */
+
+/* ------------------------------------------------------------------------
+ * Helpers run.c and tokenizer.c share (static inline: each file that
+ * includes this header gets its own copy, and no file needs another to link)
+ * ------------------------------------------------------------------------ */
+
+/* Write a one-line message into err and return -1. Every function that the
+ * tests call reports a bad input this way; only the command line exits. */
+static inline int fail(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline int fail(char *err, size_t err_len, const char *fmt, ...) {
+    if (err && err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* Little-endian int32 and float32 from p, whatever the host's byte order or
+ * p's alignment: every file this program reads stores numbers this way. */
+static inline int32_t read_le_i32(const unsigned char *p) {
+    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    int32_t v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+static inline float read_le_f32(const unsigned char *p) {
+    int32_t i = read_le_i32(p);
+    float f;
+    memcpy(&f, &i, sizeof f);
+    return f;
+}
+
+/* Read the whole regular file at path into a new NUL-terminated buffer
+ * (caller frees) and its length into *n_out. On failure returns NULL with a
+ * message in err that starts with `what` (e.g. "-f" or "tokenizer") and the
+ * path: missing, unreadable, a directory or special file, or short. */
+static inline char *read_file(const char *path, const char *what, size_t *n_out, char *err, size_t err_len) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fail(err, err_len, "%s %s: expected a regular file, got a %s", what, path,
+             S_ISDIR(st.st_mode) ? "directory" : "special file");
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        fail(err, err_len, "%s %s: cannot allocate %zu bytes", what, path, n + 1);
+        return NULL;
+    }
+    size_t got = fread(buf, 1, n, f);
+    fclose(f);
+    if (got != n) {
+        free(buf);
+        fail(err, err_len, "%s %s: read %zu of %zu bytes", what, path, got, n);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *n_out = n;
+    return buf;
+}
 
 #define CKPT_MAGIC 0x4550524cu /* "LRPE" read as a little-endian u32 */
 #define CKPT_VERSION 1

@@ -57,76 +57,15 @@ static void die(int code, const char *fmt, ...) {
     exit(code);
 }
 
-/* Write a one-line error into err (used by functions the tests call directly). */
-static int fail(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Read a whole regular file into a NUL-terminated heap buffer. Returns NULL
- * and a message naming `what` (e.g. "-f") and the path on any failure. */
-static char *read_text_file(const char *path, const char *what, size_t *n_out, char *err, size_t err_len) {
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        fail(err, err_len, "%s %s: expected a regular file, got a %s", what, path,
-             S_ISDIR(st.st_mode) ? "directory" : "special file");
-        return NULL;
-    }
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
-        return NULL;
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        fail(err, err_len, "%s %s: cannot allocate %zu bytes", what, path, n + 1);
-        return NULL;
-    }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    if (got != n) {
-        free(buf);
-        fail(err, err_len, "%s %s: read %zu of %zu bytes", what, path, got, n);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *n_out = n;
-    return buf;
-}
-
 /* ==========================================================================
  * 2. Checkpoint: header -> validation -> size check -> mmap -> weight pointers
  * ========================================================================== */
-
-/* Little-endian reads from the header bytes (independent of the host's order). */
-static int32_t read_i32(const unsigned char *p) {
-    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-    int32_t v;
-    memcpy(&v, &u, sizeof v);
-    return v;
-}
-static float read_f32(const unsigned char *p) {
-    int32_t i = read_i32(p);
-    float f;
-    memcpy(&f, &i, sizeof f);
-    return f;
-}
 
 /* Sanity limits on header values: far above any model this program can run on
  * a CPU, low enough that every size below fits in 64 bits without overflow. */
@@ -218,37 +157,37 @@ static int parse_header(const char *path, const unsigned char *h, size_t n_read,
                         char *err, size_t err_len) {
     memset(c, 0, sizeof *c);
     memset(r, 0, sizeof *r);
-    if (n_read >= 4 && (uint32_t)read_i32(h) == CKPT_MAGIC) {
+    if (n_read >= 4 && (uint32_t)read_le_i32(h) == CKPT_MAGIC) {
         if (n_read < CKPT_HEADER_BYTES)
             return fail(err, err_len, "%s: truncated header: expected %d bytes, file has %zu", path,
                         CKPT_HEADER_BYTES, n_read);
-        c->version = read_i32(h + 4);
+        c->version = read_le_i32(h + 4);
         if (c->version != CKPT_VERSION)
             return fail(err, err_len, "%s: unsupported format version %d (this program reads version %d)", path,
                         c->version, CKPT_VERSION);
-        c->dim = read_i32(h + 8);
-        c->hidden_dim = read_i32(h + 12);
-        c->n_layers = read_i32(h + 16);
-        c->n_heads = read_i32(h + 20);
-        c->n_kv_heads = read_i32(h + 24);
-        c->vocab_size = read_i32(h + 28);
-        c->seq_len = read_i32(h + 32);
-        c->shared_classifier = read_i32(h + 36);
-        c->bos_id = read_i32(h + 40);
-        c->eos_id = read_i32(h + 44);
-        int weight_type = read_i32(h + 48), group_size = read_i32(h + 52);
-        c->norm_eps = read_f32(h + 56);
-        r->base = read_f32(h + 60);
-        r->layout = read_i32(h + 64);
-        r->rot_dim = read_i32(h + 68);
-        r->scaling = read_i32(h + 72);
-        r->factor = read_f32(h + 76);
-        r->orig_ctx = read_i32(h + 80);
-        r->beta_fast = read_f32(h + 84);
-        r->beta_slow = read_f32(h + 88);
-        r->attn_factor = read_f32(h + 92);
-        r->low_freq = read_f32(h + 96);
-        r->high_freq = read_f32(h + 100);
+        c->dim = read_le_i32(h + 8);
+        c->hidden_dim = read_le_i32(h + 12);
+        c->n_layers = read_le_i32(h + 16);
+        c->n_heads = read_le_i32(h + 20);
+        c->n_kv_heads = read_le_i32(h + 24);
+        c->vocab_size = read_le_i32(h + 28);
+        c->seq_len = read_le_i32(h + 32);
+        c->shared_classifier = read_le_i32(h + 36);
+        c->bos_id = read_le_i32(h + 40);
+        c->eos_id = read_le_i32(h + 44);
+        int weight_type = read_le_i32(h + 48), group_size = read_le_i32(h + 52);
+        c->norm_eps = read_le_f32(h + 56);
+        r->base = read_le_f32(h + 60);
+        r->layout = read_le_i32(h + 64);
+        r->rot_dim = read_le_i32(h + 68);
+        r->scaling = read_le_i32(h + 72);
+        r->factor = read_le_f32(h + 76);
+        r->orig_ctx = read_le_i32(h + 80);
+        r->beta_fast = read_le_f32(h + 84);
+        r->beta_slow = read_le_f32(h + 88);
+        r->attn_factor = read_le_f32(h + 92);
+        r->low_freq = read_le_f32(h + 96);
+        r->high_freq = read_le_f32(h + 100);
         c->weight_type = weight_type;
         c->group_size = group_size;
         if (weight_type < 0 || weight_type >= WEIGHT_N_TYPES)
@@ -264,7 +203,7 @@ static int parse_header(const char *path, const unsigned char *h, size_t n_read,
                             path, i, h[i]);
         return 0;
     }
-    if (n_read >= 4 && read_i32(h) == 0x616b3432)
+    if (n_read >= 4 && read_le_i32(h) == 0x616b3432)
         return fail(err, err_len, "%s: this is a llama2.c export.py version 1/2 file (magic \"ak42\"); "
                     "convert the original with: python3 export.py OUT --llama2c or --hf", path);
     if (n_read < LEGACY_HEADER_BYTES)
@@ -272,15 +211,15 @@ static int parse_header(const char *path, const unsigned char *h, size_t n_read,
                     LEGACY_HEADER_BYTES);
     // Legacy llama2.c file: seven int32, then fixed conventions.
     c->version = 0;
-    c->dim = read_i32(h);
-    c->hidden_dim = read_i32(h + 4);
-    c->n_layers = read_i32(h + 8);
-    c->n_heads = read_i32(h + 12);
-    c->n_kv_heads = read_i32(h + 16);
-    int32_t vocab = read_i32(h + 20);
+    c->dim = read_le_i32(h);
+    c->hidden_dim = read_le_i32(h + 4);
+    c->n_layers = read_le_i32(h + 8);
+    c->n_heads = read_le_i32(h + 12);
+    c->n_kv_heads = read_le_i32(h + 16);
+    int32_t vocab = read_le_i32(h + 20);
     c->shared_classifier = vocab > 0;
     c->vocab_size = vocab == INT32_MIN ? 0 : abs(vocab);
-    c->seq_len = read_i32(h + 24);
+    c->seq_len = read_le_i32(h + 24);
     c->bos_id = 1;
     c->eos_id = 2;
     c->norm_eps = 1e-5f;
@@ -2203,7 +2142,7 @@ int main(int argc, char **argv) {
     size_t text_len = prompt ? strlen(prompt) : 0;
     char *text = NULL;
     if (prompt_file) {
-        text = read_text_file(prompt_file, "-f", &text_len, err, sizeof err);
+        text = read_file(prompt_file, "-f", &text_len, err, sizeof err);
         if (!text) die(EXIT_BAD_INPUT, "%s", err);
     }
     const char *input = text ? text : prompt ? prompt : "";

@@ -39,6 +39,7 @@
  * printed as U+FFFD (the replacement character, bytes EF BF BD), one per bad
  * byte: the output is always valid UTF-8 and no byte vanishes silently.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "model.h"
 
 #include <errno.h>
