@@ -22,8 +22,8 @@ OMP ?= -fopenmp
 WARN = -std=c11 -Wall -Wextra
 FP = -fno-trapping-math
 LDLIBS = -lm
-SRC = run.c tokenizer.c
-HDR = model.h
+SRC = run.c kernels.c tokenizer.c
+HDR = model.h kernels.h
 
 # Sanitizer build: AddressSanitizer (out-of-bounds, use-after-free, leaks) and
 # UndefinedBehaviorSanitizer (overflow, misaligned loads, bad shifts); any
@@ -67,7 +67,7 @@ TWARN = $(WARN) -Wno-unused-function
 # without -march (the portable kernels alone) and with -march=native (the SIMD
 # kernels, on a machine that has AVX2).
 tests/test_run: tests/test_run.c $(SRC) $(HDR)
-	$(CC) $(OPT) $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c tokenizer.c $(LDLIBS)
+	$(CC) $(OPT) $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
 tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/test_tokenizer.c $(LDLIBS)
 tests/tok_driver: tests/tok_driver.c tokenizer.c $(HDR)
@@ -78,8 +78,8 @@ test-c: tests/test_run tests/test_tokenizer
 	./tests/test_tokenizer
 
 sanitize:
-	$(CC) $(SAN) $(FP) $(OMP) $(TWARN) -I. -o tests/test_run-san tests/test_run.c tokenizer.c $(LDLIBS)
-	$(CC) $(SAN) $(FP) -march=native $(OMP) $(TWARN) -I. -o tests/test_run-san-simd tests/test_run.c tokenizer.c $(LDLIBS)
+	$(CC) $(SAN) $(FP) $(OMP) $(TWARN) -I. -o tests/test_run-san tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+	$(CC) $(SAN) $(FP) -march=native $(OMP) $(TWARN) -I. -o tests/test_run-san-simd tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
 	$(CC) $(SAN) $(WARN) -I. -o tests/test_tokenizer-san tests/test_tokenizer.c $(LDLIBS)
 	$(CC) $(SAN) $(FP) $(OMP) $(WARN) -o run-san $(SRC) $(LDLIBS)
 	./tests/test_run-san

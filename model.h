@@ -1,5 +1,6 @@
-/* model.h: the checkpoint format, the model's structs, and the prototypes that
- * run.c, tokenizer.c and the tests share.
+/* model.h: the checkpoint and tokenizer formats, the structs that hold what
+ * they contain, and the helpers and prototypes that run.c, tokenizer.c and
+ * the tests share.
  *
  * Dimension names used in every shape comment below (example values are
  * llama2.c's stories15M):
@@ -12,8 +13,9 @@
  *   kv_dim     n_kv_heads * head_size               e.g. 288
  *   rot_dim    rotated dims per head (<= head_size) e.g. 48
  *   vocab_size tokens                               e.g. 32000
- *   seq_len    training context                     e.g. 256
- *   n_ctx      context this run allocates (--ctx; may exceed seq_len)
+ *   train_ctx  training context (the header's seq_len) e.g. 256
+ *   n_ctx      context this run allocates (--ctx; may exceed train_ctx)
+ *   n_pairs    rot_dim / 2, the pairs RoPE rotates  e.g. 24
  */
 #ifndef MODEL_H
 #define MODEL_H
@@ -45,7 +47,7 @@
  *   20    i32     n_heads
  *   24    i32     n_kv_heads        divides n_heads
  *   28    i32     vocab_size
- *   32    i32     seq_len           training context (the "L" of rope-spec.md)
+ *   32    i32     seq_len           training context (Config.train_ctx)
  *   36    i32     shared_classifier 1: logits use token_embedding; 0: wcls follows
  *   40    i32     bos_id            e.g. 1
  *   44    i32     eos_id            e.g. 2
@@ -58,25 +60,25 @@
  *   68    i32     rot_dim           even, 2..head_size (partial rotary when < head_size)
  *   72    i32     rope_scaling      0 none, 1 linear, 2 ntk, 3 dynamic, 4 yarn, 5 llama3
  *   76    f32     rope_factor       scale s (1 = no scaling)
- *   80    i32     rope_orig_ctx     original context for the scaling; 0 = seq_len
+ *   80    i32     rope_orig_ctx     original context L for the scaling; 0 = seq_len
  *   84    f32     yarn_beta_fast    default 32
  *   88    f32     yarn_beta_slow    default 1
- *   92    f32     yarn_attn_factor  0 = derive 0.1 ln s + 1
+ *   92    f32     yarn_attn_factor  YaRN's magnitude mscale; 0 = derive 0.1 ln s + 1
  *   96    f32     llama3_low_freq   default 1
  *  100    f32     llama3_high_freq  default 4
  *  104..255       reserved, must be zero
  *
- * Tensors, in this order (shapes row-major; "L" = n_layers):
+ * Tensors, in this order (shapes row-major; "n_layers" stacks the layers):
  *   token_embedding  (vocab_size, dim)
- *   rms_att_weight   (L, dim)
- *   wq               (L, n_heads*head_size, dim)
- *   wk               (L, kv_dim, dim)
- *   wv               (L, kv_dim, dim)
- *   wo               (L, dim, n_heads*head_size)
- *   rms_ffn_weight   (L, dim)
- *   w1               (L, hidden_dim, dim)    gate
- *   w2               (L, dim, hidden_dim)    down
- *   w3               (L, hidden_dim, dim)    up
+ *   rms_att_weight   (n_layers, dim)
+ *   wq               (n_layers, n_heads*head_size, dim)
+ *   wk               (n_layers, kv_dim, dim)
+ *   wv               (n_layers, kv_dim, dim)
+ *   wo               (n_layers, dim, n_heads*head_size)
+ *   rms_ffn_weight   (n_layers, dim)
+ *   w1               (n_layers, hidden_dim, dim)    gate
+ *   w2               (n_layers, dim, hidden_dim)    down
+ *   w3               (n_layers, hidden_dim, dim)    up
  *   rms_final_weight (dim)
  *   wcls             (vocab_size, dim)       only when shared_classifier == 0
  * The file size must equal the end of the last tensor exactly.
@@ -84,7 +86,7 @@
  * q8_0 tensors (weight_type 1). The matrices token_embedding, wq, wk, wv, wo,
  * w1, w2, w3 and wcls are stored quantized in groups of group_size
  * consecutive values along a row; the norm weights stay float32. A quantized
- * tensor of n values (all layers together, e.g. wq: L * dim * dim) is two
+ * tensor of n values (all layers together, e.g. wq: n_layers * dim * dim) is two
  * parts, each starting at a multiple of 64 bytes:
  *   values  int8    (n)                 q = round(v / scale), in -127..127
  *   scales  float32 (n / group_size)    scale = max|v| over the group / 127
@@ -191,7 +193,7 @@ typedef struct {
     int n_heads;           // query heads, e.g. 6
     int n_kv_heads;        // key/value heads, e.g. 6 (GQA when fewer than n_heads)
     int vocab_size;        // e.g. 32000
-    int seq_len;           // training context in tokens, e.g. 256
+    int train_ctx;         // training context in tokens (the header's seq_len), e.g. 256
     int shared_classifier; // 1 = logits reuse token_embedding
     int bos_id, eos_id;    // e.g. 1, 2
     float norm_eps;        // RMSNorm epsilon, e.g. 1e-5
@@ -201,28 +203,29 @@ typedef struct {
 } Config;
 
 /* RoPE parameters: the checkpoint's, then overridden by command-line flags.
- * rope-spec.md is the reference for every field. */
+ * docs/rope.md specifies what each one does. */
 typedef struct {
     double base;        // b, e.g. 10000
     int layout;         // ROPE_INTERLEAVED | ROPE_NEOX
     int rot_dim;        // d, rotated dims per head, even, <= head_size
     int scaling;        // ROPE_NONE .. ROPE_LLAMA3
     double factor;      // s, 1 = unscaled
-    int orig_ctx;       // L used by the scaling, e.g. seq_len
+    int orig_ctx;       // L, the original context the scaling uses, e.g. train_ctx
     double beta_fast;   // YaRN, default 32
     double beta_slow;   // YaRN, default 1
-    double attn_factor; // YaRN magnitude; 0 = 0.1 ln s + 1
+    double attn_factor; // YaRN's magnitude mscale (Hugging Face's attention_factor); 0 = 0.1 ln s + 1
     double low_freq;    // Llama 3 low_freq_factor, default 1
     double high_freq;   // Llama 3 high_freq_factor, default 4
     // Run-time choices (command line only, never stored in a checkpoint):
     int dynamic_exact;  // dynamic NTK: 0 = Hugging Face (cached keys keep the rotation they got),
                         // 1 = exact (pre-RoPE key cache, every key re-rotated with the current base)
-    int se_group;       // Self-Extend group size G (0 = off)
+    int se_group;       // Self-Extend group size G (0 = off); se_window must follow it
     int se_window;      // Self-Extend neighbour window W, in tokens
 } RopeConfig;
 
-/* A weight matrix (rows, cols) in the mapping, float32 or q8_0. matmul reads
- * it through this struct, so the forward pass never sees the weight type. */
+/* A weight matrix (rows, cols) in the mapping, float32 or q8_0. kernels.c's
+ * matmul reads it through this struct, so the forward pass never sees the
+ * weight type. */
 typedef struct {
     int type;           // WEIGHT_F32 | WEIGHT_Q8_0
     int group_size;     // q8_0: values per scale; 0 for float32
@@ -231,7 +234,7 @@ typedef struct {
 } Matrix;
 
 /* Pointers into the read-only mapping; never written, never freed one by one.
- * A Matrix covers all layers; matrix_at() selects one layer's rows. */
+ * A Matrix covers all layers; kernels.h's matrix_rows selects one layer's rows. */
 typedef struct {
     Matrix token_embedding;        // (vocab_size, dim)
     const float *rms_att_weight;   // (n_layers, dim)
@@ -246,70 +249,6 @@ typedef struct {
     const float *rms_final_weight; // (dim)
     Matrix wcls;                   // (vocab_size, dim); == token_embedding when shared
 } Weights;
-
-/* Tokens one forward_block call carries (prompt prefill, ppl windows); every
- * weight row loaded from memory then serves this many tokens. */
-#define FORWARD_BLOCK 32
-
-/* Rows of W one thread takes at a time in matmul (a multiple of the tile
- * heights in run.c: 6, 4 and 3): with several tokens, the chunk's rows stay in
- * the cache while every tile of tokens passes over them. */
-#define ROW_CHUNK 24
-
-/* What matmul needs besides its operands (NULL pointers where unused).
- * Several tokens (SIMD build): x is transposed into x_t, so that one load
- * gives 8 tokens' values of one column. q8_0 weights: with one token, x is
- * quantized into x_q and x_scale and the products are int8 dot products; with
- * several, each thread dequantizes ROW_CHUNK rows at a time into its slice of
- * w_rows and uses the float kernel. */
-typedef struct {
-    float *x_t;      // (max(dim, hidden_dim), B rounded up to 8) the input transposed, B > 1 only;
-                     // attention's block path uses it for the queries transposed
-    int8_t *x_q;     // (B, max(dim, hidden_dim)) the input, quantized
-    float *x_scale;  // (B, max(dim, hidden_dim) / group_size) its scales
-    float *w_rows;   // (threads, ROW_CHUNK, max(dim, hidden_dim)) dequantized rows
-    int threads;     // slices in w_rows (OpenMP threads when allocated)
-} MatmulScratch;
-
-/* Activations for a block of B <= FORWARD_BLOCK tokens, the KV cache and the
- * RoPE table. Owned by Transformer; allocated in build_transformer, freed in
- * free_transformer. */
-typedef struct {
-    float *x;           // (B, dim) residual stream
-    float *xb;          // (B, dim) normalized input / attention output
-    float *xb2;         // (B, dim) projection output before the residual add
-    float *hb;          // (B, hidden_dim) gate, then SwiGLU output
-    float *hb2;         // (B, hidden_dim) up projection
-    float *q;           // (B, dim) query heads
-    float *k;           // (B, kv_dim) keys of the block
-    float *v;           // (B, kv_dim) values of the block
-    float *att;         // (B, n_heads, n_ctx) attention weights
-    float *logits;      // (B, vocab_size)
-    void *key_cache;    // (n_layers, n_ctx, kv_dim) float32 or IEEE half (--kv f16); keys
-                        // rotated, or raw with a pre-RoPE cache
-    void *value_cache;  // (n_layers, n_ctx, kv_dim) float32 or IEEE half
-    MatmulScratch mm;   // matmul's scratch
-    float *rope_cos;    // (n_ctx, rot_dim/2), multiplied by attn factor
-    float *rope_sin;    // (n_ctx, rot_dim/2), multiplied by attn factor
-    double *inv_freq;   // (rot_dim/2) scratch for rebuilding table rows
-    float *q_group;     // (dim) query rotated at its Self-Extend group position
-    float *key_rot;     // (n_ctx, kv_dim) one layer's keys rotated for this step (pre-RoPE cache only),
-                        // float32 whatever the cache's type
-} RunState;
-
-typedef struct {
-    Config config;
-    RopeConfig rope;
-    int n_ctx;          // positions this run can hold (KV cache and table rows)
-    int prerope;        // 1: key_cache holds keys before RoPE, rotated at attention time
-                        //    (exact dynamic NTK and Self-Extend need this)
-    int table_len;      // the sequence length the table rows were built for (exact dynamic NTK)
-    int kv_type;        // KV_F32 | KV_F16: what key_cache and value_cache hold (--kv)
-    Weights weights;
-    RunState state;
-    void *mapping;      // the whole checkpoint file, mmap'd read-only
-    size_t file_size;
-} Transformer;
 
 /* ------------------------------------------------------------------------
  * Tokenizer (tokenizer.c): llama2.c's tokenizer.bin layout

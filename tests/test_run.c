@@ -1,6 +1,6 @@
 /* test_run.c: unit tests for run.c's RoPE, ops, sampler and checkpoint loader.
  *
- * Build: cc -O2 -fopenmp -I. -o tests/test_run tests/test_run.c tokenizer.c -lm   (make test-c)
+ * Build: cc -O2 -fopenmp -I. -o tests/test_run tests/test_run.c kernels.c tokenizer.c -lm   (make test-c)
  * run.c is #included with TESTING defined, so main() is left out and every
  * static function is reachable. Each check prints a line on
  * failure with the expected and actual values; the last line is
@@ -266,6 +266,17 @@ static void test_attn_factor_applied_once(void) {
 
 /* ----------------------------------------------------------------- ops --- */
 
+/* A Transformer with just what attention reads: the head counts, n_ctx, a
+ * float32 cache, the scores scratch and (for the block path) matmul's x_t. */
+static Transformer attention_fixture(int n_heads, int n_kv_heads, int head_size, int n_ctx, float *scores,
+                                     float *x_t) {
+    Transformer t;
+    memset(&t, 0, sizeof t);
+    t.config.n_heads = n_heads, t.config.n_kv_heads = n_kv_heads, t.config.dim = n_heads * head_size;
+    t.n_ctx = n_ctx, t.kv_type = KV_F32, t.state.scores = scores, t.state.mm.x_t = x_t;
+    return t;
+}
+
 static void test_ops(void) {
     float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 2, 0.5f}, out[4];
     rmsnorm(out, x, w, 1, 4, 0.0f);
@@ -284,7 +295,8 @@ static void test_ops(void) {
     // GQA grouping: with 4 query heads and 2 kv heads, heads 0,1 read kv head 0.
     float keys[2 * 4] = {1, 0, 0, 1, 0, 0, 0, 0}, values[2 * 4] = {10, 20, 30, 40, 0, 0, 0, 0};
     float q[4 * 2] = {1, 0, 1, 0, 1, 0, 1, 0}, att[4 * 2], o[4 * 2];
-    attention(o, q, NULL, 0, keys, KV_F32, values, KV_F32, att, NULL, 1, 0, 4, 2, 2, 2);
+    Transformer t = attention_fixture(4, 2, 2, 2, att, NULL);
+    attention(&t, o, q, &(RotatedKeys){keys, KV_F32, NULL, 0}, values, 1, 0);
     CHECK(o[0] == 10 && o[2] == 10 && o[4] == 30 && o[6] == 30, "GQA grouping: got %g %g %g %g", o[0], o[2], o[4],
           o[6]);
     // Bucket edges for L = 256, ctx = 4096.
@@ -477,14 +489,20 @@ static void fill_randn(float *x, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = randn() * scale;
 }
 
-/* matmul y = x W^T in double, for the checks below. */
+
+/* run.c's matmul_reference (float, summed in order) into double, the
+ * reference every matmul kernel is checked against below. */
 static void matmul_ref(double *out, const float *x, const float *w, int B, int n, int d) {
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < d; i++) out[(size_t)b * d + i] = dot64(x + (size_t)b * n, w + (size_t)i * n, n);
+    float *f = malloc(sizeof(float) * B * d);
+    matmul_reference(f, x, w, B, n, d);
+    for (int i = 0; i < B * d; i++) out[i] = f[i];
+    free(f);
 }
 
-/* The SIMD kernels against the portable ones, and both against double.
- * Tolerances: float32, different summation orders over n <= 512 terms of
+/* Every matmul path (SIMD column kernel, one-row kernels, portable tiles,
+ * q8_0 int8 products, q8_0 dequantized rows) against run.c's
+ * matmul_reference, and the reference itself against a double sum.
+ * Tolerances: float32, different summation orders over n <= 768 terms of
  * unit-scale products: 1e-5 * sqrt(n)-ish, written 2e-4 absolute on outputs of
  * magnitude ~sqrt(n). q8_0: the same integer sums, only the float
  * accumulation order differs: 1e-4 relative to the output scale.
@@ -505,6 +523,11 @@ static void test_matmul_kernels(void) {
         fill_randn(x, (size_t)B * n, 1.0f);
         fill_randn(w, (size_t)d * n, 1.0f);
         matmul_ref(ref, x, w, B, n, d);
+        double worst_def = 0; // the definition itself, against double
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < d; i++)
+                worst_def = fmax(worst_def, fabs(ref[(size_t)b * d + i] - dot64(x + (size_t)b * n, w + (size_t)i * n, n)));
+        CHECK(worst_def < 2e-4, "matmul_reference B=%d n=%d d=%d vs double: %.3g", B, n, d, worst_def);
         Matrix mf = {WEIGHT_F32, 0, w, NULL};
         use_simd = HAVE_SIMD;
         matmul(simd, x, mf, B, n, d, &fs);
@@ -515,7 +538,7 @@ static void test_matmul_kernels(void) {
             worst = fmax(worst, fabs(simd[i] - port[i]));
             worst_ref = fmax(worst_ref, fmax(fabs(simd[i] - ref[i]), fabs(port[i] - ref[i])));
         }
-        CHECK(worst < 2e-4 && worst_ref < 2e-4, "f32 matmul B=%d n=%d d=%d: simd vs portable %.3g, vs double %.3g",
+        CHECK(worst < 2e-4 && worst_ref < 2e-4, "f32 matmul B=%d n=%d d=%d: simd vs portable %.3g, vs reference %.3g",
               B, n, d, worst, worst_ref);
         // Token b alone (generation's one-row kernel, four partial sums) gives
         // its row of the block (one FMA chain per output) up to the summation
@@ -558,7 +581,7 @@ static void test_matmul_kernels(void) {
             matmul(port, x, mq, B, n, d, &full);
             double worst_rows = 0;
             for (int i = 0; i < B * d; i++) worst_rows = fmax(worst_rows, fabs(port[i] - ref[i]));
-            CHECK(worst_rows < 2e-4, "q8_0 matmul B=%d n=%d d=%d, dequantized rows vs double: %.3g", B, n, d,
+            CHECK(worst_rows < 2e-4, "q8_0 matmul B=%d n=%d d=%d, dequantized rows vs reference: %.3g", B, n, d,
                   worst_rows);
             free(full.w_rows);
         }
@@ -593,38 +616,80 @@ static void test_matmul_kernels(void) {
           row[1], row[2], row[3]);
 }
 
-/* attention for a block (B > 1, float32 cache: attention_block, two matrix
- * products per head) against the per-(token, head) path (q_t = NULL): head
- * sizes 8, 24, 64 (one and two 8-wide vectors in P V's last tile), MHA, GQA
- * and MQA, B with and without a multiple of 8, blocks at the start and at the
- * end of the cache (buffers of exactly n_ctx rows, so the sanitizer build
- * with -march=native catches a read past them). Without SIMD both calls take
- * the same path. Tolerance: the same sums in another order over <= 80 keys of
- * unit-scale values: 1e-5 absolute. */
+/* causal attention in double, straight from the formula in run.c's
+ * attention: out (B, nh, hs) for queries q (B, nh, hs) at pos0.. against
+ * keys, values (n_ctx, nkv * hs). */
+static void attention_ref(double *out, const float *q, const float *keys, const float *values, int B, int pos0,
+                          int nh, int nkv, int hs) {
+    int kv_dim = nkv * hs;
+    double *w = malloc(sizeof(double) * (pos0 + B));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            const float *qh = q + ((size_t)b * nh + h) * hs;
+            int n = pos0 + b + 1, kv = h / (nh / nkv);
+            double max = -INFINITY, sum = 0;
+            for (int t = 0; t < n; t++) {
+                w[t] = dot64(qh, keys + (size_t)t * kv_dim + kv * hs, hs) / sqrt((double)hs);
+                max = fmax(max, w[t]);
+            }
+            for (int t = 0; t < n; t++) sum += w[t] = exp(w[t] - max);
+            for (int i = 0; i < hs; i++) {
+                double o = 0;
+                for (int t = 0; t < n; t++) o += w[t] / sum * values[(size_t)t * kv_dim + kv * hs + i];
+                out[((size_t)b * nh + h) * hs + i] = o;
+            }
+        }
+    free(w);
+}
+
+/* attention against the double reference, on every path: a block of B
+ * tokens (with SIMD and head_size % 8 == 0: kv_block_scores / kv_block_mix,
+ * two matrix products per head), the same tokens one at a time (kv_scores /
+ * kv_mix), and the portable block kernels called directly. Head sizes 8, 24,
+ * 64 (one and two 8-wide vectors in P V's last tile), MHA, GQA and MQA, B
+ * with and without a multiple of 8, blocks at the start and at the end of the
+ * cache (buffers of exactly n_ctx rows, so the sanitizer build with
+ * -march=native catches a read past them). Tolerance: float sums over <= 80
+ * keys of unit-scale values against double: 1e-5 absolute. */
 static void test_attention_block(void) {
     int head_sizes[] = {8, 24, 64}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 9, 17, 32}, n_ctx = 80;
-    double worst = 0;
+    double worst_block = 0, worst_single = 0, worst_kernels = 0;
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++)
             for (int k = 0; k < 4; k++)
                 for (int at_end = 0; at_end < 2; at_end++) {
                     int hs = head_sizes[i], nh = heads[j][0], nkv = heads[j][1], B = blocks[k];
-                    int dim = nh * hs, kv_dim = nkv * hs, pos0 = at_end ? n_ctx - B : 5;
+                    int dim = nh * hs, kv_dim = nkv * hs, pos0 = at_end ? n_ctx - B : 5, T = pos0 + B;
                     float *q = malloc(sizeof(float) * B * dim), *keys = malloc(sizeof(float) * n_ctx * kv_dim);
                     float *values = malloc(sizeof(float) * n_ctx * kv_dim);
-                    float *att = malloc(sizeof(float) * B * nh * n_ctx);
-                    float *block = malloc(sizeof(float) * B * dim), *single = malloc(sizeof(float) * B * dim);
+                    float *att = malloc(sizeof(float) * B * nh * n_ctx), *out = malloc(sizeof(float) * B * dim);
                     float *q_t = malloc(sizeof(float) * dim * 32);
+                    double *ref = malloc(sizeof(double) * B * dim);
                     fill_randn(q, (size_t)B * dim, 1.0f);
                     fill_randn(keys, (size_t)n_ctx * kv_dim, 1.0f);
                     fill_randn(values, (size_t)n_ctx * kv_dim, 1.0f);
-                    attention(block, q, NULL, 0, keys, KV_F32, values, KV_F32, att, q_t, B, pos0, nh, nkv, hs, n_ctx);
-                    attention(single, q, NULL, 0, keys, KV_F32, values, KV_F32, att, NULL, B, pos0, nh, nkv, hs,
-                              n_ctx);
-                    for (int e = 0; e < B * dim; e++) worst = fmax(worst, fabs(block[e] - single[e]));
-                    free(q), free(keys), free(values), free(att), free(block), free(single), free(q_t);
+                    attention_ref(ref, q, keys, values, B, pos0, nh, nkv, hs);
+                    Transformer t = attention_fixture(nh, nkv, hs, n_ctx, att, q_t);
+                    RotatedKeys rk = {keys, KV_F32, NULL, 0};
+                    attention(&t, out, q, &rk, values, B, pos0);
+                    for (int e = 0; e < B * dim; e++) worst_block = fmax(worst_block, fabs(out[e] - ref[e]));
+                    for (int b = 0; b < B; b++)
+                        attention(&t, out + (size_t)b * dim, q + (size_t)b * dim, &rk, values, 1, pos0 + b);
+                    for (int e = 0; e < B * dim; e++) worst_single = fmax(worst_single, fabs(out[e] - ref[e]));
+                    // the block kernels' portable versions, head 0 (kv head 0)
+                    use_simd = 0;
+                    kv_block_scores(att, T, q, dim, B, q_t, keys, kv_dim, T, hs);
+                    for (int b = 0; b < B; b++) attention_weights(att + (size_t)b * T, pos0 + b + 1, T, hs);
+                    kv_block_mix(out, dim, att, T, B, values, kv_dim, T, hs);
+                    use_simd = HAVE_SIMD;
+                    for (int b = 0; b < B; b++)
+                        for (int e = 0; e < hs; e++)
+                            worst_kernels = fmax(worst_kernels, fabs(out[(size_t)b * dim + e] - ref[(size_t)b * dim + e]));
+                    free(q), free(keys), free(values), free(att), free(out), free(q_t), free(ref);
                 }
-    CHECK(worst < 1e-5, "attention: block path vs per-(token, head) path differ by %.3g (expected < 1e-5)", worst);
+    CHECK(worst_block < 1e-5 && worst_single < 1e-5 && worst_kernels < 1e-5,
+          "attention vs double: block %.3g, one token at a time %.3g, portable block kernels %.3g (expected < 1e-5)",
+          worst_block, worst_single, worst_kernels);
 }
 
 /* exp_fast against libm's expf: 2 ulp (2.4e-7 relative) over its range, on a
@@ -749,7 +814,8 @@ static void test_block_prefill(void) {
     float *block = malloc(sizeof(float) * 45 * V);
     for (int p0 = 0; p0 < 45; p0 += FORWARD_BLOCK) { // blocks of 32, then 13
         int B = 45 - p0 < FORWARD_BLOCK ? 45 - p0 : FORWARD_BLOCK;
-        memcpy(block + (size_t)p0 * V, forward_block(&a, tokens + p0, B, p0, LOGITS_ALL), sizeof(float) * B * V);
+        CHECK(forward_block(&a, tokens + p0, B, p0, LOGITS_ALL) == 0, "forward_block of %d tokens at %d failed", B, p0);
+        memcpy(block + (size_t)p0 * V, a.state.logits, sizeof(float) * B * V);
     }
     double worst = 0, worst_f16 = 0;
     for (int p = 0; p < 45; p++) {

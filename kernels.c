@@ -1,0 +1,533 @@
+/* kernels.c: the fast versions of run.c's ops (see kernels.h for what each
+ * computes). Sections:
+ *   1. KV cache elements: float32 or IEEE half, and the attention loops over them
+ *   2. SIMD kernels (AVX2 + FMA), each beside its portable C version
+ *   3. matmul over float32 or q8_0 weights: chunks of rows over threads,
+ *      tiles of rows x tokens within a chunk
+ * Every function computes exactly the formula in its first comment line (or
+ * kernels.h's); the tests compare each with run.c's reference loops.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "kernels.h"
+#if HAVE_SIMD
+#include <immintrin.h>
+#endif
+
+int use_simd = HAVE_SIMD;
+
+/* ==========================================================================
+ * 1. KV cache elements
+ * ========================================================================== */
+
+/* Portable conversions (round to nearest even; infinities, NaN, subnormals). */
+uint16_t float_to_half_c(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, mag = x & 0x7fffffffu;
+    if (mag >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (mag > 0x7f800000u ? 0x200u : 0)); // inf, NaN
+    if (mag >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);           // rounds past 65504: infinity
+    if (mag < 0x38800000u) {                                              // below 2^-14: subnormal or zero
+        float a;
+        memcpy(&a, &mag, 4);
+        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f));   // in units of 2^-24
+    }
+    uint32_t h = ((mag - 0x38000000u) >> 13), rest = mag & 0x1fffu;      // rebias 127 -> 15
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++;              // round to nearest even
+    return (uint16_t)(sign | h);
+}
+float half_to_float_c(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu, x;
+    if (e == 0) { // zero or subnormal: m * 2^-24
+        float f = (float)m / 16777216.0f;
+        return sign ? -f : f;
+    }
+    x = sign | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+size_t kv_elem_bytes(int kv_type) { return kv_type == KV_F16 ? sizeof(uint16_t) : sizeof(float); }
+
+/* cache[offset .. offset+n) = src, converted to the cache's type */
+void kv_store(void *cache, int kv_type, size_t offset, const float *src, int n) {
+    if (kv_type == KV_F32) {
+        memcpy((float *)cache + offset, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = (uint16_t *)cache + offset;
+    for (int i = 0; i < n; i++) h[i] = float_to_half(src[i]);
+}
+
+/* out = cache[offset .. offset+n) as float32 */
+void kv_load(float *out, const void *cache, int kv_type, size_t offset, int n) {
+    if (kv_type == KV_F32) {
+        memcpy(out, (const float *)cache + offset, (size_t)n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)cache + offset;
+    for (int i = 0; i < n; i++) out[i] = half_to_float(h[i]);
+}
+
+/* q . cache[offset .. offset+n) */
+static inline float kv_dot(const float *q, const void *cache, int kv_type, size_t offset, int n) {
+    if (kv_type == KV_F32) return dot(q, (const float *)cache + offset, n);
+    const uint16_t *h = (const uint16_t *)cache + offset;
+    float sum = 0.0f, row[64]; // converted 64 at a time, then the float dot
+    for (int i0 = 0; i0 < n; i0 += 64) {
+        int m = n - i0 < 64 ? n - i0 : 64;
+        for (int i = 0; i < m; i++) row[i] = half_to_float(h[i0 + i]);
+        sum += dot(q + i0, row, m);
+    }
+    return sum;
+}
+
+/* out += a * cache[offset .. offset+n) */
+static inline void kv_axpy(float *out, float a, const void *cache, int kv_type, size_t offset, int n) {
+    if (kv_type == KV_F32) {
+        const float *v = (const float *)cache + offset;
+        for (int i = 0; i < n; i++) out[i] += a * v[i];
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)cache + offset;
+    for (int i = 0; i < n; i++) out[i] += a * half_to_float(h[i]);
+}
+
+/* out += a[0] * row t + a[1] * row t+1 + a[2] * row t+2 + a[3] * row t+3 of
+ * a cache, rows `stride` apart from offset: one pass over out for four rows. */
+static inline void kv_axpy4(float *out, const float *a, const void *cache, int kv_type, size_t offset, int stride,
+                            int n) {
+    if (kv_type == KV_F32) {
+        const float *v0 = (const float *)cache + offset, *v1 = v0 + stride, *v2 = v1 + stride, *v3 = v2 + stride;
+        for (int i = 0; i < n; i++) out[i] += a[0] * v0[i] + a[1] * v1[i] + a[2] * v2[i] + a[3] * v3[i];
+        return;
+    }
+    const uint16_t *h0 = (const uint16_t *)cache + offset, *h1 = h0 + stride, *h2 = h1 + stride, *h3 = h2 + stride;
+    for (int i = 0; i < n; i++)
+        out[i] += a[0] * half_to_float(h0[i]) + a[1] * half_to_float(h1[i]) + a[2] * half_to_float(h2[i]) +
+                  a[3] * half_to_float(h3[i]);
+}
+
+/* out = sum_j weights[j] * row j of the cache (kernels.h): four rows per
+ * pass over out, then the rest one by one. */
+void kv_mix(float *out, const float *weights, const void *cache, int kv_type, size_t offset, int stride, int n_rows,
+            int n) {
+    memset(out, 0, (size_t)n * sizeof(float));
+    int j = 0;
+    for (; j + 4 <= n_rows; j += 4) kv_axpy4(out, weights + j, cache, kv_type, offset + (size_t)j * stride, stride, n);
+    for (; j < n_rows; j++) kv_axpy(out, weights[j], cache, kv_type, offset + (size_t)j * stride, n);
+}
+
+/* ==========================================================================
+ * 2. SIMD kernels: the program's only intrinsics, AVX2 + FMA. Each kernel has
+ * its portable C version right beside it, which computes the same sums in a
+ * different order (results agree to float rounding; the tests compare the
+ * two). Builds without AVX2 get only the C versions.
+ * ========================================================================== */
+
+/* out[t * ldo + r] = w_r . x_t  for R rows w_r and T rows x_t of n floats.
+ * Each weight row, once loaded, serves all T tokens. */
+static void dot_tile_f32_c(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = dot(w + (size_t)r * n, x + (size_t)t * n, n);
+}
+
+/* The same as int8 dot products in groups: out[t * ldo + r] =
+ *   sum over groups g of ws_r[g] * xs_t[g] * (sum of w_r[i] * x_t[i] over the group)
+ * w: R rows of n int8 with scales ws (R, n/gs); x: T rows, scales xs (T, n/gs). */
+static void dot_tile_q8_c(float *out, int ldo, const int8_t *w, const float *ws, const int8_t *x, const float *xs,
+                          int R, int T, int n, int gs) {
+    int groups = n / gs;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            const int8_t *wr = w + (size_t)r * n, *xt = x + (size_t)t * n;
+            float sum = 0.0f;
+            for (int g = 0; g < groups; g++) {
+                int32_t isum = 0;
+#pragma omp simd reduction(+ : isum)
+                for (int i = g * gs; i < (g + 1) * gs; i++) isum += (int32_t)wr[i] * xt[i];
+                sum += (float)isum * ws[(size_t)r * groups + g] * xs[(size_t)t * groups + g];
+            }
+            out[(size_t)t * ldo + r] = sum;
+        }
+}
+
+#if HAVE_SIMD
+static float hsum_avx(__m256 v) { // the 8 lanes of v added
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* dot_tile_f32_c for R <= 6 rows and up to 8J tokens (J <= 2, R and J
+ * constants), with x given transposed: xt[k * ldx + t] = x_t[k], the tokens
+ * side by side. Row r of W starts at w + r * ldw. For each column k, one
+ * broadcast of w_r[k] per row meets one load of 8 tokens' x values: 12 sums of
+ * 8 tokens each + 2 x vectors + 1 broadcast = 15 of the 16 AVX2 registers, and
+ * no horizontal sums. Each output is one FMA chain over k in order, so it is
+ * the same whatever the tile, B or the thread count. Only the first T tokens
+ * are stored (the rest is padding): out[t * ldo + r], or out[r * ldo + t]
+ * when by_rows. Measured against a 3 x 4 dot-product tile (horizontal sums
+ * at the end): 1.65x the prefill rate of a 15M-shaped model. */
+static inline __attribute__((always_inline)) void cols_tile_f32_avx(float *out, int ldo, int by_rows, const float *w,
+                                                                   int ldw, int n, const float *xt, int ldx, int R,
+                                                                   int J, int T) {
+    __m256 acc[6][2];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < J; j++) acc[r][j] = _mm256_setzero_ps();
+    for (int k = 0; k < n; k++) {
+        __m256 x0 = _mm256_loadu_ps(xt + (size_t)k * ldx), x1 = J > 1 ? _mm256_loadu_ps(xt + (size_t)k * ldx + 8) : x0;
+        for (int r = 0; r < R; r++) {
+            __m256 wr = _mm256_broadcast_ss(w + (size_t)r * ldw + k);
+            acc[r][0] = _mm256_fmadd_ps(wr, x0, acc[r][0]);
+            if (J > 1) acc[r][1] = _mm256_fmadd_ps(wr, x1, acc[r][1]);
+        }
+    }
+    float tile[6][16]; // stored whole first: a partial store loop over acc makes
+                       // GCC write every sum to memory at every k as well
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < J; j++) _mm256_storeu_ps(&tile[r][8 * j], acc[r][j]);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[by_rows ? (size_t)r * ldo + t : (size_t)t * ldo + r] = tile[r][t];
+}
+
+/* out[t * ldo + r] (or out[r * ldo + t] when by_rows) = w_r . x_t for the
+ * rows w_r of W (rows, n; row r at w + r * ldw) and the B tokens of xt
+ * (n, ldx; B <= ldx, padded to a multiple of 8): tiles of 6 rows x 16 tokens. */
+static void cols_f32(float *out, int ldo, int by_rows, const float *w, int ldw, int rows, int n, const float *xt,
+                     int ldx, int B) {
+    for (int i = 0; i < rows; i += 6)
+        for (int b = 0; b < B; b += 16) {
+            float *o = out + (by_rows ? (size_t)i * ldo + b : (size_t)b * ldo + i);
+            size_t next_row = by_rows ? (size_t)ldo : 1; // o's step from row r to r + 1
+            const float *wi = w + (size_t)i * ldw, *x = xt + b;
+            int T = B - b < 16 ? B - b : 16;
+            if (rows - i >= 6 && T > 8) cols_tile_f32_avx(o, ldo, by_rows, wi, ldw, n, x, ldx, 6, 2, T);
+            else if (rows - i >= 6) cols_tile_f32_avx(o, ldo, by_rows, wi, ldw, n, x, ldx, 6, 1, T);
+            else
+                for (int r = 0; r < rows - i; r++) { // the last rows, one at a time
+                    float *orow = o + r * next_row;
+                    const float *wr = wi + (size_t)r * ldw;
+                    if (T > 8) cols_tile_f32_avx(orow, ldo, by_rows, wr, ldw, n, x, ldx, 1, 2, T);
+                    else cols_tile_f32_avx(orow, ldo, by_rows, wr, ldw, n, x, ldx, 1, 1, T);
+                }
+        }
+}
+
+/* dot_tile_f32_c for one row and one token (generation): four partial sums
+ * in turn, so that consecutive FMAs do not wait for each other (an FMA takes
+ * 4 cycles; one chain would run at a quarter of the FMA rate). Measured: 7-15%
+ * faster streaming of a 61 MB matrix than one sum, on 1 and 2 threads. */
+static void dot_f32_avx(float *out, const float *w, const float *x, int n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    float sum = hsum_avx(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) sum += w[i] * x[i];
+    *out = sum;
+}
+
+/* out[j] = q . k_j for the 8 keys k_j = k + j * stride, n floats each (n a
+ * multiple of 8): one sum per key, then the 8 sums reduced together by a tree
+ * of horizontal adds, which costs less than 8 separate reductions. */
+static void dot8_f32_avx(float *out, const float *q, const float *k, int stride, int n) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (size_t)j * stride + i), acc[j]);
+    }
+    // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]
+    __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
+    __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67); // keys 0-3 | keys 0-3
+    __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20), hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
+    _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+}
+
+/* dot_tile_q8_c for R <= 4, T <= 2 and gs a multiple of 32. Per 32 values:
+ * _mm256_maddubs_epi16 multiplies unsigned by signed bytes, so the sign of x
+ * moves onto w (|x| * sign(x) w = x w); pairs are summed to int16 (at most
+ * 2 * 127 * 127, no overflow) and then to int32 by _mm256_madd_epi16. */
+static inline __attribute__((always_inline)) void dot_tile_q8_avx(float *out, int ldo, const int8_t *w,
+                                                                 const float *ws, const int8_t *x, const float *xs,
+                                                                 int R, int T, int n, int gs) {
+    int groups = n / gs;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4][2];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++)
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++) {
+                __m256i isum = _mm256_setzero_si256();
+                for (int i = g * gs; i < (g + 1) * gs; i += 32) {
+                    __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (size_t)t * n + i));
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (size_t)r * n + i));
+                    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, ones));
+                }
+                __m256 scale = _mm256_set1_ps(ws[(size_t)r * groups + g] * xs[(size_t)t * groups + g]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][t]);
+            }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = hsum_avx(acc[r][t]);
+}
+
+/* The int32 sums of w[i] * x[i] over one group of gs int8 values (gs a
+ * multiple of 32), in 8 lanes: as in dot_tile_q8_avx above. */
+static inline __m256i group_dot_i8_avx(const int8_t *w, const int8_t *x, int gs) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int i = 0; i < gs; i += 32) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + i)), wv = _mm256_loadu_si256((const __m256i *)(w + i));
+        __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+    }
+    return isum;
+}
+
+/* dot_tile_q8_c for one row and one token (generation), gs a multiple of 32:
+ * two groups per step into two float sums, so that the conversions and FMAs
+ * of consecutive groups do not wait for each other. Called with gs = 32 as
+ * a constant when it is (the default), so the group loop disappears. */
+static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const int8_t *w, const float *ws,
+                                                            const int8_t *x, const float *xs, int n, int gs) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int groups = n / gs, g = 0;
+    for (; g + 2 <= groups; g += 2) {
+        __m256i s0 = group_dot_i8_avx(w + (size_t)g * gs, x + (size_t)g * gs, gs);
+        __m256i s1 = group_dot_i8_avx(w + (size_t)(g + 1) * gs, x + (size_t)(g + 1) * gs, gs);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(ws[g] * xs[g]), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(ws[g + 1] * xs[g + 1]), acc1);
+    }
+    if (g < groups) {
+        __m256i s0 = group_dot_i8_avx(w + (size_t)g * gs, x + (size_t)g * gs, gs);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(ws[g] * xs[g]), acc0);
+    }
+    *out = hsum_avx(_mm256_add_ps(acc0, acc1));
+}
+#endif
+
+/* The tile functions matmul calls for what does not go through cols_f32
+ * (blocks of float rows in a SIMD build, q8_0 rows dequantized included):
+ * int8 q8_0 products (one token; blocks only when matmul has no w_rows
+ * scratch) through the one tile kernel instantiated with constant sizes, so
+ * an output is the same sum in the same order whatever the tile or the thread
+ * count, and the portable tiles. A single token (generation)
+ * has its own one-row kernels, which read the rows one after the
+ * other: one sequential stream, which the hardware prefetcher follows best
+ * (measured: 4 rows side by side streamed 15-25% slower for float32, and 25%
+ * slower for q8_0). They sum in another order than the tiles (float rounding;
+ * the tests bound it). */
+static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
+#if HAVE_SIMD
+    if (use_simd && T == 1) { // blocks of tokens go through cols_f32 (see matmul)
+        for (int r = 0; r < R; r++) dot_f32_avx(out + r, w + (size_t)r * n, x, n);
+        return;
+    }
+#endif
+    dot_tile_f32_c(out, ldo, w, x, R, T, n);
+}
+static void dot_tile_q8(float *out, int ldo, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int R,
+                        int T, int n, int gs) {
+#if HAVE_SIMD
+    if (use_simd && gs % 32 == 0) {
+        int step = R == 4 && T > 1 ? 4 : 1;
+        for (int r = 0; r < R; r += step) {
+            float *o = out + r;
+            const int8_t *wr = w + (size_t)r * n;
+            const float *wsr = ws + (size_t)r * (n / gs);
+            if (step == 4) dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 4, 2, n, gs);
+            else if (T == 2) dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 1, 2, n, gs);
+            else if (gs == 32) dot_q8_avx(o, wr, wsr, x, xs, n, 32);
+            else dot_q8_avx(o, wr, wsr, x, xs, n, gs);
+        }
+        return;
+    }
+#endif
+    dot_tile_q8_c(out, ldo, w, ws, x, xs, R, T, n, gs);
+}
+
+/* ==========================================================================
+ * 3. Attention over the cache
+ * ========================================================================== */
+
+/* out[j] = q . row j of the cache, j < n_keys (kernels.h): 8 keys at a time
+ * with SIMD and a float32 cache, the rest one by one. */
+void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_t offset, int stride, int n_keys,
+               int n) {
+    int j = 0;
+#if HAVE_SIMD
+    if (use_simd && kv_type == KV_F32 && n % 8 == 0)
+        for (; j + 8 <= n_keys; j += 8) dot8_f32_avx(out + j, q, (const float *)cache + offset + (size_t)j * stride,
+                                                     stride, n);
+#endif
+    for (; j < n_keys; j++) out[j] = kv_dot(q, cache, kv_type, offset + (size_t)j * stride, n);
+}
+
+/* A block of queries against the cache as two matrix products per head
+ * (kernels.h). With SIMD both go through the column kernel: a key, once
+ * loaded, serves 16 queries, and a row of weights 16 output dims. Results
+ * equal the one-query path up to float summation order. */
+int kv_block_fits(int head_size, int key_type, int value_type) {
+    return HAVE_SIMD && use_simd && head_size % 8 == 0 && key_type == KV_F32 && value_type == KV_F32;
+}
+
+void kv_block_scores(float *S, int lds, const float *q, int ldq, int B, float *q_t, const float *keys, int kv_dim,
+                     int T, int head_size) {
+#if HAVE_SIMD
+    if (use_simd && head_size % 8 == 0) {
+        int ldt = (B + 7) / 8 * 8;
+        for (int i = 0; i < head_size; i++) // q_t[i][b] = q_b[i], padded with zeros
+            for (int b = 0; b < ldt; b++) q_t[(size_t)i * ldt + b] = b < B ? q[(size_t)b * ldq + i] : 0.0f;
+        cols_f32(S, lds, 0, keys, kv_dim, T, head_size, q_t, ldt, B);
+        return;
+    }
+#endif
+    (void)q_t;
+    for (int b = 0; b < B; b++) kv_scores(S + (size_t)b * lds, q + (size_t)b * ldq, keys, KV_F32, 0, kv_dim, T, head_size);
+}
+
+void kv_block_mix(float *out, int ldo, const float *S, int lds, int B, const float *values, int kv_dim, int T,
+                  int head_size) {
+#if HAVE_SIMD
+    if (use_simd && head_size % 8 == 0) {
+        cols_f32(out, ldo, 1, S, lds, B, T, values, kv_dim, head_size);
+        return;
+    }
+#endif
+    for (int b = 0; b < B; b++) kv_mix(out + (size_t)b * ldo, S + (size_t)b * lds, values, KV_F32, 0, kv_dim, T, head_size);
+}
+
+/* ==========================================================================
+ * 4. matmul over float32 or q8_0 weights
+ * ========================================================================== */
+
+Matrix matrix_rows(Matrix m, size_t first_row, size_t cols) {
+    size_t first = first_row * cols; // values before the row
+    if (m.type == WEIGHT_F32) {
+        m.values = (const float *)m.values + first;
+    } else {
+        m.values = (const int8_t *)m.values + first;
+        m.scale += first / (size_t)m.group_size;
+    }
+    return m;
+}
+
+void matrix_row(float *out, Matrix m, int row, int cols) {
+    m = matrix_rows(m, (size_t)row, (size_t)cols);
+    if (m.type == WEIGHT_F32) {
+        memcpy(out, m.values, (size_t)cols * sizeof(float));
+        return;
+    }
+    const int8_t *qv = m.values;
+    for (int g = 0; g < cols / m.group_size; g++)
+        for (int i = g * m.group_size; i < (g + 1) * m.group_size; i++) out[i] = qv[i] * m.scale[g];
+}
+
+void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs) {
+    for (size_t g = 0; g < (size_t)B * n / gs; g++) {
+        const float *xg = x + g * gs;
+        float amax = 0.0f;
+        for (int i = 0; i < gs; i++) amax = fabsf(xg[i]) > amax ? fabsf(xg[i]) : amax;
+        float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+        for (int i = 0; i < gs; i++) { // round half away from zero; |qv| <= 127
+            float v = xg[i] * inv;
+            qv[g * gs + i] = (int8_t)(int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+        }
+        scale[g] = s;
+    }
+}
+
+/* Tiles of the dot-product kernels: rows of W x tokens of x that one call
+ * computes: 4 x 2 for q8_0 (partial sums in 16 AVX2 registers) and 3 x 4 for
+ * the portable float32 one. Each row of a tile, once loaded, serves all of
+ * the tile's tokens. */
+#define TILE_ROWS_F32 3
+#define TILE_TOKENS_F32 4
+#define TILE_ROWS_Q8 4
+#define TILE_TOKENS_Q8 2
+
+/* Which q8_0 method a call uses: int8 dot products (one token: reading the
+ * weights dominates, and they stay int8), or dequantized rows and the float
+ * kernel (several tokens: without VNNI the float FMA does 8 multiply-adds per
+ * instruction, the int8 kernel about 3, and dequantizing a chunk of rows once
+ * costs little next to B tokens' products). The results differ by the
+ * rounding of x to int8, within the q8_0 bounds the tests state. */
+static int q8_dequantize_rows(const MatmulScratch *scratch, int B) {
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    return B > 1 && scratch && scratch->w_rows && threads <= scratch->threads;
+}
+
+/* xt[k * ldx + b] = x[b * n + k], zero for tokens B..ldx-1:
+ * x (B, n) -> xt (n, ldx), the block's tokens side by side. */
+static void transpose_block(float *xt, const float *x, int B, int ldx, int n) {
+    for (int b0 = 0; b0 < ldx; b0 += 8) // 8 tokens at a time: 8 rows of x read side by side
+        for (int k = 0; k < n; k++)
+            for (int b = b0; b < b0 + 8; b++) xt[(size_t)k * ldx + b] = b < B ? x[(size_t)b * n + k] : 0.0f;
+}
+
+/* out = x @ W^T        x (B, n), W (d, n) -> out (B, d)
+ * W is float32 or q8_0 (see q8_dequantize_rows); kernels.h says which
+ * scratch each needs. Chunks of ROW_CHUNK rows are split across threads; a
+ * chunk, once loaded, serves all B tokens. Each output is computed by the
+ * same code whatever the thread count. */
+void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const MatmulScratch *scratch) {
+    int q8 = w.type == WEIGHT_Q8_0, gs = w.group_size, dequant = q8 && q8_dequantize_rows(scratch, B);
+    int int8 = q8 && !dequant;
+    if (int8) quantize_q8(scratch->x_q, scratch->x_scale, x, B, n, gs);
+    // Several tokens against float rows (float32, or q8_0 dequantized): the
+    // column kernel, on x transposed once here.
+    int by_columns = HAVE_SIMD && use_simd && B > 1 && !int8 && scratch && scratch->x_t, ldx = (B + 7) / 8 * 8;
+    if (by_columns) transpose_block(scratch->x_t, x, B, ldx, n);
+    int tile_rows = int8 ? TILE_ROWS_Q8 : TILE_ROWS_F32, tile_tokens = int8 ? TILE_TOKENS_Q8 : TILE_TOKENS_F32;
+    int n_chunks = (d + ROW_CHUNK - 1) / ROW_CHUNK, chunk;
+#pragma omp parallel for private(chunk) if ((long)B * n * d >= PARALLEL_MIN_WORK)
+    for (chunk = 0; chunk < n_chunks; chunk++) {
+        int start = chunk * ROW_CHUNK, end = start + ROW_CHUNK < d ? start + ROW_CHUNK : d;
+        const float *rows = q8 ? NULL : (const float *)w.values + (size_t)start * n; // (end - start, n) floats
+        if (dequant) { // this thread's slice of w_rows = rows start..end of W
+            int thread = 0;
+#ifdef _OPENMP
+            thread = omp_get_thread_num();
+#endif
+            float *slice = scratch->w_rows + (size_t)thread * ROW_CHUNK * n;
+            for (int i = start; i < end; i++) matrix_row(slice + (size_t)(i - start) * n, w, i, n);
+            rows = slice;
+        }
+#if HAVE_SIMD
+        if (by_columns) {
+            cols_f32(out + start, d, 0, rows, n, end - start, n, scratch->x_t, ldx, B);
+            continue;
+        }
+#endif
+        for (int b = 0; b < B; b += tile_tokens) {
+            int T = B - b < tile_tokens ? B - b : tile_tokens;
+            for (int i = start; i < end; i += tile_rows) {
+                int R = end - i < tile_rows ? end - i : tile_rows;
+                float *o = out + (size_t)b * d + i; // (T, d) from row i on
+                if (int8)
+                    dot_tile_q8(o, d, (const int8_t *)w.values + (size_t)i * n, w.scale + (size_t)i * (n / gs),
+                                scratch->x_q + (size_t)b * n, scratch->x_scale + (size_t)b * (n / gs), R, T, n, gs);
+                else
+                    dot_tile_f32(o, d, rows + (size_t)(i - start) * n, x + (size_t)b * n, R, T, n);
+            }
+        }
+    }
+}

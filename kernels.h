@@ -1,0 +1,170 @@
+/* kernels.h: how run.c's ops touch memory, behind small interfaces.
+ *
+ * run.c states each operation as a formula and a plain loop (its
+ * matmul_reference is the definition of matmul); kernels.c computes the same
+ * things fast: weights stored float32 or q8_0, a KV cache of float32 or IEEE
+ * half, AVX2 tiles that let one load of a weight serve many tokens, and
+ * threads. Every kernel here has a portable C version, and the tests compare
+ * each one with run.c's reference loops. Read run.c first; come here to see
+ * how the time is spent.
+ *
+ * Shape names are model.h's (dim, kv_dim, head_size, n_ctx, ...); B is the
+ * number of tokens a call carries.
+ */
+#ifndef KERNELS_H
+#define KERNELS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "model.h"
+
+/* The SIMD kernels need AVX2 and FMA (x86-64 since 2013): `make` enables
+ * them with -march=native where the CPU has them; `make portable` and other
+ * CPUs get the portable C versions alone. use_simd = 0 selects the portable
+ * versions at run time in a SIMD build (the tests do, to compare the two). */
+#if defined(__AVX2__) && defined(__FMA__)
+#define HAVE_SIMD 1
+#else
+#define HAVE_SIMD 0
+#endif
+extern int use_simd;
+
+/* Below this many multiply-adds a parallel region costs more than it saves
+ * (thread wake-up is microseconds; a 64x64 matmul is about a microsecond). */
+#define PARALLEL_MIN_WORK (1 << 16)
+
+/* a . b = sum_i a[i] * b[i]          a, b: (n)
+ * `omp simd reduction` lets the compiler keep several partial sums in SIMD
+ * registers (strict C would force one sum, added in order). */
+static inline float dot(const float *a, const float *b, int n) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+/* e^x for softmax and SiLU, written so that loops calling it vectorize (libm's
+ * expf is one call per element: 12% of a prompt's instructions).
+ *   e^x = 2^n * e^r,  n = round(x / ln 2),  r = x - n ln 2 in [-ln2/2, ln2/2]
+ * e^r by its Taylor series to r^7 (truncation < 1e-8 relative); ln 2 split in
+ * two (Cody and Waite) so that n ln 2 is exact enough; 2^n built in the
+ * exponent bits. Within 2 ulp of expf (the tests check). Below -87.3 it
+ * returns 0 (no subnormals), above 88.3 infinity; NaN stays NaN. */
+static inline float exp_fast(float x) {
+    float c = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x; // n stays in [-126, 127]
+    float t = c * 1.44269504f + 12582912.0f;                // 1.5 * 2^23: t's last bits hold n
+    float n = t - 12582912.0f;
+    float r = (c - n * 0.693359375f) - n * -2.12194440e-4f; // ln 2 = 0.693359375 - 2.12194440e-4
+    float p = 1.0f / 5040;
+    p = p * r + 1.0f / 720, p = p * r + 1.0f / 120, p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6, p = p * r + 0.5f, p = p * r + 1.0f, p = p * r + 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits - 0x4B400000u + 127u) << 23; // 2^n: bits(t) = bits(1.5 * 2^23) + n
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return x < -87.3f ? 0.0f : x > 88.3f ? INFINITY : p * two_n;
+}
+
+/* ------------------------------------------------------------------------
+ * The KV cache: rows of kv_dim values per position, float32 or IEEE 754 half
+ * precision (--kv f16: half the memory; 11 significant bits, range +-65504).
+ * Values are converted on write and read back as float for the arithmetic.
+ * `offset` counts elements from the start of `cache`; rows are `stride`
+ * elements apart.
+ * ------------------------------------------------------------------------ */
+
+/* Bytes of one element: 4 for KV_F32, 2 for KV_F16. */
+size_t kv_elem_bytes(int kv_type);
+/* cache[offset .. offset+n) = src, converted to the cache's type */
+void kv_store(void *cache, int kv_type, size_t offset, const float *src, int n);
+/* out = cache[offset .. offset+n) as float32 */
+void kv_load(float *out, const void *cache, int kv_type, size_t offset, int n);
+/* out[j] = q . row j, for the n_keys rows of n values from offset on
+ * (attention scores against cached keys, before scaling) */
+void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_t offset, int stride, int n_keys,
+               int n);
+/* out = sum_j weights[j] * row j, for the n_rows rows of n values from
+ * offset on (attention's weighted sum of cached values) */
+void kv_mix(float *out, const float *weights, const void *cache, int kv_type, size_t offset, int stride, int n_rows,
+            int n);
+/* IEEE half <-> float, portable versions (round to nearest even; infinities,
+ * NaN, subnormals). The cache uses the compiler's _Float16 where there is one. */
+uint16_t float_to_half_c(float f);
+float half_to_float_c(uint16_t h);
+/* The compiler's _Float16 where it has one (one instruction with F16C). */
+#ifdef __FLT16_MAX__
+static inline float half_to_float(uint16_t h) {
+    _Float16 f;
+    memcpy(&f, &h, 2);
+    return (float)f;
+}
+static inline uint16_t float_to_half(float x) {
+    _Float16 f = (_Float16)x;
+    uint16_t h;
+    memcpy(&h, &f, 2);
+    return h;
+}
+#else
+#define half_to_float half_to_float_c
+#define float_to_half float_to_half_c
+#endif
+
+/* Attention for a block of B queries of one head as two matrix products
+ * against a float32 cache (run.c's attention does the softmax between):
+ *   kv_block_scores: S[b * lds + t] = q_b . k_t          b < B, t < T
+ *   kv_block_mix:    out[b * ldo + i] = sum_t S[b * lds + t] v_t[i]
+ * q_b = q + b * ldq and out's rows are head_size values; k_t, v_t are rows
+ * of keys / values, kv_dim apart (the head's slice of one layer's cache).
+ * q_t: (head_size, B rounded up to 8) scratch, a separate one per thread.
+ * kv_block_fits says whether this path is the fast one for these settings
+ * (AVX2, head_size a multiple of 8, float32 cache); where it is not, run.c
+ * goes query by query with kv_scores and kv_mix. */
+int kv_block_fits(int head_size, int key_type, int value_type);
+void kv_block_scores(float *S, int lds, const float *q, int ldq, int B, float *q_t, const float *keys, int kv_dim,
+                     int T, int head_size);
+void kv_block_mix(float *out, int ldo, const float *S, int lds, int B, const float *values, int kv_dim, int T,
+                  int head_size);
+
+/* ------------------------------------------------------------------------
+ * Weight matrices (model.h's Matrix: float32 or q8_0) and matmul
+ * ------------------------------------------------------------------------ */
+
+/* Rows of W one thread takes at a time in matmul (a multiple of the tile
+ * heights in kernels.c: 6, 4 and 3): with several tokens, the chunk's rows
+ * stay in the cache while every tile of tokens passes over them. */
+#define ROW_CHUNK 24
+
+/* What matmul needs besides its operands.
+ * Several tokens (SIMD build): x is transposed into x_t, so that one load
+ * gives 8 tokens' values of one column. q8_0 weights: with one token, x is
+ * quantized into x_q and x_scale and the products are int8 dot products; with
+ * several, each thread dequantizes ROW_CHUNK rows at a time into its slice of
+ * w_rows and uses the float kernel. Float32 weights need no scratch (NULL:
+ * blocks then take the portable tiles); q8_0 weights need at least x_q and
+ * x_scale. */
+typedef struct {
+    float *x_t;     // (max(dim, hidden_dim), B rounded up to 8) the input transposed, B > 1 only;
+                    // attention_block uses it for the queries transposed
+    int8_t *x_q;    // (B, max(dim, hidden_dim)) the input, quantized
+    float *x_scale; // (B, max(dim, hidden_dim) / group_size) its scales
+    float *w_rows;  // (threads, ROW_CHUNK, max(dim, hidden_dim)) dequantized rows, or NULL
+    int threads;    // slices in w_rows (OpenMP threads when allocated)
+} MatmulScratch;
+
+/* Rows [first_row, ...) of a stacked matrix of `cols` columns: layer l of wq
+ * is matrix_rows(w->wq, l * dim, dim). */
+Matrix matrix_rows(Matrix m, size_t first_row, size_t cols);
+/* out = row `row` of m as floats (the embedding lookup)        out: (cols) */
+void matrix_row(float *out, Matrix m, int row, int cols);
+/* q8_0 quantization of B rows of n floats in groups of gs along each row:
+ *   scale = max|x| / 127, qv = round(x / scale)
+ * x: (B, n) -> qv (B, n), scale (B, n/gs) */
+void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs);
+/* out = x @ W^T        x (B, n), W (d, n) -> out (B, d)
+ * run.c's matmul_reference with W float32 or q8_0, tiled and threaded. */
+void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const MatmulScratch *scratch);
+
+#endif
