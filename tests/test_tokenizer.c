@@ -478,7 +478,7 @@ static const char *write_damaged(const char *name, int kind, long arg)
         if (kind == SWAP_BYTES) { /* swap the pieces <0x10> and <0x11> (ids 19, 20) */
             size_t pos = 4;
             for (int i = 0; i < 19; i++)
-                pos += 8 + (size_t)read_i32(data + pos + 4);
+                pos += 8 + (size_t)read_le_i32(data + pos + 4);
             data[pos + 8 + 4] = '1';
             data[pos + 8 + 14 + 4] = '0';
         } else {
