@@ -460,7 +460,7 @@ class _Stacked:
 
 def head_permutation(n_heads, head_size, rot_dim, to_interleaved):
     """Row order that converts q/k weights between the two RoPE layouts
-    (rope-spec.md 1.7): out_row j = in_row perm[j], within each head, on the
+    (docs/rope.md §4.2): out_row j = in_row perm[j], within each head, on the
     first rot_dim rows of the head (the rest are not rotated and stay).
 
     to_interleaved=True undoes Hugging Face's permutation (llama2.c's

@@ -414,7 +414,7 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
  * ========================================================================== */
 
 /* inv_freq[i] for i < n_pairs and the magnitude factor mscale (YaRN's; 1 for
- * every other method) for the method in r (docs/rope.md, "Scaling methods").
+ * every other method) for the method in r (docs/rope.md §8; test vectors §9).
  * `cur_len` is the current sequence length, used only by dynamic NTK.
  * Frequencies are computed in double. */
 void rope_frequencies(const RopeConfig *r, int cur_len, double *inv_freq, double *mscale) {
@@ -479,9 +479,9 @@ void rope_frequencies(const RopeConfig *r, int cur_len, double *inv_freq, double
 /* Fill cos/sin (n_rows, n_pairs) with mscale * cos(pos * inv_freq[i]) and
  * mscale * sin(...) for pos = first_row .. first_row + n_rows - 1. The angle
  * is formed in double: a float angle loses ~1e-4 at position 1000
- * (docs/rope.md, "Precision"). Multiplying both cos and sin by mscale scales
+ * (docs/rope.md §7.2). Multiplying both cos and sin by mscale scales
  * q and k by mscale, so every attention logit q.k scales by mscale^2, the
- * convention of Hugging Face, ggml and YaRN. */
+ * convention of Hugging Face, ggml and YaRN (docs/rope.md §7.3). */
 void rope_fill_table(float *cos_out, float *sin_out, int first_row, int n_rows, const double *inv_freq, int n_pairs,
                      double mscale) {
     for (int p = 0; p < n_rows; p++) {
@@ -527,7 +527,7 @@ static void rope_build_rows(Transformer *t, int len, int first, int n) {
 
 /* Build the whole (n_ctx, n_pairs) table once, at load.
  * Every method but dynamic NTK has one table for all lengths. Dynamic NTK
- * (docs/rope.md, "Dynamic NTK") uses base b' = b * (s*S/L - (s-1))^(d/(d-2)) for a sequence
+ * (docs/rope.md §8.5) uses base b' = b * (s*S/L - (s-1))^(d/(d-2)) for a sequence
  * of length S > L:
  *   hf:    the token at position p is rotated once, when it arrives, for
  *          length S = p + 1; cached keys keep that rotation. So row p is
@@ -1334,8 +1334,8 @@ typedef struct {
 } PplScore;
 
 /* Teacher-forced NLL of the text ids[0..n_ids) (no BOS among them), the
- * windowing the extrapolation study relies on (docs/rope.md, "Measuring
- * extrapolation"; tests/reference.py's ppl_reference is the same in numpy):
+ * windowing the extrapolation study relies on (docs/rope.md §12.2;
+ * tests/reference.py's ppl_reference computes the same in numpy):
  *   - a window is BOS + up to n_ctx - 1 text tokens, from position 0;
  *   - a window starts every `stride` text tokens (1 <= stride <= n_ctx - 1),
  *     and the last one ends at the text's end;

@@ -147,7 +147,7 @@ def make_model(directory, name="model.bin", seed=0, tensors=None, **overrides):
 
 
 def hf_permute(w, n_heads):
-    """Hugging Face's q/k row permutation (rope-spec.md 1.7): per head, row
+    """Hugging Face's q/k row permutation (docs/rope.md §4.2): per head, row
     2i+c moves to c*(hd/2)+i. w: (n_heads*hd, dim)."""
     rows, dim = w.shape
     hd = rows // n_heads
@@ -160,7 +160,7 @@ def check_error(p, code, needles):
 
     Exit 1 (bad input): stderr must be exactly one line.
     Exit 2 (bad usage): the first line must be the message; a usage text may
-    follow it (STYLE.md: print usage on error)."""
+    follow it."""
     err = p.stderr.decode(errors="replace")
     lines = [l for l in err.splitlines() if l.strip()]
     info = f"exit {p.returncode}, stderr:\n{err[-3000:]}"

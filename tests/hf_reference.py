@@ -16,11 +16,11 @@ so that `export.py --hf` + `run` can be checked against it.
     logits = lm_head(norm(x))                                  lm_head = embed_tokens if tied
 
 rotate_half(x) = cat(-x[rot/2:], x[:rot/2]); cos/sin = cat(c, c) with
-c[i] = att * cos(pos * inv_freq[i]) (rope-spec.md 1.2). Partial rotary: only
+c[i] = att * cos(pos * inv_freq[i]) (docs/rope.md §4.1, §7.3). Partial rotary: only
 the first rot = int(head_dim * partial_rotary_factor) dims, halves inside them.
 
 inv_freq and att follow transformers' modeling_rope_utils for each rope type
-(rope-spec.md 2.1, 2.3-2.5), written here from the spec's formulas:
+(docs/rope.md §8.3, §8.5-§8.7), written here from those formulas:
     default  inv_i = b^(-2i/rot)
     linear   inv_i / factor
     dynamic  base b * (factor*S/L - (factor-1))^(rot/(rot-2)), L =

@@ -17,11 +17,11 @@ and builds RoPE from its definition.
     logits = rmsnorm(x, rms_final_weight) @ (token_embedding if shared else wcls).T
 
 rmsnorm(x, w) = x * w / sqrt(mean(x^2) + eps).
-RoPE (rope-spec.md 1.1, 1.2): inv_freq_i = base^(-2i/rot_dim), angle = pos * inv_freq_i;
+RoPE (docs/rope.md §2.1, §2.2, §4.1): inv_freq_i = base^(-2i/rot_dim), angle = pos * inv_freq_i;
 pair i is (2i, 2i+1) in the interleaved layout, (i, i + rot_dim/2) in neox;
 (x, y) -> (x cos - y sin, x sin + y cos). Only unscaled RoPE is modelled.
 
-ppl_reference() applies the windowing contract of `run -m ppl` (DESIGN.md 3).
+ppl_reference() applies the windowing contract of `run -m ppl` (docs/rope.md §12.2).
 """
 
 import math
@@ -156,7 +156,7 @@ def bucket_bounds(seq_len, ctx):
 
 
 def ppl_reference(model, text_ids, ctx, bos_id, seq_len, stride=None):
-    """Teacher-forced evaluation with run's windowing contract (DESIGN.md 3).
+    """Teacher-forced evaluation with run's windowing contract (docs/rope.md §12.2).
 
     text_ids: the text's ids without BOS. Windows hold ctx-1 text tokens each
     and are fed as [BOS] + tokens; each text token after BOS is scored given

@@ -2,8 +2,8 @@
 
 For every RoPE scaling method, both dynamic-NTK variants and Self-Extend,
 `run -m ppl --json` at a context 4x the training length must give the NLL
-of a float64 reference written here from rope-spec.md (sections 2.1-2.5,
-2.7), not from run.c.
+of a float64 reference written here from docs/rope.md (§8.3-§8.7 and
+§10), not from run.c.
 
 The reference is general on purpose: for each query position p it rotates
 the query and every key t <= p with whatever angles the method assigns, so
@@ -30,7 +30,7 @@ L = 32  # training context of the random models; ctx = 4L below
 
 
 # --------------------------------------------------------------------------
-# Inverse frequencies (rope-spec.md section 2), written independently.
+# Inverse frequencies (docs/rope.md §8), written independently.
 
 def inv_freq(method, d, base, s=1.0, L=L, seq_len=1, beta_fast=32.0, beta_slow=1.0,
              low=1.0, high=4.0, attn=0.0):

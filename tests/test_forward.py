@@ -1,4 +1,5 @@
-"""Reference parity (DESIGN.md 5.2): run's forward pass against tests/reference.py.
+"""Reference parity: run's forward pass against tests/reference.py (the README's
+Tests section, item 3).
 
 Random-weight checkpoints written by export.py cover MHA, GQA and MQA, both
 RoPE layouts, tied and untied classifiers, partial rotary, and non-default
@@ -65,7 +66,7 @@ def perturbed(cfg, tensors, change):
     elif change == "tied":
         cfg["shared_classifier"] = True
     elif change == "kv_interleaved":
-        # query head h on kv head h % n_kv_heads: the grouping rope-spec.md 1.3 calls wrong
+        # query head h on kv head h % n_kv_heads: the grouping docs/rope.md §2.4 calls wrong
         nkv, hs = cfg["n_kv_heads"], cfg["dim"] // cfg["n_heads"]
         group = cfg["n_heads"] // nkv
         order = [h % nkv for h in range(cfg["n_heads"])]
@@ -160,7 +161,7 @@ def test_short_text_single_window(tmp_path, syn_tokenizer):
 
 
 def test_layouts_agree_under_hf_permutation(tmp_path, syn_tokenizer, text_file, text_ids):
-    """rope-spec.md 1.7 / 4 check 5: a model exported interleaved, and the same
+    """docs/rope.md §4.2 and §4.4: a model exported interleaved, and the same
     model with HF-permuted q/k rows exported neox, give the same NLL. GQA, so
     that wk must be permuted with n_kv_heads, not n_heads."""
     cfg = dict(n_heads=8, n_kv_heads=2, shared_classifier=False)
@@ -232,7 +233,7 @@ def test_greedy_generation_matches_reference(tmp_path, syn_tokenizer):
 # Self-checks of the reference (no binary needed) ---------------------------
 
 def test_reference_rope_matches_spec_worked_example():
-    """rope-spec.md 1.6: d=4, b=10000, q=[1,2,3,4] at position 1 and 2."""
+    """docs/rope.md §3.1: d=4, b=10000, q=[1,2,3,4] at position 1 and 2."""
     cos, sin = rope_cos_sin(3, 4, 10000.0)
     q = np.array([1.0, 2.0, 3.0, 4.0])[None, None, :].repeat(3, axis=0)
     inter = apply_rope(q, cos, sin, 4, "interleaved")[:, 0]

@@ -1,4 +1,5 @@
-"""The command line's contract (DESIGN.md section 3), mode by mode.
+"""The command line's contract (the README's Command line section; docs/rope.md §12
+for -m rope and -m ppl), mode by mode.
 
 generate: stdout is the prompt, the continuation and one final newline;
 chat: multi-turn over stdin; tokenize; ppl windows and stride; rope; the
@@ -212,3 +213,29 @@ def test_conflicting_rope_flags_are_bad_usage(model, syn_tokenizer):
     p = run(model, "-z", syn_tokenizer, "--rope-scaling", "yarn", "--yarn-beta-fast", "1",
             "--yarn-beta-slow", "2", "-i", "a")
     check_error(p, 2, ["--yarn-beta-fast"])
+
+
+def test_rope_factor_without_a_scaling_method_is_bad_usage(model, syn_tokenizer):
+    """An unscaled checkpoint with --rope-factor alone would run unscaled:
+    refused, naming the flag; with --rope-scaling it runs."""
+    check_error(run(model, "-z", syn_tokenizer, "-n", "1", "--rope-factor", "2"), 2, ["--rope-factor"])
+    run_ok(model, "-z", syn_tokenizer, "-n", "1", "--rope-factor", "2", "--rope-scaling", "linear")
+
+
+def test_stored_yarn_attention_factor_is_kept_with_a_note(tmp_path, syn_tokenizer):
+    """A YaRN checkpoint with a stored magnitude keeps it when --rope-factor
+    changes the factor (as Hugging Face keeps a given attention_factor), and
+    says so on stderr; --yarn-attn-factor replaces it and silences the note."""
+    path, _, _ = make_model(tmp_path, seed=4, rope_scaling="yarn", rope_factor=2.0, yarn_attn_factor=1.25)
+
+    def rope_json(*flags):
+        p = run_ok(path, "-m", "rope", "--json", *flags)
+        return json.loads(p.stdout), p.stderr.decode()
+
+    stored, err = rope_json()
+    assert stored["attn_factor"] == pytest.approx(1.25) and "keeps the checkpoint's" not in err
+    changed, err = rope_json("--rope-factor", "4")
+    assert changed["factor"] == 4 and changed["attn_factor"] == pytest.approx(1.25)
+    assert "keeps the checkpoint's YaRN attention factor" in err, err
+    given, err = rope_json("--rope-factor", "4", "--yarn-attn-factor", "1.5")
+    assert given["attn_factor"] == pytest.approx(1.5) and "keeps the checkpoint's" not in err

@@ -6,7 +6,7 @@ Accuracy bounds, and why:
 - q8_0 against float32: quantizing weights and activations to 8 bits per
   group moves every logit by ~0.5% of its scale. A trained model
   (stories260K, NLL ~2 nats) must stay within Q8_NLL_TOL = 0.02 nats, the
-  issue's target (measured: 7e-4). The random test models are far from
+  project's target for q8_0 (measured: 7e-4). The random test models are far from
   trained: their logits are large and sharp (NLL ~10-20 nats), so the same
   relative logit error moves the NLL by more; there the bound is relative,
   Q8_REL_TOL = 0.5% of the NLL (measured: 0.05-0.3%).

@@ -7,12 +7,12 @@
  * "run: N passed, N failed" and the exit status is 1 on any failure.
  *
  * Tolerances, and why:
- * - RoPE against rope-spec.md's float64 numbers: 2e-6 absolute on values of
+ * - RoPE against docs/rope.md's float64 numbers (§3.1, §9): 2e-6 absolute on values of
  *   magnitude <= ~10, because the table is stored as float (relative rounding
  *   6e-8) and the rotation runs in float.
  * - inverse frequencies: computed in double here as in the spec: 1e-9 relative.
  * - shift invariance at positions up to 4096: |q||k| * (pos * 2^-24 + 1e-6),
- *   the float table's angle error grows with position (rope-spec §1.4).
+ *   the float table's angle error grows with position (docs/rope.md §5.2).
  */
 #define TESTING
 #include "../run.c"
@@ -44,11 +44,11 @@ static RopeConfig rope_cfg(int rot_dim, double base, int scaling, double factor,
 
 /* Rotate one head of size d at position pos with a table built for r. */
 static void rotate_at(float *v, int d, const RopeConfig *r, int pos, int layout) {
-    int half = r->rot_dim / 2;
-    double inv[64], attn;
+    int n_pairs = r->rot_dim / 2;
+    double inv[64], mscale;
     float c[64], s[64];
-    rope_frequencies(r, pos + 1, inv, &attn);
-    rope_fill_table(c, s, pos, 1, inv, half, attn);
+    rope_frequencies(r, pos + 1, inv, &mscale);
+    rope_fill_table(c, s, pos, 1, inv, n_pairs, mscale);
     rope(v, c, s, 1, 1, d, r->rot_dim, layout);
 }
 
@@ -59,7 +59,7 @@ static double dot64(const float *a, const float *b, int n) {
 }
 
 static void test_rope_worked_example(void) {
-    // rope-spec.md §1.6: d=4, b=10000, q=[1,2,3,4], k=[5,6,7,8]
+    // docs/rope.md §3: d=4, b=10000, q=[1,2,3,4], k=[5,6,7,8]
     static const double expect[2][2][2][4] = { // [pos-1][layout][q/k][4]
         {{{-1.1426396637, 1.9220755965, 2.9598506679, 4.0297995017},
           {-2.3473143795, 7.4491687592, 6.9196513362, 8.0695988367}},
@@ -159,13 +159,13 @@ static void test_rope_properties(void) {
     }
 }
 
-/* rope-spec.md §3: inverse frequencies and attention factor for each method. */
+/* docs/rope.md §9.1, §9.2: inverse frequencies and mscale for each method (factor 1: §8.8). */
 static void test_rope_scaling_vectors(void) {
     struct {
         const char *name;
         RopeConfig r;
-        int seq_now;
-        double inv[4], attn;
+        int cur_len;
+        double inv[4], mscale;
     } cases[] = {
         {"none", rope_cfg(8, 1e4, ROPE_NONE, 1, 256), 1, {1, 0.1, 0.01, 0.001}, 1},
         {"linear 4", rope_cfg(8, 1e4, ROPE_LINEAR, 4, 256), 1, {0.25, 0.025, 0.0025, 0.00025}, 1},
@@ -177,13 +177,13 @@ static void test_rope_scaling_vectors(void) {
          {1, 0.037606030931, 5.2484616099e-04, 6.6478698712e-06}, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        double inv[4], attn;
-        rope_frequencies(&cases[c].r, cases[c].seq_now, inv, &attn);
+        double inv[4], mscale;
+        rope_frequencies(&cases[c].r, cases[c].cur_len, inv, &mscale);
         for (int i = 0; i < 4; i++)
             CHECK(close_to(inv[i], cases[c].inv[i], 1e-9 * cases[c].inv[i] + 1e-15),
                   "%s inv_freq[%d]: expected %.12g got %.12g", cases[c].name, i, cases[c].inv[i], inv[i]);
-        CHECK(close_to(attn, cases[c].attn, 1e-9), "%s attn: expected %.10f got %.10f", cases[c].name, cases[c].attn,
-              attn);
+        CHECK(close_to(mscale, cases[c].mscale, 1e-9), "%s mscale: expected %.10f got %.10f", cases[c].name, cases[c].mscale,
+              mscale);
     }
     // head_dim 64: first and last four of a few methods.
     struct {
@@ -199,8 +199,8 @@ static void test_rope_scaling_vectors(void) {
          {1.2891731722e-06, 8.5549691264e-07, 5.6770881008e-07, 3.7673226902e-07}},
     };
     for (size_t c = 0; c < sizeof wide / sizeof wide[0]; c++) {
-        double inv[32], attn;
-        rope_frequencies(&wide[c].r, 1, inv, &attn);
+        double inv[32], mscale;
+        rope_frequencies(&wide[c].r, 1, inv, &mscale);
         for (int i = 0; i < 4; i++) {
             CHECK(close_to(inv[i], wide[c].first[i], 1e-9), "%s inv_freq[%d]: expected %.10g got %.10g", wide[c].name,
                   i, wide[c].first[i], inv[i]);
@@ -218,12 +218,12 @@ static void test_rope_scaling_vectors(void) {
         for (int i = 0; i < 32; i++) same &= base[i] == scaled[i];
         CHECK(same, "factor 1 is not the identity for %s", SCALING_NAMES[m]);
     }
-    // YaRN cos/sin rows (rope-spec §3), already multiplied by att.
+    // YaRN cos/sin rows (docs/rope.md §9.3), already multiplied by mscale.
     RopeConfig y = rope_cfg(8, 1e4, ROPE_YARN, 4, 256);
-    double inv[4], attn;
+    double inv[4], mscale;
     float c[4], s[4];
-    rope_frequencies(&y, 1, inv, &attn);
-    rope_fill_table(c, s, 1000, 1, inv, 4, attn);
+    rope_frequencies(&y, 1, inv, &mscale);
+    rope_fill_table(c, s, 1000, 1, inv, 4, mscale);
     static const double yc[4] = {0.6403413705, 1.0765060926, -0.9122057032, 1.1032322044};
     static const double ys[4] = {0.9415093850, -0.3709604095, 0.6814380000, 0.2817014306};
     for (int i = 0; i < 4; i++)
@@ -236,12 +236,12 @@ static void test_rope_scaling_vectors(void) {
  * cos/sin remains (6e-8 relative); a float angle would be off by ~1e-2 there. */
 static void test_rope_table_precision(void) {
     RopeConfig r = rope_cfg(64, 1e4, ROPE_NONE, 1, 256);
-    double inv[32], attn, worst = 0;
+    double inv[32], mscale, worst = 0;
     float c[32], s[32];
-    rope_frequencies(&r, 1, inv, &attn);
+    rope_frequencies(&r, 1, inv, &mscale);
     int positions[] = {1, 999, 4096, 32767, 65536, 100000};
     for (size_t p = 0; p < sizeof positions / sizeof positions[0]; p++) {
-        rope_fill_table(c, s, positions[p], 1, inv, 32, attn);
+        rope_fill_table(c, s, positions[p], 1, inv, 32, mscale);
         for (int i = 0; i < 32; i++) {
             double a = positions[p] * pow(1e4, -2.0 * i / 64);
             double e = fmax(fabs(c[i] - cos(a)), fabs(s[i] - sin(a)));
@@ -252,15 +252,15 @@ static void test_rope_table_precision(void) {
 }
 
 /* YaRN's attention factor multiplies cos and sin, so q and k each carry it
- * once and a logit q.k carries att^2 (rope-spec §2.9.1): with q = k = e_0 at
- * position 0 the dot product is exactly att^2, not att or att^4. */
+ * once and a logit q.k carries mscale^2 (docs/rope.md §7.3): with q = k = e_0 at
+ * position 0 the dot product is exactly mscale^2, not mscale or mscale^4. */
 static void test_attn_factor_applied_once(void) {
     RopeConfig r = rope_cfg(8, 1e4, ROPE_YARN, 4, 256);
     float q[8] = {1, 0, 0, 0, 0, 0, 0, 0}, k[8] = {1, 0, 0, 0, 0, 0, 0, 0};
     rotate_at(q, 8, &r, 0, ROPE_INTERLEAVED);
     rotate_at(k, 8, &r, 0, ROPE_INTERLEAVED);
-    double att = 0.1 * log(4.0) + 1;
-    CHECK(close_to(dot64(q, k, 8), att * att, 1e-6), "yarn q.k at pos 0: expected att^2 = %.7f, got %.7f", att * att,
+    double ms = 0.1 * log(4.0) + 1;
+    CHECK(close_to(dot64(q, k, 8), ms * ms, 1e-6), "yarn q.k at pos 0: expected mscale^2 = %.7f, got %.7f", ms * ms,
           dot64(q, k, 8));
 }
 
@@ -294,8 +294,8 @@ static void test_ops(void) {
     CHECK(g[0] == 0 && close_to(g[1], 2 / (1 + exp(-2.0)) * 3, 1e-6), "swiglu: %g %g", g[0], g[1]);
     // GQA grouping: with 4 query heads and 2 kv heads, heads 0,1 read kv head 0.
     float keys[2 * 4] = {1, 0, 0, 1, 0, 0, 0, 0}, values[2 * 4] = {10, 20, 30, 40, 0, 0, 0, 0};
-    float q[4 * 2] = {1, 0, 1, 0, 1, 0, 1, 0}, att[4 * 2], o[4 * 2];
-    Transformer t = attention_fixture(4, 2, 2, 2, att, NULL);
+    float q[4 * 2] = {1, 0, 1, 0, 1, 0, 1, 0}, scores[4 * 2], o[4 * 2];
+    Transformer t = attention_fixture(4, 2, 2, 2, scores, NULL);
     attention(&t, o, q, &(RotatedKeys){keys, KV_F32, NULL, 0}, values, 1, 0);
     CHECK(o[0] == 10 && o[2] == 10 && o[4] == 30 && o[6] == 30, "GQA grouping: got %g %g %g %g", o[0], o[2], o[4],
           o[6]);
@@ -662,14 +662,14 @@ static void test_attention_block(void) {
                     int dim = nh * hs, kv_dim = nkv * hs, pos0 = at_end ? n_ctx - B : 5, T = pos0 + B;
                     float *q = malloc(sizeof(float) * B * dim), *keys = malloc(sizeof(float) * n_ctx * kv_dim);
                     float *values = malloc(sizeof(float) * n_ctx * kv_dim);
-                    float *att = malloc(sizeof(float) * B * nh * n_ctx), *out = malloc(sizeof(float) * B * dim);
+                    float *scores = malloc(sizeof(float) * B * nh * n_ctx), *out = malloc(sizeof(float) * B * dim);
                     float *q_t = malloc(sizeof(float) * dim * 32);
                     double *ref = malloc(sizeof(double) * B * dim);
                     fill_randn(q, (size_t)B * dim, 1.0f);
                     fill_randn(keys, (size_t)n_ctx * kv_dim, 1.0f);
                     fill_randn(values, (size_t)n_ctx * kv_dim, 1.0f);
                     attention_ref(ref, q, keys, values, B, pos0, nh, nkv, hs);
-                    Transformer t = attention_fixture(nh, nkv, hs, n_ctx, att, q_t);
+                    Transformer t = attention_fixture(nh, nkv, hs, n_ctx, scores, q_t);
                     RotatedKeys rk = {keys, KV_F32, NULL, 0};
                     attention(&t, out, q, &rk, values, B, pos0);
                     for (int e = 0; e < B * dim; e++) worst_block = fmax(worst_block, fabs(out[e] - ref[e]));
@@ -678,14 +678,14 @@ static void test_attention_block(void) {
                     for (int e = 0; e < B * dim; e++) worst_single = fmax(worst_single, fabs(out[e] - ref[e]));
                     // the block kernels' portable versions, head 0 (kv head 0)
                     use_simd = 0;
-                    kv_block_scores(att, T, q, dim, B, q_t, keys, kv_dim, T, hs);
-                    for (int b = 0; b < B; b++) attention_weights(att + (size_t)b * T, pos0 + b + 1, T, hs);
-                    kv_block_mix(out, dim, att, T, B, values, kv_dim, T, hs);
+                    kv_block_scores(scores, T, q, dim, B, q_t, keys, kv_dim, T, hs);
+                    for (int b = 0; b < B; b++) attention_weights(scores + (size_t)b * T, pos0 + b + 1, T, hs);
+                    kv_block_mix(out, dim, scores, T, B, values, kv_dim, T, hs);
                     use_simd = HAVE_SIMD;
                     for (int b = 0; b < B; b++)
                         for (int e = 0; e < hs; e++)
                             worst_kernels = fmax(worst_kernels, fabs(out[(size_t)b * dim + e] - ref[(size_t)b * dim + e]));
-                    free(q), free(keys), free(values), free(att), free(out), free(q_t), free(ref);
+                    free(q), free(keys), free(values), free(scores), free(out), free(q_t), free(ref);
                 }
     CHECK(worst_block < 1e-5 && worst_single < 1e-5 && worst_kernels < 1e-5,
           "attention vs double: block %.3g, one token at a time %.3g, portable block kernels %.3g (expected < 1e-5)",

@@ -28,8 +28,9 @@ Method settings at context E = k L (the literature's choices; k = 1 means "no sc
     dynamic-exact dynamic NTK, factor k, every key re-rotated for the current length
     yarn          YaRN, factor k, beta_fast 32, beta_slow 1, attention factor 0.1 ln k + 1
     llama3        Llama 3.1 rule, factor k, low/high frequency factors 1 and 4
-    self-extend   Self-Extend, neighbour window W = L/2, group G = ceil((E - W)/(L - W)),
-                  the smallest G whose usable window (L - W) G + W covers E
+    self-extend   Self-Extend, neighbour window W = L/2 and the smallest group size G
+                  whose reach G (L - W) + G floor(W/G) covers E (docs/rope.md §10.2), so
+                  that no relative position reaches L
 
 Usage:
     /usr/bin/python3 tools/extrapolation.py [--out DIR] [--tokens N] [--jobs J] [--models a,b]
@@ -39,7 +40,6 @@ import argparse
 import concurrent.futures
 import csv
 import json
-import math
 import os
 import subprocess
 import sys
@@ -53,6 +53,25 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 FACTORS = (1, 2, 4, 8, 16)
 METHODS = ("none", "linear", "ntk", "dynamic-hf", "dynamic-exact", "yarn", "llama3", "self-extend")
+
+
+def self_extend_reach(G, L, W):
+    """Tokens Self-Extend with group size G and window W covers for a model
+    trained on L: a query at position m sees a far key at n at relative
+    position floor(m/G) - floor(n/G) + W - floor(W/G), largest for n = 0, and
+    that stays below L exactly while m < G (L - W) + G floor(W/G). When G
+    divides W this is the familiar (L - W) G + W; otherwise it is less."""
+    return G * (L - W) + G * (W // G)
+
+
+def self_extend_group(E, L, W):
+    """The smallest group size G >= 1 whose reach covers a context of E tokens."""
+    if W >= L:
+        raise ValueError(f"Self-Extend window W = {W} must be below the training length L = {L}")
+    G = 1
+    while self_extend_reach(G, L, W) < E:
+        G += 1
+    return G
 
 
 def method_flags(method, k, L):
@@ -73,7 +92,7 @@ def method_flags(method, k, L):
         return ["--rope-scaling", "llama3", "--rope-factor", str(k)]
     if method == "self-extend":
         W = L // 2
-        G = max(1, math.ceil((k * L - W) / (L - W)))
+        G = self_extend_group(k * L, L, W)
         return ["--self-extend", str(G), str(W)]
     raise ValueError(method)
 
