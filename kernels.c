@@ -1,11 +1,13 @@
 /* kernels.c: the fast versions of run.c's ops (see kernels.h for what each
  * computes). Sections:
- *   1. KV cache elements: float32 or IEEE half, and the attention loops over them
+ *   1. KV cache elements: float32 or IEEE half, and the weighted sum of rows
  *   2. SIMD kernels (AVX2 + FMA), each beside its portable C version
- *   3. matmul over float32 or q8_0 weights: chunks of rows over threads,
+ *   3. attention over the cache: scores, and a block of queries as matrix products
+ *   4. matmul over float32 or q8_0 weights: chunks of rows over threads,
  *      tiles of rows x tokens within a chunk
  * Every function computes exactly the formula in its first comment line (or
- * kernels.h's); the tests compare each with run.c's reference loops.
+ * kernels.h's); tests/test_run.c checks each against run.c's matmul_reference
+ * or a double-precision reference.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>

@@ -4,8 +4,8 @@
  * matmul_reference is the definition of matmul); kernels.c computes the same
  * things fast: weights stored float32 or q8_0, a KV cache of float32 or IEEE
  * half, AVX2 tiles that let one load of a weight serve many tokens, and
- * threads. Every kernel here has a portable C version, and the tests compare
- * each one with run.c's reference loops. Read run.c first; come here to see
+ * threads. Every kernel here has a portable C version; tests/test_run.c checks
+ * each one against run.c's matmul_reference or a double-precision reference. Read run.c first; come here to see
  * how the time is spent.
  *
  * Shape names are model.h's (dim, kv_dim, head_size, n_ctx, ...); B is the
@@ -147,7 +147,7 @@ void kv_block_mix(float *out, int ldo, const float *S, int lds, int B, const flo
  * x_scale. */
 typedef struct {
     float *x_t;     // (max(dim, hidden_dim), B rounded up to 8) the input transposed, B > 1 only;
-                    // attention_block uses it for the queries transposed
+                    // run.c's attention lends it to kv_block_scores for the queries transposed
     int8_t *x_q;    // (B, max(dim, hidden_dim)) the input, quantized
     float *x_scale; // (B, max(dim, hidden_dim) / group_size) its scales
     float *w_rows;  // (threads, ROW_CHUNK, max(dim, hidden_dim)) dequantized rows, or NULL

@@ -136,19 +136,20 @@ static inline float read_le_f32(const unsigned char *p) {
     return f;
 }
 
-/* Read the whole regular file at path into a new NUL-terminated buffer
- * (caller frees) and its length into *n_out. On failure returns NULL with a
- * message in err that starts with `what` (e.g. "-f" or "tokenizer") and the
- * path: missing, unreadable, a directory or special file, or short. */
+/* Read the whole file at path into a new NUL-terminated buffer (caller
+ * frees) and its length into *n_out: a regular file, or a pipe (e.g. bash's
+ * <(...)), read to its end. On failure returns NULL with a message in err
+ * that starts with `what` (e.g. "-f" or "tokenizer") and the path: missing,
+ * unreadable, a directory or device, or out of memory. */
 static inline char *read_file(const char *path, const char *what, size_t *n_out, char *err, size_t err_len) {
     struct stat st;
     if (stat(path, &st) != 0) {
         fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
         return NULL;
     }
-    if (!S_ISREG(st.st_mode)) {
-        fail(err, err_len, "%s %s: expected a regular file, got a %s", what, path,
-             S_ISDIR(st.st_mode) ? "directory" : "special file");
+    if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+        fail(err, err_len, "%s %s: expected a regular file or a pipe, got a %s", what, path,
+             S_ISDIR(st.st_mode) ? "directory" : "device or socket");
         return NULL;
     }
     FILE *f = fopen(path, "rb");
@@ -156,18 +157,29 @@ static inline char *read_file(const char *path, const char *what, size_t *n_out,
         fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
         return NULL;
     }
-    size_t n = (size_t)st.st_size;
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        fail(err, err_len, "%s %s: cannot allocate %zu bytes", what, path, n + 1);
-        return NULL;
+    size_t n = 0, cap = S_ISREG(st.st_mode) ? (size_t)st.st_size + 1 : 1 << 16; // + 1: room for the NUL
+    char *buf = NULL;
+    for (;;) { // a regular file takes one pass; a pipe grows the buffer
+        if (!buf || n + 1 >= cap) {
+            if (buf) cap = cap > (size_t)-1 / 2 ? (size_t)-1 : cap * 2;
+            char *bigger = realloc(buf, cap);
+            if (!bigger) {
+                free(buf);
+                fclose(f);
+                fail(err, err_len, "%s %s: cannot allocate %zu bytes", what, path, cap);
+                return NULL;
+            }
+            buf = bigger;
+        }
+        size_t got = fread(buf + n, 1, cap - 1 - n, f);
+        n += got;
+        if (got == 0) break;
     }
-    size_t got = fread(buf, 1, n, f);
+    int bad = ferror(f);
     fclose(f);
-    if (got != n) {
+    if (bad) {
         free(buf);
-        fail(err, err_len, "%s %s: read %zu of %zu bytes", what, path, got, n);
+        fail(err, err_len, "%s %s: read error after %zu bytes", what, path, n);
         return NULL;
     }
     buf[n] = '\0';

@@ -8,7 +8,8 @@
  *      built once; the rotation; the RoPE stage of each layer
  *   4. building and freeing the model: checkpoint + RoPE table + run state
  *   5. ops: rmsnorm, matmul, softmax, attention, swiglu, residual_add, each
- *      one formula and a plain loop
+ *      one formula (matmul's as a plain loop; attention calls kernels.c for
+ *      its products over the KV cache)
  *   6. forward: a block of tokens through every layer, as a sequence of those
  *      ops and the RoPE stage
  *   7. sampler: repetition penalty -> temperature -> top-k -> top-p -> min-p -> draw
@@ -560,7 +561,6 @@ static void rope_sync_dynamic(Transformer *t, int pos) {
     t->table_len = S;
 }
 
-
 /* Rotate the first rot_dim dims of each head, row b by table row b:
  *   (x, y) -> (x cos - y sin, x sin + y cos)
  * vec: (B, n_heads, head_size); cos, sin: (B, n_pairs), the table rows of the
@@ -614,17 +614,18 @@ typedef struct {
 /* The RoPE stage of one layer: give the block's queries and keys their
  * positions, and put the keys into the layer's cache. Which of three
  * strategies runs follows from the RoPE settings; the caller never knows:
- *   1. rotate once (every method, the default): q and k are rotated by the
+ *   (a) rotate once (every method, the default): q and k are rotated by the
  *      table rows of their positions; keys enter the cache rotated and keep
  *      that rotation for good.
- *   2. rotate for the current length (--rope-dynamic exact): the table
+ *   (b) rotate for the current length (--rope-dynamic exact): the table
  *      depends on the sequence length, so keys enter the cache unrotated (a
  *      pre-RoPE cache) and every cached key is rotated anew for each query.
- *   3. Self-Extend's grouped second query (--self-extend G W): keys enter
+ *   (c) Self-Extend's grouped second query (--self-extend G W): keys enter
  *      unrotated too; a key W or more tokens back is rotated at its group
  *      position floor(t/G) and scored against a second query rotated at
  *      floor(pos/G) + W - floor(W/G); nearer keys keep their own positions.
- * Strategies 2 and 3 go one token at a time (block_limit).
+ * (b) and (c) go one token at a time (block_limit). docs/rope.md §11 has
+ * the details, and §10 Self-Extend's position map.
  * In: s->q (B, n_heads, head_size) and s->k (B, kv_dim) from the projections.
  * Out: s->q rotated in place; the B keys written into key_cache (one layer's
  * (n_ctx, kv_dim)) at pos0..; returns the keys attention reads. */
@@ -633,26 +634,27 @@ static RotatedKeys rope_stage(Transformer *t, void *key_cache, int B, int pos0) 
     const RopeConfig *r = &t->rope;
     RunState *s = &t->state;
     int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, n_pairs = r->rot_dim / 2;
-    rope_sync_dynamic(t, pos0); // strategy 2: table rows for length pos0 + 1 (once per token)
+    rope_sync_dynamic(t, pos0); // (b): table rows for length pos0 + 1 (once per token)
     const float *cos_rows = s->rope_cos + (size_t)pos0 * n_pairs; // (B, n_pairs): the B positions' rows
     const float *sin_rows = s->rope_sin + (size_t)pos0 * n_pairs;
     int G = r->se_group, W = r->se_window;
     int n_grouped = G > 0 && pos0 >= W ? pos0 - W + 1 : 0; // keys W or more tokens back
-    if (n_grouped) { // strategy 3: the query at its group position
+    if (n_grouped) { // (c): the query at its group position
         size_t row = (size_t)(pos0 / G + W - W / G) * n_pairs;
         memcpy(s->q_grouped, s->q, (size_t)c->dim * sizeof(float));
         rope(s->q_grouped, s->rope_cos + row, s->rope_sin + row, 1, c->n_heads, head_size, r->rot_dim, r->layout);
     }
     rope(s->q, cos_rows, sin_rows, B, c->n_heads, head_size, r->rot_dim, r->layout);
-    if (!t->prerope) { // strategy 1: keys rotated once, as they enter the cache
+    if (!t->prerope) { // (a): keys rotated once, as they enter the cache
         rope(s->k, cos_rows, sin_rows, B, c->n_kv_heads, head_size, r->rot_dim, r->layout);
         kv_store(key_cache, t->kv_type, (size_t)pos0 * kv_dim, s->k, B * kv_dim);
         return (RotatedKeys){key_cache, t->kv_type, NULL, 0};
     }
-    kv_store(key_cache, t->kv_type, (size_t)pos0 * kv_dim, s->k, B * kv_dim); // strategies 2 and 3: unrotated
+    kv_store(key_cache, t->kv_type, (size_t)pos0 * kv_dim, s->k, B * kv_dim); // (b), (c): unrotated
     rotate_cached_keys(s->key_rot, key_cache, pos0, t);
     return (RotatedKeys){s->key_rot, KV_F32, s->q_grouped, n_grouped};
 }
+
 /* ==========================================================================
  * 4. Building and freeing the model: checkpoint + RoPE table + run state
  * ========================================================================== */
@@ -718,9 +720,10 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
     if (rope_override) {
         const RopeConfig *o = rope_override;
         RopeConfig *r = &t->rope;
-        if (!isnan(o->factor) && o->scaling < 0 && r->scaling == ROPE_NONE)
-            return fail(err, err_len, "--rope-factor %g: %s has no RoPE scaling, so a factor alone changes nothing "
-                        "(add --rope-scaling linear|ntk|dynamic|yarn|llama3)", o->factor, path), -2;
+        if (!isnan(o->factor) && (o->scaling >= 0 ? o->scaling : r->scaling) == ROPE_NONE)
+            return fail(err, err_len, "--rope-factor %g: the RoPE scaling in effect is none (%s), so a factor "
+                        "changes nothing (add --rope-scaling linear|ntk|dynamic|yarn|llama3)", o->factor,
+                        o->scaling >= 0 ? "--rope-scaling none" : path), -2;
         if (!isnan(o->base)) r->base = o->base;
         if (o->scaling >= 0) r->scaling = o->scaling;
         if (!isnan(o->factor)) r->factor = o->factor;
@@ -825,9 +828,10 @@ static void attention_weights(float *row, int n, int width, int head_size) {
  * out, q: (B, n_heads, head_size); values: one layer's (n_ctx, kv_dim) of
  * t->kv_type. Where kernels.c has a block path (B > 1, float32 cache) the
  * B queries of a head go together, as matrix products; otherwise query by
- * query. Uses t->state.scores, and matmul's x_t as the block path's scratch. */
-void attention(const Transformer *t, float *out, const float *q, const RotatedKeys *keys, const void *values,
-               int B, int pos0) {
+ * query. t gives the shapes, and its state the scratch: scores, and
+ * matmul's x_t for the block path's transposed queries. */
+void attention(float *out, const float *q, const RotatedKeys *keys, const void *values, int B, int pos0,
+               Transformer *t) {
     const Config *c = &t->config;
     int n_heads = c->n_heads, head_size = c->dim / n_heads, kv_dim = head_size * c->n_kv_heads;
     int kv_mul = n_heads / c->n_kv_heads, n_ctx = t->n_ctx, T = pos0 + B; // T: keys the last row sees
@@ -920,7 +924,7 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
         project(s, s->v, s->xb, w->wv, l, B, dim, kv_dim);                 // v (B, n_kv_heads, head_size)
         RotatedKeys keys = rope_stage(t, key_cache, B, pos0);              // q rotated; k into the cache
         kv_store(value_cache, t->kv_type, (size_t)pos0 * kv_dim, s->v, B * kv_dim); // v into the cache
-        attention(t, s->xb, s->q, &keys, value_cache, B, pos0);            // (B, dim)
+        attention(s->xb, s->q, &keys, value_cache, B, pos0, t);            // (B, dim)
         project(s, s->xb2, s->xb, w->wo, l, B, dim, dim);                  // (B, dim)
         residual_add(s->x, s->xb2, B * dim);
 
@@ -1100,7 +1104,7 @@ int sample(Sampler *s, float *logits, const int *history, int n) {
  * 8. Modes
  * ========================================================================== */
 
-/* Encode text with BOS into a new array; exits on failure. */
+/* Encode text (with BOS first when add_bos) into a new array; exits on failure. */
 static int *encode_or_die(const Tokenizer *tok, const char *text, size_t len, int add_bos, int *n_out) {
     int *ids = malloc(tokenizer_bound(len) * sizeof(int));
     if (!ids) die(EXIT_BAD_INPUT, "prompt: cannot allocate token buffer for %zu bytes", len);
@@ -1300,14 +1304,16 @@ typedef struct {
 } Bucket;
 
 /* Position buckets [0, L/2), [L/2, L), [L, 2L), [2L, 4L), ... cut at n_ctx,
- * with L the training context. Returns the count (at most 64). */
-int ppl_buckets(Bucket *b, int train_ctx, int n_ctx) {
-    int n = 0, edge = 0, next = train_ctx / 2 > 0 ? train_ctx / 2 : train_ctx;
+ * with L the original context of the RoPE settings (rope.orig_ctx: the
+ * training context unless --rope-orig-ctx says otherwise). Returns the count
+ * (at most 64). */
+int ppl_buckets(Bucket *b, int L, int n_ctx) {
+    int n = 0, edge = 0, next = L / 2 > 0 ? L / 2 : L;
     while (edge < n_ctx && n < 64) {
         int end = next < n_ctx ? next : n_ctx;
         b[n++] = (Bucket){edge, end, 0, 0.0};
         edge = end;
-        next = edge < train_ctx ? train_ctx : (edge > INT_MAX / 2 ? INT_MAX : edge * 2);
+        next = edge < L ? L : (edge > INT_MAX / 2 ? INT_MAX : edge * 2);
     }
     return n;
 }
@@ -1333,6 +1339,15 @@ typedef struct {
     long *pos_count;    // (n_ctx) tokens scored per in-window position
 } PplScore;
 
+void free_ppl_score(PplScore *score) {
+    free(score->pos_sum);
+    free(score->pos_count);
+    score->pos_sum = NULL, score->pos_count = NULL;
+}
+
+/* Called after each window with the windows done and their total. */
+typedef void (*PplProgress)(int done, int total);
+
 /* Teacher-forced NLL of the text ids[0..n_ids) (no BOS among them), the
  * windowing the extrapolation study relies on (docs/rope.md §12.2;
  * tests/reference.py's ppl_reference computes the same in numpy):
@@ -1341,36 +1356,44 @@ typedef struct {
  *     and the last one ends at the text's end;
  *   - a window scores only the text tokens no earlier window scored, each
  *     given its whole in-window prefix; so every token is scored once.
- * Fills *out (its pos_sum and pos_count arrays allocated here); returns 0, or
- * -1 when out of memory. */
-int ppl_score(Transformer *t, const int *ids, int n_ids, int stride, PplScore *out) {
+ * Fills *out (its pos_sum and pos_count arrays allocated here, freed by
+ * free_ppl_score); returns 0, or -1 with a message in err (nothing to score,
+ * a stride out of range, a token outside the vocabulary, no memory). */
+int ppl_score(Transformer *t, const int *ids, int n_ids, int stride, PplScore *out, PplProgress progress,
+              char *err, size_t err_len) {
     int window = t->n_ctx - 1, V = t->config.vocab_size, max_block = block_limit(t), scored_upto = 0;
-    *out = (PplScore){0, 0.0, 0, {{0}}, 0, calloc((size_t)t->n_ctx, sizeof(double)),
-                      calloc((size_t)t->n_ctx, sizeof(long))};
+    memset(out, 0, sizeof *out);
+    if (n_ids < 1) return fail(err, err_len, "no tokens to score (empty text)");
+    if (window < 1) return fail(err, err_len, "--ctx %d: ppl needs at least 2 (BOS plus one token)", t->n_ctx);
+    if (stride < 1 || stride > window)
+        return fail(err, err_len, "--stride %d: expected 1..%d (ctx - 1)", stride, window);
+    out->pos_sum = calloc((size_t)t->n_ctx, sizeof(double));
+    out->pos_count = calloc((size_t)t->n_ctx, sizeof(long));
     out->n_buckets = ppl_buckets(out->buckets, t->rope.orig_ctx, t->n_ctx);
     int *input = malloc((size_t)t->n_ctx * sizeof(int)); // one window: BOS, then its text tokens
-    if (!input || !out->pos_sum || !out->pos_count) {
-        free(input);
-        return -1;
-    }
-    int n_windows_total = n_ids <= window ? 1 : 1 + (n_ids - window + stride - 1) / stride;
-    double last_report = now_seconds();
-    for (int start = 0;; start += stride) {
+    int rc = !input || !out->pos_sum || !out->pos_count ? fail(err, err_len, "ppl: out of memory") : 0;
+    int n_windows = n_ids <= window ? 1 : 1 + (n_ids - window + stride - 1) / stride;
+    for (int start = 0; rc == 0; start += stride) {
         int end = start + window < n_ids ? start + window : n_ids;
         // Position p of the window holds input[p]; its logits predict the
         // text token at position p + 1, i.e. ids[start + p].
         int n_in = end - start;
         input[0] = t->config.bos_id;
         memcpy(input + 1, ids + start, (size_t)(n_in - 1) * sizeof(int));
-        for (int p0 = 0; p0 < n_in; p0 += max_block) {
+        for (int p0 = 0; p0 < n_in && rc == 0; p0 += max_block) {
             int B = n_in - p0 < max_block ? n_in - p0 : max_block;
             if (forward_block(t, input + p0, B, p0, LOGITS_ALL) != 0) { // logits (B, vocab_size)
-                free(input);
-                return -1;
+                rc = fail(err, err_len, "ppl: a token of window %d is outside the vocabulary (0..%d)",
+                          out->n_windows, V - 1);
+                break;
             }
             for (int b = 0; b < B; b++) {
                 int j = start + p0 + b, p = p0 + b + 1; // scored token and its in-window position
                 if (j < scored_upto) continue;           // an earlier window scored it
+                if (ids[j] < 0 || ids[j] >= V) {
+                    rc = fail(err, err_len, "ppl: token %d at %d is outside the vocabulary (0..%d)", ids[j], j, V - 1);
+                    break;
+                }
                 double nll = token_nll(t->state.logits + (size_t)b * V, V, ids[j]);
                 out->nll_sum += nll;
                 out->n_scored++;
@@ -1383,34 +1406,32 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int stride, PplScore *o
                     }
             }
         }
+        if (rc != 0) break;
         out->n_windows++;
+        if (progress) progress(out->n_windows, n_windows);
         scored_upto = end;
         if (end == n_ids) break;
-        if (isatty(STDERR_FILENO) && now_seconds() - last_report > 2.0) { // long runs: progress on a terminal
-            fprintf(stderr, "\rppl: window %d of %d", out->n_windows, n_windows_total);
-            last_report = now_seconds();
-        }
     }
-    if (isatty(STDERR_FILENO) && n_windows_total > 1) fprintf(stderr, "\r%40s\r", "");
     free(input);
-    return 0;
+    if (rc != 0) free_ppl_score(out);
+    return rc;
 }
 
 /* Print a PplScore: JSON (--json; with --per-position the mean NLL at every
  * in-window position) or a table. */
-static void ppl_report(const Transformer *t, const PplScore *r, const char *path, int stride, int json,
+static void ppl_report(const Transformer *t, const PplScore *score, const char *path, int stride, int json,
                        int per_position) {
-    long n_scored = r->n_scored;
-    int n_windows = r->n_windows, n_buckets = r->n_buckets;
-    const Bucket *buckets = r->buckets;
-    const double *pos_sum = r->pos_sum;
-    const long *pos_count = r->pos_count;
-    double nll = r->nll_sum / n_scored;
+    long n_scored = score->n_scored;
+    int n_windows = score->n_windows, n_buckets = score->n_buckets;
+    const Bucket *buckets = score->buckets;
+    const double *pos_sum = score->pos_sum;
+    const long *pos_count = score->pos_count;
+    double nll = score->nll_sum / n_scored;
     if (json) {
         printf("{\"file\": ");
         print_json_string(path);
         printf(", \"tokens\": %ld, \"nll\": %.6f, \"ppl\": %.6f, \"ctx\": %d, \"stride\": %d, \"windows\": %d, "
-               "\"train_ctx\": %d, \"scaling\": \"%s\", \"buckets\": [",
+               "\"orig_ctx\": %d, \"scaling\": \"%s\", \"buckets\": [",
                n_scored, nll, exp(nll), t->n_ctx, stride, n_windows, t->rope.orig_ctx,
                SCALING_NAMES[t->rope.scaling]);
         int first = 1;
@@ -1446,6 +1467,19 @@ static void ppl_report(const Transformer *t, const PplScore *r, const char *path
     }
 }
 
+/* ppl's progress line, on a terminal only, at most every 2 seconds. */
+static void ppl_progress(int done, int total) {
+    static double last = 0; // when the line was last written; 0 = never
+    if (!isatty(STDERR_FILENO)) return;
+    if (done == total) { // clear the line, if there is one
+        if (last > 0) fprintf(stderr, "\r%40s\r", "");
+        return;
+    }
+    if (now_seconds() - last < 2.0) return;
+    last = now_seconds();
+    fprintf(stderr, "\rppl: window %d of %d", done, total);
+}
+
 /* ppl: the NLL of a text file under teacher forcing (ppl_score), reported by
  * ppl_report. The text is encoded once, without BOS. */
 static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, const char *text, size_t len,
@@ -1459,14 +1493,14 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
     if (stride > window) die(EXIT_USAGE, "--stride %d: expected 1..%d (ctx - 1)", stride, window);
     fputs(summary, stderr);
     PplScore score;
+    char err[256];
     double start_time = now_seconds();
-    if (ppl_score(t, ids, n_ids, stride, &score) != 0) die(EXIT_BAD_INPUT, "ppl: out of memory");
+    if (ppl_score(t, ids, n_ids, stride, &score, ppl_progress, err, sizeof err) != 0) die(EXIT_BAD_INPUT, "%s", err);
     fprintf(stderr, "ppl: %ld tokens scored in %d windows, %.1f s\n", score.n_scored, score.n_windows,
             now_seconds() - start_time);
     ppl_report(t, &score, path, stride, json, per_position);
     free(ids);
-    free(score.pos_sum);
-    free(score.pos_count);
+    free_ppl_score(&score);
 }
 
 /* rope: the inverse frequencies used for the full context, per pair i:
@@ -1550,45 +1584,51 @@ typedef enum {
 typedef struct {
     const char *name, *alias; // e.g. "--top-k", "-k" (alias may be NULL)
     ValueKind kind;
-    double lo, hi;            // the accepted range of INT, LONG, REAL and PAIR
+    double lo, hi;            // the accepted range of INT, LONG, REAL and PAIR: [lo, hi], or (lo, hi]
+                              // when lo is EXCLUSIVE; hi = NO_MAX: only the type's limit
     size_t field;             // offsetof(Options, ...)
     const char *const *choices;
     const char *value, *help; // how usage names the value, and what the flag does
 } Flag;
 
+_Static_assert(offsetof(RopeConfig, se_window) == offsetof(RopeConfig, se_group) + sizeof(int),
+               "--self-extend G W fills se_group and the int after it");
 #define FIELD(f) offsetof(Options, f)
+#define NO_MAX 1e300            // no upper limit but the field's type
+#define EXCLUSIVE(lo) (-(lo))   // a REAL lower bound lo > 0 that is excluded (--rope-base > 1)
 static const Flag FLAGS[] = {
     {"-t", NULL, REAL, 0, 100, FIELD(temperature), NULL, "<float>", "temperature, default 1.0; 0 = greedy argmax"},
     {"-p", NULL, REAL, 0, 1, FIELD(topp), NULL, "<float>", "top-p, default 0.9; 1 = off, 0 = the most likely token"},
-    {"--top-k", "-k", INT, 0, INT_MAX, FIELD(topk), NULL, "<int>", "keep the k most likely tokens, default 0 = off"},
+    {"--top-k", "-k", INT, 0, NO_MAX, FIELD(topk), NULL, "<int>", "keep the k most likely tokens, default 0 = off"},
     {"--min-p", NULL, REAL, 0, 1, FIELD(minp), NULL, "<float>", "min-p, default 0 = off"},
     {"--repeat-penalty", NULL, REAL, 1e-3, 1e3, FIELD(repeat_penalty), NULL, "<float>", "default 1.0 = off"},
-    {"--repeat-last-n", NULL, INT, 0, INT_MAX, FIELD(repeat_last_n), NULL, "<int>",
+    {"--repeat-last-n", NULL, INT, 0, NO_MAX, FIELD(repeat_last_n), NULL, "<int>",
      "tokens the penalty looks back over, default 64"},
-    {"-s", NULL, LONG, 0, LONG_MAX, FIELD(seed), NULL, "<int>", "seed, default: the time; the same seed, the same text"},
-    {"-n", NULL, INT, 0, INT_MAX, FIELD(steps), NULL, "<int>", "maximum NEW tokens, default 256 (the prompt does not count)"},
+    {"-s", NULL, LONG, 0, NO_MAX, FIELD(seed), NULL, "<int>", "seed, default: the time; the same seed, the same text"},
+    {"-n", NULL, INT, 0, NO_MAX, FIELD(steps), NULL, "<int>", "maximum NEW tokens, default 256 (the prompt does not count)"},
     {"-i", NULL, TEXT, 0, 0, FIELD(prompt), NULL, "<text>", "prompt"},
     {"-f", NULL, TEXT, 0, 0, FIELD(prompt_file), NULL, "<file>", "prompt (or ppl text) read from a file"},
     {"-z", NULL, TEXT, 0, 0, FIELD(tokenizer), NULL, "<file>",
      "tokenizer; default tokenizer.bin beside the checkpoint, else ./tokenizer.bin"},
-    {"-m", NULL, CHOICE, 0, 0, FIELD(mode), MODE_NAMES, "<mode>", "default generate"},
+    {"-m", NULL, CHOICE, 0, 0, FIELD(mode), MODE_NAMES, "<mode>", "what to do, default generate"},
     {"-y", NULL, TEXT, 0, 0, FIELD(system), NULL, "<text>", "system prompt for chat"},
     {"--ctx", "-c", INT, 1, MAX_CTX, FIELD(ctx), NULL, "<int>",
      "context length; default the training context; may exceed it"},
     {"--stride", NULL, INT, 1, MAX_CTX, FIELD(stride), NULL, "<int>", "ppl: text tokens between window starts, "
      "default ctx - 1"},
-    {"--rope-scaling", NULL, CHOICE, 0, 0, FIELD(rope.scaling), SCALING_NAMES, "<method>", "default the checkpoint's"},
+    {"--rope-scaling", NULL, CHOICE, 0, 0, FIELD(rope.scaling), SCALING_NAMES, "<method>",
+     "RoPE scaling, default the checkpoint's"},
     {"--rope-factor", NULL, REAL, 1, 1e6, FIELD(rope.factor), NULL, "<float>",
      "scale s; needs a scaling method (the checkpoint's, or --rope-scaling)"},
-    {"--rope-base", NULL, REAL, 1 + 1e-9, 1e12, FIELD(rope.base), NULL, "<float>",
+    {"--rope-base", NULL, REAL, EXCLUSIVE(1), 1e12, FIELD(rope.base), NULL, "<float>",
      "RoPE base (theta); default the checkpoint's (legacy: 10000)"},
     {"--rope-orig-ctx", NULL, INT, 1, MAX_CTX, FIELD(rope.orig_ctx), NULL, "<int>",
      "original context L the scaling uses; default the training context"},
     {"--yarn-beta-fast", NULL, REAL, 1e-6, 1e6, FIELD(rope.beta_fast), NULL, "<float>", "default 32"},
     {"--yarn-beta-slow", NULL, REAL, 1e-6, 1e6, FIELD(rope.beta_slow), NULL, "<float>", "default 1"},
     {"--yarn-attn-factor", NULL, REAL, 1e-6, 1e3, FIELD(rope.attn_factor), NULL, "<float>",
-     "YaRN's final magnitude mscale (Hugging Face's attention_factor, not\n"
-     "llama.cpp's multiplier of that name); default the checkpoint's, else 0.1 ln s + 1"},
+     "YaRN's final magnitude mscale: Hugging Face's attention_factor, not\n"
+     "llama.cpp's multiplier; default the checkpoint's, else 0.1 ln s + 1"},
     {"--llama3-low-freq", NULL, REAL, 1e-6, 1e6, FIELD(rope.low_freq), NULL, "<float>", "default 1"},
     {"--llama3-high-freq", NULL, REAL, 1e-6, 1e6, FIELD(rope.high_freq), NULL, "<float>", "default 4"},
     {"--rope-dynamic", NULL, CHOICE, 0, 0, FIELD(rope.dynamic_exact), DYNAMIC_NAMES, "<kind>",
@@ -1622,42 +1662,56 @@ static const char *choice_list(const char *const *names) {
     return list;
 }
 
-/* The usage text, one entry per row of FLAGS, with each number's range. */
+/* A flag's accepted range as usage and its error messages print it: "[0, 1]",
+ * "(1, 1e+12]", or ">= 0" when only the type limits it; "" for no number. */
+static const char *range_text(const Flag *f) {
+    static char text[64];
+    int integer = f->kind == INT || f->kind == LONG || f->kind == PAIR;
+    if (!integer && f->kind != REAL) return "";
+    double lo = f->lo < 0 ? -f->lo : f->lo;
+    if (f->hi == NO_MAX) snprintf(text, sizeof text, integer ? ">= %.0f" : ">= %g", lo);
+    else if (integer) snprintf(text, sizeof text, "[%.0f, %.0f]", lo, f->hi);
+    else snprintf(text, sizeof text, "%s%g, %g]", f->lo < 0 ? "(" : "[", lo, f->hi);
+    return text;
+}
+
+/* The usage text, one entry per row of FLAGS: the flag, its value, what it
+ * does, then its choices or its range. */
 static void usage(FILE *out) {
     fprintf(out, "Usage: run <checkpoint> [options]\n");
     for (size_t i = 0; i < N_FLAGS; i++) {
         const Flag *f = &FLAGS[i];
-        char head[64], range[64] = "";
-        snprintf(head, sizeof head, "%s%s%s %s", f->alias ? f->alias : "", f->alias ? ", " : "", f->name,
-                 f->kind == CHOICE ? choice_list(f->choices) : f->value);
-        if (f->kind == INT || f->kind == LONG || f->kind == PAIR || f->kind == REAL)
-            snprintf(range, sizeof range, " [%g, %g]", f->lo, f->hi);
-        fprintf(out, "  %-30s ", head);
+        char head[64];
+        snprintf(head, sizeof head, "%s%s%s %s", f->alias ? f->alias : "", f->alias ? ", " : "", f->name, f->value);
+        fprintf(out, "  %-26s ", head);
         for (const char *h = f->help; *h; h++) { // help lines after the first are indented
             fputc(*h, out);
-            if (*h == '\n') fprintf(out, "  %-30s ", "");
+            if (*h == '\n') fprintf(out, "  %-26s ", "");
         }
-        fprintf(out, "%s\n", range);
+        if (f->kind == CHOICE) fprintf(out, ": %s", choice_list(f->choices));
+        else if (*range_text(f)) fprintf(out, f->hi == NO_MAX ? "  (%s)" : "  %s", range_text(f));
+        fputc('\n', out);
     }
     fprintf(out, "Weights: float32 or q8_0, as the checkpoint says (export.py --dtype).\n"
                  "Exit status: 0 ok, 1 bad input or runtime failure, 2 bad usage.\n");
 }
 
-/* Strict number parsing: the whole string must be a number within [lo, hi]. */
-static long parse_long(const char *flag, const char *s, double lo, double hi) {
+/* Strict number parsing: the whole string must be a number in f's range. */
+static long parse_long(const char *flag, const char *s, const Flag *f) {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (end == s || *end != '\0' || errno == ERANGE || v < lo || v > hi)
-        die(EXIT_USAGE, "%s %s: expected an integer in [%.0f, %.0f]", flag, s, lo, hi);
+    if (end == s || *end != '\0' || errno == ERANGE || v < f->lo || (f->hi != NO_MAX && v > f->hi) ||
+        (f->kind == INT && v > INT_MAX))
+        die(EXIT_USAGE, "%s %s: expected an integer %s%s", flag, s, f->hi == NO_MAX ? "" : "in ", range_text(f));
     return v;
 }
-static double parse_real(const char *flag, const char *s, double lo, double hi) {
+static double parse_real(const char *flag, const char *s, const Flag *f) {
     char *end;
     errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end != '\0' || errno == ERANGE || !(v >= lo && v <= hi))
-        die(EXIT_USAGE, "%s %s: expected a number in [%g, %g]", flag, s, lo, hi);
+    double v = strtod(s, &end), lo = f->lo < 0 ? -f->lo : f->lo;
+    if (end == s || *end != '\0' || errno == ERANGE || !(f->lo < 0 ? v > lo : v >= lo) || !(v <= f->hi))
+        die(EXIT_USAGE, "%s %s: expected a number %s%s", flag, s, f->hi == NO_MAX ? "" : "in ", range_text(f));
     return v;
 }
 
@@ -1679,6 +1733,10 @@ static const char *parse_args(int argc, char **argv, Options *o) {
         char *field = (char *)o + f->field;
         if (f->kind == SWITCH) {
             *(int *)field = 1;
+            if (f->field == offsetof(Options, help)) { // --help: at once, whatever follows
+                usage(stdout);
+                exit(0);
+            }
             continue;
         }
         int n_values = f->kind == PAIR ? 2 : 1;
@@ -1687,9 +1745,9 @@ static const char *parse_args(int argc, char **argv, Options *o) {
                                                                                             : f->value);
         const char *v = argv[++i];
         switch (f->kind) {
-        case INT: *(int *)field = (int)parse_long(a, v, f->lo, f->hi); break;
-        case LONG: *(long *)field = parse_long(a, v, f->lo, f->hi); break;
-        case REAL: *(double *)field = parse_real(a, v, f->lo, f->hi); break;
+        case INT: *(int *)field = (int)parse_long(a, v, f); break;
+        case LONG: *(long *)field = parse_long(a, v, f); break;
+        case REAL: *(double *)field = parse_real(a, v, f); break;
         case TEXT: *(const char **)field = v; break;
         case CHOICE: {
             int k = 0;
@@ -1699,8 +1757,8 @@ static const char *parse_args(int argc, char **argv, Options *o) {
             break;
         }
         case PAIR: // --self-extend G W: consecutive int fields
-            ((int *)field)[0] = (int)parse_long("--self-extend G", v, f->lo, f->hi);
-            ((int *)field)[1] = (int)parse_long("--self-extend W", argv[++i], f->lo, f->hi);
+            ((int *)field)[0] = (int)parse_long("--self-extend G", v, f);
+            ((int *)field)[1] = (int)parse_long("--self-extend W", argv[++i], f);
             break;
         case SWITCH: break;
         }
@@ -1727,10 +1785,6 @@ int main(int argc, char **argv) {
                           .beta_fast = NAN, .beta_slow = NAN, .attn_factor = NAN, .low_freq = NAN,
                           .high_freq = NAN, .dynamic_exact = -1}};
     const char *checkpoint = parse_args(argc, argv, &o);
-    if (o.help) {
-        usage(stdout);
-        return 0;
-    }
     if (!checkpoint) {
         usage(stderr);
         die(EXIT_USAGE, "missing <checkpoint>");

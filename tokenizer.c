@@ -12,7 +12,7 @@
  * text, exactly as sentencepiece does. (Their scores cannot tell them apart:
  * control and byte pieces score 0.0 and the best normal merge scores -0.0.)
  *
- * Encoding (tokenizer_encode), following sentencepiece's bpe_model.cc:
+ * Encoding (tokenizer_encode), the way sentencepiece's BPE model encodes:
  *   1. prepend one space (sentencepiece's "dummy prefix") to non-empty text;
  *   2. split it into UTF-8 code points, each one symbol (an invalid byte is a
  *      symbol of its own);
@@ -143,11 +143,11 @@ static long count_extra_entries(const unsigned char *p, size_t rest) {
  * or -1 with a message. Memory taken here is released by tokenizer_free. */
 static int parse_tokenizer(Tokenizer *t, const char *path, const unsigned char *data, size_t size, int vocab_size,
                            char *err, size_t err_len) {
-    if (size == 0) return fail(err, err_len, "%s: tokenizer file is empty", path);
-    if (size < 4) return fail(err, err_len, "%s: truncated: only %zu of the 4 header bytes", path, size);
+    if (size == 0) return fail(err, err_len, "tokenizer %s: tokenizer file is empty", path);
+    if (size < 4) return fail(err, err_len, "tokenizer %s: truncated: only %zu of the 4 header bytes", path, size);
     int32_t max_len = read_le_i32(data);
     if (max_len <= 0 || max_len > TOKENIZER_MAX_PIECE_BYTES)
-        return fail(err, err_len, "%s: max_token_length %ld is out of range 1..%d (not a tokenizer.bin?)", path,
+        return fail(err, err_len, "tokenizer %s: max_token_length %ld is out of range 1..%d (not a tokenizer.bin?)", path,
                     (long)max_len, TOKENIZER_MAX_PIECE_BYTES);
     t->max_token_length = max_len;
 
@@ -156,19 +156,19 @@ static int parse_tokenizer(Tokenizer *t, const char *path, const unsigned char *
     for (int i = 0; i < vocab_size; i++) {
         size_t rest = size - pos;
         if (rest == 0)
-            return fail(err, err_len, "%s: holds %d tokens but the model has vocab_size %d", path, i, vocab_size);
+            return fail(err, err_len, "tokenizer %s: holds %d tokens but the model has vocab_size %d", path, i, vocab_size);
         if (rest < 8)
-            return fail(err, err_len, "%s: truncated in token %d of %d (%zu of its 8 header bytes present)", path, i,
+            return fail(err, err_len, "tokenizer %s: truncated in token %d of %d (%zu of its 8 header bytes present)", path, i,
                         vocab_size, rest);
         float score = read_le_f32(data + pos);
         int32_t len = read_le_i32(data + pos + 4);
-        if (isnan(score)) return fail(err, err_len, "%s: token %d has a NaN score", path, i);
-        if (len < 0) return fail(err, err_len, "%s: token %d has negative length %ld", path, i, (long)len);
+        if (isnan(score)) return fail(err, err_len, "tokenizer %s: token %d has a NaN score", path, i);
+        if (len < 0) return fail(err, err_len, "tokenizer %s: token %d has negative length %ld", path, i, (long)len);
         if (len > max_len)
-            return fail(err, err_len, "%s: token %d is %ld bytes long, more than max_token_length %ld", path, i,
+            return fail(err, err_len, "tokenizer %s: token %d is %ld bytes long, more than max_token_length %ld", path, i,
                         (long)len, (long)max_len);
         if ((size_t)len > rest - 8)
-            return fail(err, err_len, "%s: truncated in token %d of %d (needs %ld piece bytes, %zu present)", path, i,
+            return fail(err, err_len, "tokenizer %s: truncated in token %d of %d (needs %ld piece bytes, %zu present)", path, i,
                         vocab_size, (long)len, rest - 8);
         pos += 8 + (size_t)len;
         storage += (size_t)len + 1;
@@ -176,9 +176,9 @@ static int parse_tokenizer(Tokenizer *t, const char *path, const unsigned char *
     if (pos != size) {
         long extra = count_extra_entries(data + pos, size - pos);
         if (extra > 0)
-            return fail(err, err_len, "%s: holds %ld tokens but the model has vocab_size %d", path,
+            return fail(err, err_len, "tokenizer %s: holds %ld tokens but the model has vocab_size %d", path,
                         (long)vocab_size + extra, vocab_size);
-        return fail(err, err_len, "%s: has more than vocab_size %d entries (%zu trailing bytes after token %d)", path,
+        return fail(err, err_len, "tokenizer %s: has more than vocab_size %d entries (%zu trailing bytes after token %d)", path,
                     vocab_size, size - pos, vocab_size - 1);
     }
 
@@ -191,7 +191,7 @@ static int parse_tokenizer(Tokenizer *t, const char *path, const unsigned char *
     t->sorted_ids = malloc(n * sizeof *t->sorted_ids);
     t->piece_storage = malloc(storage);
     if (!t->vocab || !t->vocab_len || !t->scores || !t->mergeable || !t->sorted_ids || !t->piece_storage)
-        return fail(err, err_len, "%s: out of memory loading %d tokens", path, vocab_size);
+        return fail(err, err_len, "tokenizer %s: out of memory loading %d tokens", path, vocab_size);
     pos = 4;
     char *dst = t->piece_storage;
     for (int i = 0; i < vocab_size; i++) {
@@ -229,13 +229,13 @@ static int index_pieces(Tokenizer *t, const char *path, char *err, size_t err_le
         for (int b = 0; b < 256; b++) {
             int id = t->byte_offset + b;
             if (id >= t->vocab_size || parse_byte_piece(t->vocab[id], t->vocab_len[id]) != b)
-                return fail(err, err_len, "%s: byte pieces <0x00>..<0xFF> are not at consecutive ids from %d", path,
+                return fail(err, err_len, "tokenizer %s: byte pieces <0x00>..<0xFF> are not at consecutive ids from %d", path,
                             t->byte_offset);
         }
     }
 
     SortEntry *entries = malloc((size_t)t->vocab_size * sizeof *entries);
-    if (!entries) return fail(err, err_len, "%s: out of memory indexing tokens", path);
+    if (!entries) return fail(err, err_len, "tokenizer %s: out of memory indexing tokens", path);
     int n = 0;
     for (int i = 0; i < t->vocab_size; i++) {
         if (t->mergeable[i]) {
@@ -261,9 +261,9 @@ int tokenizer_build(Tokenizer *t, const char *path, int vocab_size, int bos_id, 
     memset(t, 0, sizeof *t);
     t->byte_offset = -1;
     t->bos_id = t->eos_id = -1;
-    if (vocab_size <= 0) return fail(err, err_len, "%s: invalid vocab_size %d", path, vocab_size);
+    if (vocab_size <= 0) return fail(err, err_len, "tokenizer %s: invalid vocab_size %d", path, vocab_size);
     if (bos_id < -1 || bos_id >= vocab_size || eos_id < -1 || eos_id >= vocab_size)
-        return fail(err, err_len, "%s: bos_id %d / eos_id %d outside the vocabulary of %d tokens", path, bos_id,
+        return fail(err, err_len, "tokenizer %s: bos_id %d / eos_id %d outside the vocabulary of %d tokens", path, bos_id,
                     eos_id, vocab_size);
     size_t size;
     char *data = read_file(path, "tokenizer", &size, err, err_len);

@@ -1,7 +1,7 @@
 """A float64 numpy forward pass of a Hugging Face Llama model, in Hugging Face's
 own semantics: it takes the config.json dict and the tensors under their HF
 names (q/k rows in HF's permuted order) and rotates with rotate_half, the way
-transformers' modeling_llama does. It shares no code with export.py or run.c,
+Hugging Face transformers' Llama model does. It shares no code with export.py or run.c,
 so that `export.py --hf` + `run` can be checked against it.
 
     x = embed_tokens[tokens]
@@ -16,10 +16,10 @@ so that `export.py --hf` + `run` can be checked against it.
     logits = lm_head(norm(x))                                  lm_head = embed_tokens if tied
 
 rotate_half(x) = cat(-x[rot/2:], x[:rot/2]); cos/sin = cat(c, c) with
-c[i] = att * cos(pos * inv_freq[i]) (docs/rope.md §4.1, §7.3). Partial rotary: only
+c[i] = mscale * cos(pos * inv_freq[i]) (docs/rope.md §4.1, §7.3). Partial rotary: only
 the first rot = int(head_dim * partial_rotary_factor) dims, halves inside them.
 
-inv_freq and att follow transformers' modeling_rope_utils for each rope type
+inv_freq and mscale follow transformers' RoPE initialisation for each rope type
 (docs/rope.md §8.3, §8.5-§8.7), written here from those formulas:
     default  inv_i = b^(-2i/rot)
     linear   inv_i / factor
@@ -27,7 +27,7 @@ inv_freq and att follow transformers' modeling_rope_utils for each rope type
              max_position_embeddings, S = max(sequence length, L)
     yarn     ramp linear in the pair index between floor/ceil of the correction
              dims for beta_fast/beta_slow over original_max_position_embeddings;
-             att = attention_factor, or the mscale ratio, or 0.1 ln(factor) + 1
+             mscale = attention_factor, or the mscale ratio, or 0.1 ln(factor) + 1
     llama3   by wavelength against original_max_position_embeddings / low,high
 
 Dynamic NTK has three semantics (dynamic=...):
@@ -93,14 +93,14 @@ def inv_freq_and_attention(config, seq_len=None):
             s = max_pos / L
         beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
 
-        def mscale(scale, m=1.0):
+        def get_mscale(scale, m=1.0):
             return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-        att = p.get("attention_factor")
-        if att is None:
+        mscale = p.get("attention_factor")
+        if mscale is None:
             if p.get("mscale") and p.get("mscale_all_dim"):
-                att = mscale(s, p["mscale"]) / mscale(s, p["mscale_all_dim"])
+                mscale = get_mscale(s, p["mscale"]) / get_mscale(s, p["mscale_all_dim"])
             else:
-                att = mscale(s)
+                mscale = get_mscale(s)
 
         def corr_dim(n_rot):
             return d * math.log(L / (n_rot * 2 * math.pi)) / (2 * math.log(b))
@@ -110,7 +110,7 @@ def inv_freq_and_attention(config, seq_len=None):
             high += 0.001
         ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0, 1)
         extrapolate = 1 - ramp
-        return (f / s) * (1 - extrapolate) + f * extrapolate, float(att)
+        return (f / s) * (1 - extrapolate) + f * extrapolate, float(mscale)
     if kind == "llama3":
         L = p.get("original_max_position_embeddings") or max_pos
         lo, hi = float(p["low_freq_factor"]), float(p["high_freq_factor"])
@@ -122,13 +122,13 @@ def inv_freq_and_attention(config, seq_len=None):
     raise ValueError(f"rope type {kind!r} is not modelled")
 
 
-def _rotate(x, pos, inv_freq, att, rot):
+def _rotate(x, pos, inv_freq, mscale, rot):
     """rotate_half RoPE of x (T, heads, hd) at positions pos (T,), first rot dims.
     inv_freq: (rot/2,) shared, or (T, rot/2) one per row."""
     inv = inv_freq if inv_freq.ndim == 2 else np.broadcast_to(inv_freq, (len(pos), rot // 2))
     ang = pos[:, None] * inv
-    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=-1)[:, None, :] * att
-    sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=-1)[:, None, :] * att
+    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=-1)[:, None, :] * mscale
+    sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=-1)[:, None, :] * mscale
     r = x[..., :rot]
     rotated_half = np.concatenate([-r[..., rot // 2:], r[..., :rot // 2]], axis=-1)
     out = x.copy()
@@ -163,19 +163,19 @@ class HFReference:
         out = np.empty((T, self.nh, self.hd))
         if self.kind == "dynamic" and self.dynamic == "exact":
             for p in range(T):  # query p: everything rotated with the base for length p+1
-                inv, att = inv_freq_and_attention(self.c, p + 1)
-                qp = _rotate(q[p:p + 1], pos[p:p + 1], inv, att, rot)
-                kp = _rotate(k[:p + 1], pos[:p + 1], inv, att, rot)
+                inv, mscale = inv_freq_and_attention(self.c, p + 1)
+                qp = _rotate(q[p:p + 1], pos[p:p + 1], inv, mscale, rot)
+                kp = _rotate(k[:p + 1], pos[:p + 1], inv, mscale, rot)
                 for h in range(self.nh):
                     s = kp[:, h // group] @ qp[0, h] / math.sqrt(self.hd)
                     out[p, h] = _softmax(s) @ v[:p + 1, h // group]
             return out.reshape(T, -1)
         if self.kind == "dynamic" and self.dynamic == "hf":  # per-row base for length t+1
             inv = np.stack([inv_freq_and_attention(self.c, t + 1)[0] for t in range(T)])
-            att = 1.0
+            mscale = 1.0
         else:
-            inv, att = inv_freq_and_attention(self.c, T)
-        q, k = _rotate(q, pos, inv, att, rot), _rotate(k, pos, inv, att, rot)
+            inv, mscale = inv_freq_and_attention(self.c, T)
+        q, k = _rotate(q, pos, inv, mscale, rot), _rotate(k, pos, inv, mscale, rot)
         for h in range(self.nh):
             s = q[:, h] @ k[:, h // group].T / math.sqrt(self.hd) + mask
             out[:, h] = _softmax(s) @ v[:, h // group]

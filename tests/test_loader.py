@@ -279,6 +279,30 @@ def test_no_arguments_is_usage_error():
     check_error(p, 2, ["usage", "checkpoint"])
 
 
+def test_tokenizer_and_text_from_a_pipe(base):
+    """-z and -f read pipes to their end (bash's <(...), /dev/stdin): the same
+    output as from the files themselves."""
+    want = generate(base["ckpt"], base["tok"])
+    assert want.returncode == 0, want.stderr
+    piped = run(base["ckpt"], "-z", "/dev/stdin", "-t", "0", "-n", "2", "-i", "the cat",
+                input=base["tok"].read_bytes())
+    assert piped.returncode == 0 and piped.stdout == want.stdout, piped.stderr
+    text = run(base["ckpt"], "-z", base["tok"], "-t", "0", "-n", "2", "-f", "/dev/stdin", input=b"the cat")
+    assert text.returncode == 0 and text.stdout == want.stdout, text.stderr
+
+
+@pytest.mark.parametrize("flag", ["-z", "-f"])
+def test_device_or_directory_is_bad_input(base, tmp_path, flag):
+    """A device (/dev/zero would never end) or a directory: exit 1 naming it."""
+    for path in ("/dev/zero", tmp_path):
+        args = ["-z", base["tok"], "-i", "x"] if flag == "-z" else ["-z", base["tok"]]
+        if flag == "-z":
+            args[1] = path
+        else:
+            args += ["-f", path]
+        check_error(run(base["ckpt"], *args), 1, [str(path)])
+
+
 def test_prompt_file_missing(base, tmp_path):
     missing = tmp_path / "no-such-prompt.txt"
     p = run(base["ckpt"], "-z", base["tok"], "-f", missing)

@@ -296,7 +296,7 @@ static void test_ops(void) {
     float keys[2 * 4] = {1, 0, 0, 1, 0, 0, 0, 0}, values[2 * 4] = {10, 20, 30, 40, 0, 0, 0, 0};
     float q[4 * 2] = {1, 0, 1, 0, 1, 0, 1, 0}, scores[4 * 2], o[4 * 2];
     Transformer t = attention_fixture(4, 2, 2, 2, scores, NULL);
-    attention(&t, o, q, &(RotatedKeys){keys, KV_F32, NULL, 0}, values, 1, 0);
+    attention(o, q, &(RotatedKeys){keys, KV_F32, NULL, 0}, values, 1, 0, &t);
     CHECK(o[0] == 10 && o[2] == 10 && o[4] == 30 && o[6] == 30, "GQA grouping: got %g %g %g %g", o[0], o[2], o[4],
           o[6]);
     // Bucket edges for L = 256, ctx = 4096.
@@ -671,10 +671,10 @@ static void test_attention_block(void) {
                     attention_ref(ref, q, keys, values, B, pos0, nh, nkv, hs);
                     Transformer t = attention_fixture(nh, nkv, hs, n_ctx, scores, q_t);
                     RotatedKeys rk = {keys, KV_F32, NULL, 0};
-                    attention(&t, out, q, &rk, values, B, pos0);
+                    attention(out, q, &rk, values, B, pos0, &t);
                     for (int e = 0; e < B * dim; e++) worst_block = fmax(worst_block, fabs(out[e] - ref[e]));
                     for (int b = 0; b < B; b++)
-                        attention(&t, out + (size_t)b * dim, q + (size_t)b * dim, &rk, values, 1, pos0 + b);
+                        attention(out + (size_t)b * dim, q + (size_t)b * dim, &rk, values, 1, pos0 + b, &t);
                     for (int e = 0; e < B * dim; e++) worst_single = fmax(worst_single, fabs(out[e] - ref[e]));
                     // the block kernels' portable versions, head 0 (kv head 0)
                     use_simd = 0;
@@ -834,6 +834,41 @@ static void test_block_prefill(void) {
     remove(path);
 }
 
+/* ppl_score rejects what it cannot score with -1 and a one-line message
+ * (no crash, nothing leaked: the sanitizer builds run this too), and on good
+ * input scores every text token once: n_ids tokens in ceil(...) windows. */
+static void test_ppl_score_arguments(void) {
+    const char *path = tmp_path("ppl.bin");
+    write_random_checkpoint(path, 64, 96, 2, 4, 2, 50, 64);
+    char err[512];
+    Transformer t;
+    if (build_transformer(&t, path, NULL, 16, KV_F32, err, sizeof err) != 0) {
+        CHECK(0, "random checkpoint rejected: %s", err);
+        return;
+    }
+    int ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = i % 50;
+    PplScore score;
+    struct { const char *name; int n_ids, stride, bad_token; const char *expect; } cases[] = {
+        {"empty text", 0, 15, 0, "no tokens"}, {"stride 0", 40, 0, 0, "--stride"},
+        {"stride above ctx - 1", 40, 16, 0, "--stride"}, {"token outside the vocabulary", 40, 15, 1, "vocabulary"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ids[30] = cases[c].bad_token ? 50 : 30;
+        err[0] = '\0';
+        int rc = ppl_score(&t, ids, cases[c].n_ids, cases[c].stride, &score, NULL, err, sizeof err);
+        CHECK(rc == -1 && strstr(err, cases[c].expect) && !strchr(err, '\n') && !score.pos_sum,
+              "ppl_score, %s: expected -1 and \"%s\", got %d \"%s\"", cases[c].name, cases[c].expect, rc, err);
+    }
+    ids[30] = 30;
+    int rc = ppl_score(&t, ids, 40, 10, &score, NULL, err, sizeof err);
+    CHECK(rc == 0 && score.n_scored == 40 && score.n_windows == 4, "ppl_score of 40 tokens, ctx 16, stride 10: "
+          "rc %d, %ld scored in %d windows (expected 40 in 4)", rc, score.n_scored, score.n_windows);
+    free_ppl_score(&score);
+    free_transformer(&t);
+    remove(path);
+}
+
 int main(void) {
     test_rope_worked_example();
     test_rope_properties();
@@ -849,6 +884,7 @@ int main(void) {
     test_attention_block();
     test_half();
     test_block_prefill();
+    test_ppl_score_arguments();
     printf("run: %d passed, %d failed (SIMD kernels %s)\n", n_pass, n_fail,
            HAVE_SIMD ? "compared with the portable ones" : "not built: portable kernels only");
     return n_fail ? 1 : 0;

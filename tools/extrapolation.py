@@ -173,7 +173,9 @@ def smooth(values, width):
 
 def write_outputs(results, models, out):
     out.mkdir(parents=True, exist_ok=True)
-    slim = [{k: v for k, v in r.items() if k != "per_position"} for r in results]
+    # per_position is only for the plot; "file" is a temporary path, kept as its name
+    slim = [{k: (Path(v).name if k == "file" else v) for k, v in r.items() if k != "per_position"}
+            for r in results]
     (out / "results.json").write_text(json.dumps(slim, indent=1) + "\n")
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
