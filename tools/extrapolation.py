@@ -33,7 +33,7 @@ Method settings at context E = k L (the literature's choices; k = 1 means "no sc
                   that no relative position reaches L
 
 Usage:
-    /usr/bin/python3 tools/extrapolation.py [--out DIR] [--tokens N] [--jobs J] [--models a,b]
+    .venv/bin/python tools/extrapolation.py [--out DIR] [--tokens N] [--jobs J] [--models a,b]
 (`make extrapolation` runs it with the defaults.)
 """
 import argparse

@@ -2,7 +2,7 @@
 """Plot the loss curve of a tools/train.py run: training loss and held-out loss per step.
 
 Usage:
-  /usr/bin/python3 tools/plot_loss.py /tmp/train/final/log.jsonl models/loss.png
+  .venv/bin/python tools/plot_loss.py /tmp/train/final/log.jsonl models/loss.png
 
 log.jsonl holds one JSON object per line: training records (step, loss,
 loss_ema, ...) and evaluation records (step, heldout_loss, heldout_bpb, ...).

@@ -18,12 +18,12 @@ The split is fixed: HELDOUT_BOOKS are never used for training (not even for the
 tokenizer); they are the evaluation set.
 
 Usage:
-  /usr/bin/python3 tools/prepare_data.py --heldout /tmp/heldout.txt
+  .venv/bin/python tools/prepare_data.py --heldout /tmp/heldout.txt
       write the two held-out books, cleaned, joined by a blank line: the file
       the model card's `run -m ppl` command scores.
-  /usr/bin/python3 tools/prepare_data.py --excerpt /tmp/excerpt.txt
+  .venv/bin/python tools/prepare_data.py --excerpt /tmp/excerpt.txt
       write the fixed held-out excerpt the bundled-model test scores.
-  /usr/bin/python3 tools/prepare_data.py --train /tmp/train.txt
+  .venv/bin/python tools/prepare_data.py --train /tmp/train.txt
       write the cleaned training books (for inspection; train.py cleans in memory).
   --shared DIR   the shared folder (default: $SHARED_DIR or <repo>/../shared)
 """

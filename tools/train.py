@@ -48,7 +48,7 @@ is read before torch is imported, since OpenBLAS fixes its pool at load time).
 
 Example (the command that trained models/model.bin is in models/README.md):
 
-  /usr/bin/python3 tools/train.py --threads 1 --out-dir /tmp/train/final --export-dir models
+  .venv/bin/python tools/train.py --threads 1 --out-dir /tmp/train/final --export-dir models
 
 The defaults are the bundled model's settings; --help lists every flag.
 """

@@ -8,7 +8,7 @@ dictionary. The dictionary is /usr/share/dict/words when it exists and
 (the held-out books excluded), cleaned by tools/prepare_data.py.
 
 Usage:
-  /usr/bin/python3 tools/word_check.py [--run ./run] [--model models/model.bin]
+  .venv/bin/python tools/word_check.py [--run ./run] [--model models/model.bin]
       [--prompt "It was"] [-n 256] [--seeds 1 2 3 4 5] [--dict-books]
 """
 import argparse
