@@ -263,24 +263,89 @@ typedef struct {
 } Weights;
 
 /* ------------------------------------------------------------------------
- * Tokenizer (tokenizer.c): llama2.c's tokenizer.bin layout
+ * Tokenizer files (tokenizer.c reads both; export.py writes both)
+ *
+ * Version 1: llama2.c's tokenizer.bin, sentencepiece vocabularies only
  *   i32 max_token_length
  *   vocab_size times: f32 score, i32 len, len bytes (no terminator)
+ *
+ * Version 2 ("LTOK"): any vocabulary this program runs. Little-endian; a
+ * 64-byte header, then the pieces, then the merges.
+ *  offset type  field
+ *    0    u32   magic       0x4b4f544c, the bytes "LTOK"
+ *    4    i32   version     2
+ *    8    i32   type        TOK_SENTENCEPIECE (0): merge the pair whose joined piece
+ *                           scores highest, byte fallback <0xHH>; TOK_BYTE_BPE (1):
+ *                           GPT-2 byte-level BPE, merge the pair of lowest rank
+ *   12    i32   pre         pre-tokenizer splitting text before BPE (type 1 only,
+ *                           else PRE_NONE): PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_SMOLLM
+ *   16    i32   vocab_size  must equal the checkpoint's
+ *   20    i32   n_merges    type 1: merges after the pieces (rank = order); type 0: 0
+ *   24    i32   bos_id      -1 = none
+ *   28    i32   eos_id      -1 = none
+ *   32    i32   eot_id      end of turn (e.g. <|eot_id|>), -1 = none
+ *   36    i32   pad_id      -1 = none
+ *   40    i32   add_bos     1: a prompt starts with BOS; 0: it does not (SmolLM2, Qwen2)
+ *   44..63      reserved, zero
+ *  then vocab_size pieces, in id order:
+ *         f32   score       type 0: merge priority; type 1: 0
+ *         i32   kind        PIECE_NORMAL (0): text BPE may produce; PIECE_SPECIAL (1):
+ *                           a control or added token (<s>, <|im_start|>): never made by
+ *                           merging; in type 1 a prompt's exact text of it becomes this id,
+ *                           as Hugging Face's tokenizers do by default; PIECE_BYTE (2): type
+ *                           0's <0xHH>, one raw byte; PIECE_UNUSED (3): never produced
+ *         i32   len         bytes that follow, 0..65536
+ *         len   bytes       the piece's text as raw bytes (type 1: GPT-2's byte-to-unicode
+ *                           mapping already undone, so "Ġthe" is stored as " the")
+ *  then n_merges merges, rank 0 first:
+ *         i32   left, right ids of the two pieces; left's bytes then right's must be a
+ *                           normal piece of the vocabulary (the merge's result)
+ * The file ends right after the last merge. Normal pieces are unique.
  * ------------------------------------------------------------------------ */
 
+enum { TOK_SENTENCEPIECE = 0, TOK_BYTE_BPE = 1, TOK_N_TYPES };
+enum { PRE_NONE = 0, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_SMOLLM, PRE_N_TYPES };
+enum { PIECE_NORMAL = 0, PIECE_SPECIAL = 1, PIECE_BYTE = 2, PIECE_UNUSED = 3, PIECE_N_KINDS };
+#define TOK_MAGIC 0x4b4f544cu /* "LTOK" read as a little-endian u32 */
+#define TOK_VERSION 2
+#define TOK_HEADER_BYTES 64
+
+/* One merge of a byte-level BPE vocabulary (type 1), a slot of Tokenizer's
+ * hash table keyed by the pair (left, right). */
 typedef struct {
-    char **vocab;        // (vocab_size) NUL-terminated piece bytes
-    int *vocab_len;      // (vocab_size) piece lengths in bytes
-    float *scores;       // (vocab_size) merge priority, higher merges first
-    int vocab_size;
-    int max_token_length;
-    int byte_offset;     // id of "<0x00>", or -1 when the vocabulary has no byte tokens
-    unsigned char *mergeable; // (vocab_size) 1 = a normal piece BPE may produce
-    int *sorted_ids;     // (vocab_size) ids of mergeable pieces sorted by bytes, for lookup
-    int n_sorted;
-    int bos_id, eos_id;
-    int unk_id;          // id of "<unk>" (0 when absent); used only without byte tokens
-    char *piece_storage; // one block holding every piece of vocab, owned here
+    int left, right; // ids of the adjacent pieces; left == -1 marks an empty slot
+    int rank;        // the merge's position in the file: lower ranks merge first
+    int result;      // id of the normal piece left's bytes then right's spell
+} MergeRule;
+
+/* A loaded vocabulary (version 1 or 2 file); tokenizer_build fills it, run.c
+ * reads bos_id, eos_id, eot_id and add_bos, tokenizer_free releases it. */
+typedef struct {
+    int type;               // TOK_SENTENCEPIECE | TOK_BYTE_BPE
+    int pre;                // PRE_NONE | PRE_GPT2 .. PRE_SMOLLM: how type 1 splits text before BPE
+    int version;            // 1 = llama2.c's tokenizer.bin, 2 = "LTOK"
+    int vocab_size;         // e.g. 32000
+    char **vocab;           // (vocab_size) NUL-terminated piece bytes
+    int *vocab_len;         // (vocab_size) piece lengths in bytes
+    float *scores;          // (vocab_size) type 0: merge priority, higher merges first; type 1: unused
+    unsigned char *kind;    // (vocab_size) PIECE_NORMAL .. PIECE_UNUSED; version 1 guesses it from the text
+    int max_token_length;   // longest piece in bytes (version 1: the file's field), e.g. 16
+    int *sorted_ids;        // (n_sorted) ids of the normal pieces sorted by bytes, for lookup
+    int n_sorted;           // number of normal pieces
+    int byte_offset;        // type 0: id of "<0x00>" (<0x00>..<0xFF> consecutive), or -1: no byte pieces
+    int byte_id[256];       // type 1: id of the one-byte normal piece of each byte value, -1 when the
+                            // vocabulary lacks it (encoding drops that byte, as tokenizers does); type 0: -1
+    int unk_id;             // type 0: id of "<unk>" (0 when absent); used only without byte pieces
+    int bos_id, eos_id;     // the checkpoint's, e.g. 1, 2; -1 = none; a version 2 file must agree
+    int eot_id, pad_id;     // version 2: end of turn (e.g. <|im_end|>), padding; -1 = none
+    int add_bos;            // 1: a prompt starts with BOS (version 1 always); 0: it does not (SmolLM2)
+    MergeRule *merges;      // (merge_slots) type 1: open-addressing hash table of the n_merges merges
+    int n_merges;           // merges in the file, e.g. 48900 (SmolLM2)
+    int merge_slots;        // a power of two >= 2 * n_merges, or 0 without merges (type 0)
+    int *special_ids;       // (n_special) type 1: non-empty PIECE_SPECIAL ids sorted by bytes, then id
+    int n_special;          // e.g. 17 (SmolLM2)
+    unsigned char special_lead[256]; // type 1: 1 = some special piece starts with this byte
+    char *piece_storage;    // one block holding every piece of vocab, owned here
 } Tokenizer;
 
 /* Streaming decode state: bytes of a UTF-8 sequence not yet complete. */
@@ -289,16 +354,26 @@ typedef struct {
     int n_pending;
 } DecodeState;
 
-/* Load path, check it holds exactly vocab_size entries. On failure returns -1
- * and writes a one-line message (naming the file, expected and actual) to err. */
+/* Load path (version 1 or 2, told apart by the magic), check it holds exactly
+ * vocab_size entries and agrees with the checkpoint's bos_id / eos_id (-1 =
+ * none). On failure returns -1 and writes a one-line message (naming the file,
+ * expected and actual) to err. */
 int tokenizer_build(Tokenizer *t, const char *path, int vocab_size, int bos_id, int eos_id,
                     char *err, size_t err_len);
 void tokenizer_free(Tokenizer *t);
-/* Upper bound on the ids tokenizer_encode writes for n_bytes of text. */
+/* What kind of tokenizer t is, for the load line: "sentencepiece",
+ * "byte-level BPE (smollm)", ... (a static string). */
+const char *tokenizer_type_name(const Tokenizer *t);
+/* Upper bound on the ids tokenizer_encode writes for n_bytes of text, for
+ * either type: 3 per byte (type 1 turns an invalid byte into U+FFFD, up to
+ * three ids), plus BOS, EOS and sentencepiece's dummy prefix. */
 size_t tokenizer_bound(size_t n_bytes);
-/* Encode text[0..n_bytes) like sentencepiece (dummy prefix, BPE by score,
- * byte fallback), optionally with BOS first and EOS last. tokens must hold
- * tokenizer_bound(n_bytes). Returns the number of ids, or -1 if out of memory. */
+/* Encode text[0..n_bytes) (any bytes), optionally with BOS first and EOS
+ * last. Type 0 like sentencepiece (dummy prefix, BPE by score, byte
+ * fallback); type 1 like Hugging Face's tokenizers (special pieces, invalid
+ * UTF-8 as U+FFFD, pre-tokenizer, BPE by merge rank). tokens must hold
+ * tokenizer_bound(n_bytes). Returns the number of ids, or -1 if out of memory
+ * or the text is too long. */
 int tokenizer_encode(const Tokenizer *t, const char *text, size_t n_bytes, int add_bos, int add_eos,
                      int *tokens);
 /* Upper bound on the bytes one tokenizer_decode call writes. */

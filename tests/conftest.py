@@ -14,6 +14,7 @@ Tests write only under pytest's tmp_path / tmp_path_factory.
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -197,3 +198,196 @@ def write_legacy(path, cfg, tensors):
                 f.write(np.cos(ang).astype("<f4").tobytes())
                 f.write(np.sin(ang).astype("<f4").tobytes())
     return pathlib.Path(path)
+
+
+# ---------------------------------------------------------------------------
+# Version-2 tokenizer files ("LTOK", model.h's "Tokenizer files"): a reader
+# written from that description, not from export.py, and a byte-level BPE
+# encoder that runs on what it reads (for tests of the exported data).
+
+TOK2_TYPES = ("sentencepiece", "byte_bpe")
+TOK2_PRES = ("none", "gpt2", "llama3", "qwen2", "smollm")
+
+
+def read_tok_v2(path):
+    """Parse a version-2 tokenizer file. Asserts the layout model.h gives:
+    magic "LTOK", version 2, reserved header bytes zero, each piece record
+    inside the file, the file ending right after the last merge. Returns a
+    dict: type and pre (names), vocab_size, bos_id, eos_id, eot_id, pad_id,
+    add_bos (int), pieces (bytes), kinds, scores (float32 values as floats),
+    merges ((left, right) tuples)."""
+    import struct as _struct
+    data = pathlib.Path(path).read_bytes()
+    assert len(data) >= 64, f"{path}: {len(data)} bytes, shorter than the header"
+    assert data[:4] == b"LTOK", data[:4]
+    (magic, version, typ, pre, n, n_merges, bos, eos, eot, pad, add_bos) = \
+        _struct.unpack_from("<Iiiiiiiiiii", data, 0)
+    assert version == 2, version
+    assert data[44:64] == bytes(20), "reserved header bytes are not zero"
+    pieces, kinds, scores, off = [], [], [], 64
+    for i in range(n):
+        assert off + 12 <= len(data), f"piece {i}: record header past the end"
+        score, kind, length = _struct.unpack_from("<fii", data, off)
+        off += 12
+        assert 0 <= length <= 65536 and off + length <= len(data), f"piece {i}: length {length}"
+        pieces.append(data[off:off + length])
+        kinds.append(kind)
+        scores.append(score)
+        off += length
+    assert len(data) == off + 8 * n_merges, \
+        f"{len(data) - off} bytes after the pieces, expected {8 * n_merges} for {n_merges} merges"
+    flat = _struct.unpack_from(f"<{2 * n_merges}i", data, off) if n_merges else ()
+    merges = list(zip(flat[0::2], flat[1::2]))
+    return dict(type=TOK2_TYPES[typ], pre=TOK2_PRES[pre], vocab_size=n, bos_id=bos, eos_id=eos,
+                eot_id=eot, pad_id=pad, add_bos=add_bos, pieces=pieces, kinds=kinds,
+                scores=scores, merges=merges)
+
+
+# The pre-tokenizer regexes (as Hugging Face's tokenizers apply them; the
+# `regex` module has the \p{...} classes)
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def pre_split(pre, text):
+    """Text cut into the chunks BPE runs on, for a pre-tokenizer name."""
+    import regex
+    if pre == "gpt2":
+        return regex.findall(GPT2_REGEX, text)
+    if pre == "smollm":  # every digit its own chunk, then GPT-2's regex between them
+        out = []
+        for part in regex.split(r"(\p{N})", text):
+            if part:
+                digit = regex.fullmatch(r"\p{N}", part)
+                out += [part] if digit else regex.findall(GPT2_REGEX, part)
+        return out
+    if pre == "llama3":
+        return regex.findall(LLAMA3_REGEX, text)
+    if pre == "qwen2":
+        return regex.findall(QWEN2_REGEX, text)
+    raise ValueError(pre)
+
+
+def bpe_encode_v2(tok, text):
+    """Ids of text under a byte-level BPE tokenizer as read_tok_v2 returns it:
+    exact special-piece texts first (longest first), then per pre-tokenized
+    chunk: single bytes joined pair by pair, always the adjacent pair of
+    lowest merge rank (leftmost on ties). A byte with no single-byte piece is
+    dropped, as Hugging Face's BPE without an unknown token does."""
+    import re
+    assert tok["type"] == "byte_bpe"
+    rank = {pair: r for r, pair in enumerate(tok["merges"])}
+    joined = {}  # merge pair -> id of its result, filled as merges are used
+    normal = {p: i for i, (p, k) in enumerate(zip(tok["pieces"], tok["kinds"])) if k == 0}
+    specials = sorted({p for p, k in zip(tok["pieces"], tok["kinds"]) if k == 1 and p},
+                      key=len, reverse=True)
+    special_id = {}
+    for i, (p, k) in enumerate(zip(tok["pieces"], tok["kinds"])):
+        if k == 1:
+            special_id.setdefault(p, i)
+    parts = [text.encode()]
+    if specials:
+        pattern = re.compile(b"(" + b"|".join(re.escape(s) for s in specials) + b")")
+        parts = pattern.split(text.encode())
+    ids = []
+    for j, part in enumerate(parts):
+        if j % 2 == 1:
+            ids.append(special_id[part])
+            continue
+        for chunk in pre_split(tok["pre"], part.decode()):
+            seq = [normal[bytes([b])] for b in chunk.encode() if bytes([b]) in normal]
+            while len(seq) > 1:
+                best, at = None, -1
+                for i in range(len(seq) - 1):
+                    r = rank.get((seq[i], seq[i + 1]))
+                    if r is not None and (best is None or r < best):
+                        best, at = r, i
+                if best is None:
+                    break
+                pair = (seq[at], seq[at + 1])
+                if pair not in joined:
+                    joined[pair] = normal[tok["pieces"][pair[0]] + tok["pieces"][pair[1]]]
+                seq[at:at + 2] = [joined[pair]]
+            ids += seq
+    return ids
+
+
+def train_byte_bpe(chunks, n_merges):
+    """A small byte-level BPE trained the textbook way, for test vocabularies:
+    chunks (bytes, e.g. pre-tokenized words) start as single bytes; each step
+    joins the most frequent adjacent pair everywhere (ties: the greatest pair,
+    for determinism). Returns the merges as (left bytes, right bytes), in
+    training order."""
+    from collections import Counter
+    words = Counter(chunks)
+    seqs = {w: [bytes([b]) for b in w] for w in words}
+    merges = []
+    for _ in range(n_merges):
+        counts = Counter()
+        for w, c in words.items():
+            s = seqs[w]
+            for pair in zip(s, s[1:]):
+                counts[pair] += c
+        if not counts:
+            break
+        best = max(counts, key=lambda p: (counts[p], p))
+        merges.append(best)
+        for w in words:
+            s, out, i = seqs[w], [], 0
+            while i < len(s):
+                if i + 1 < len(s) and (s[i], s[i + 1]) == best:
+                    out.append(s[i] + s[i + 1])
+                    i += 2
+                else:
+                    out.append(s[i])
+                    i += 1
+            seqs[w] = out
+    return merges
+
+
+@pytest.fixture(scope="session")
+def driver(tmp_path_factory):
+    """Path of a tok_driver binary: $TOK_DRIVER, or built from tests/tok_driver.c."""
+    if os.environ.get("TOK_DRIVER"):
+        return os.environ["TOK_DRIVER"]
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler found (set CC or TOK_DRIVER)")
+    exe = tmp_path_factory.mktemp("tok") / "tok_driver"
+    cmd = [cc, "-O2", "-I.", "tests/tok_driver.c", "-o", str(exe), "-lm"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, f"building tok_driver failed: {' '.join(cmd)}\n{res.stderr}"
+    return str(exe)
+
+
+def mix_strings(pools, extras, count, seed, extra_rate, pool_rate):
+    """count random strings of 0..40 parts: with probability extra_rate a
+    string from extras, else a character from a random pool (with
+    probability pool_rate; otherwise ASCII with spaces, pools[0] + "  ")."""
+    import random
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(0, 40)):
+            if rng.random() < extra_rate:
+                parts.append(rng.choice(extras))
+            else:
+                pool = pools[rng.randrange(len(pools))] if rng.random() < pool_rate else pools[0] + "  "
+                parts.append(rng.choice(pool))
+        out.append("".join(parts))
+    return out
+
+
+def length_prefixed(data, count):
+    """Split tok_driver -d's output: count records, each a u32 length then bytes."""
+    import struct
+    out, pos = [], 0
+    while pos < len(data):
+        (n,) = struct.unpack_from("<I", data, pos)
+        out.append(data[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    assert len(out) == count, f"{len(out)} records, expected {count}"
+    return out

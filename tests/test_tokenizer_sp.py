@@ -8,17 +8,18 @@ original string.
 
 Needs the shared models directory (ROOT/../shared/models, or
 $SHARED_DIR/models) and python3-sentencepiece; skips with a reason otherwise.
-Run from anywhere:  /usr/bin/python3 -m pytest -q tests/test_tokenizer_sp.py
+Run from anywhere:  .venv/bin/python -m pytest -q tests/test_tokenizer_sp.py
 """
 import os
 import pathlib
 import random
-import shutil
 import struct
 import subprocess
 import time
 
 import pytest
+
+from conftest import length_prefixed, mix_strings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = pathlib.Path(os.environ["SHARED_DIR"]) if os.environ.get("SHARED_DIR") else ROOT.parent / "shared"
@@ -36,21 +37,6 @@ if not MODELS.is_dir():
 # --------------------------------------------------------------------------
 # fixtures and helpers
 # --------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def driver(tmp_path_factory):
-    """Path of a tok_driver binary: $TOK_DRIVER, or built from tests/tok_driver.c."""
-    if os.environ.get("TOK_DRIVER"):
-        return os.environ["TOK_DRIVER"]
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler found (set CC or TOK_DRIVER)")
-    exe = tmp_path_factory.mktemp("tok") / "tok_driver"
-    cmd = [cc, "-O2", "-I.", "tests/tok_driver.c", "-o", str(exe), "-lm"]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 0, f"building tok_driver failed: {' '.join(cmd)}\n{res.stderr}"
-    return str(exe)
-
 
 @pytest.fixture(scope="session")
 def sp():
@@ -86,13 +72,7 @@ def c_decode(driver, id_lists):
     text = "".join(" ".join(map(str, ids)) + "\n" for ids in id_lists)
     res = subprocess.run([driver, "-d", str(TOK_BIN), "32000"], input=text.encode(), capture_output=True)
     assert res.returncode == 0, res.stderr.decode(errors="replace")
-    out, data, pos = [], res.stdout, 0
-    while pos < len(data):
-        (n,) = struct.unpack_from("<I", data, pos)
-        out.append(data[pos + 4:pos + 4 + n])
-        pos += 4 + n
-    assert len(out) == len(id_lists)
-    return out
+    return length_prefixed(res.stdout, len(id_lists))
 
 
 def check_parity(driver, sp, texts):
@@ -196,19 +176,7 @@ def random_strings(count=400, seed=20240229):
         "𠀀𪚥\ue000\U000f0000\U0010fffd\u0378",
     ]
     specials = ["<s>", "</s>", "<unk>", "<0x0A>", "[INST]", "  ", "\r\n", "the", " the", "ing"]
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        n = rng.randint(0, 40)
-        parts = []
-        for _ in range(n):
-            if rng.random() < 0.08:
-                parts.append(rng.choice(specials))
-            else:
-                pool = pools[rng.randrange(len(pools))] if rng.random() < 0.5 else pools[0] + "  "
-                parts.append(rng.choice(pool))
-        out.append("".join(parts))
-    return out
+    return mix_strings(pools, specials, count, seed, 0.08, 0.5)
 
 
 ALL_FIXED = [s for group in FIXED.values() for s in group]
