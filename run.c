@@ -1153,26 +1153,29 @@ static void end_text(Decoder *d) {
 }
 
 /* The decode step generate and chat share: sample the next token from the
- * logits of the last one; unless it is one of the two end tokens (-1 for
- * none), print it and append it to history. Returns the token, or -1 when
- * the text ends here. The caller feeds it back (forward) if there is room. */
-static int decode_step(Decoder *d, float *logits, int end1, int end2) {
+ * logits of the last one; unless it is one of the n_end end tokens, print it
+ * and append it to history. Returns the token, or -1 when the text ends
+ * here. The caller feeds it back (forward) if there is room. */
+static int decode_step(Decoder *d, float *logits, const int *end, int n_end) {
     int next = sample(d->sampler, logits, d->history, d->n);
-    if (next == end1 || next == end2) return -1;
+    for (int i = 0; i < n_end; i++)
+        if (next == end[i]) return -1;
     emit(d, next);
     d->history[d->n++] = next;
     return next;
 }
 
 /* generate: stdout = the prompt's text, then the continuation, then "\n"
- * (llama2.c prints the same). The prompt goes through in blocks; sampling
- * starts at its last token and stops at max_new new tokens, an end token
- * (BOS or EOS; not with ignore_eos, for benchmarks), or a full context.
- * Statistics go to stderr. */
+ * (llama2.c prints the same). The prompt (after BOS, when the tokenizer adds
+ * one) goes through in blocks; sampling starts at its last token and stops at
+ * max_new new tokens, an end token (BOS, EOS or end-of-turn; not with
+ * ignore_eos, for benchmarks), or a full context. Statistics go to stderr. */
 static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *prompt, size_t prompt_len,
                      int max_new, int ignore_eos, const char *summary) {
     int n_prompt;
-    int *prompt_ids = encode_or_die(tok, prompt, prompt_len, 1, &n_prompt);
+    int *prompt_ids = encode_or_die(tok, prompt, prompt_len, tok->add_bos, &n_prompt);
+    if (n_prompt == 0)
+        die(EXIT_BAD_INPUT, "prompt: empty, and this tokenizer adds no BOS to start from (give one with -i or -f)");
     if (n_prompt > t->n_ctx)
         die(EXIT_BAD_INPUT, "prompt: %d tokens (BOS included) do not fit in the context of %d tokens (raise --ctx)",
             n_prompt, t->n_ctx);
@@ -1181,7 +1184,7 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     decoder_init(&d, t, tok, sampler);
     // The prompt's text, as the tokenizer reads it back.
     for (int i = 0; i < n_prompt; i++) {
-        if (i > 0) emit(&d, prompt_ids[i]);
+        if (i > 0 || !tok->add_bos) emit(&d, prompt_ids[i]); // the BOS it added prints nothing
         d.history[d.n++] = prompt_ids[i];
     }
     free(prompt_ids);
@@ -1190,10 +1193,10 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     float *logits = prefill(t, d.history, n_prompt, 0);
     double prefill_end = now_seconds();
     // Decode: sample, print, feed back, one token at a time.
-    int n_new = 0, end1 = ignore_eos ? -1 : t->config.bos_id, end2 = ignore_eos ? -1 : t->config.eos_id;
+    int n_new = 0, stop[] = {t->config.bos_id, t->config.eos_id, tok->eot_id}, n_stop = ignore_eos ? 0 : 3;
     while (n_new < max_new) {
         n_new++;
-        int next = decode_step(&d, logits, end1, end2);
+        int next = decode_step(&d, logits, stop, n_stop);
         if (next < 0 || d.n > t->n_ctx) break; // an end token, or no room to feed it back
         logits = forward(t, next, d.n - 1);
     }
@@ -1245,7 +1248,7 @@ static void chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, const c
         char *turn = render_chat_turn(first ? system : NULL, user);
         free(user);
         int n_turn;
-        int *ids = encode_or_die(tok, turn, strlen(turn), 1, &n_turn);
+        int *ids = encode_or_die(tok, turn, strlen(turn), tok->add_bos, &n_turn);
         free(turn);
         if (d.n + n_turn > t->n_ctx) {
             if (first) // not even the first turn fits: the same bad input as a long prompt
@@ -1263,7 +1266,7 @@ static void chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, const c
         d.n += n_turn;
         free(ids);
         for (int n_new = 0; n_new < max_new && d.n < t->n_ctx; n_new++) { // the assistant's reply
-            int next = decode_step(&d, logits, t->config.eos_id, -1);
+            int next = decode_step(&d, logits, (int[]){t->config.eos_id, tok->eot_id}, 2);
             if (next < 0) break;
             logits = forward(t, next, d.n - 1);
         }
@@ -1278,10 +1281,11 @@ static void chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, const c
     decoder_free(&d);
 }
 
-/* tokenize: one line of space-separated ids, BOS first. */
+/* tokenize: one line of space-separated ids, BOS first when the tokenizer
+ * adds one. */
 static void tokenize_mode(const Tokenizer *tok, const char *text, size_t len) {
     int n;
-    int *ids = encode_or_die(tok, text, len, 1, &n);
+    int *ids = encode_or_die(tok, text, len, tok->add_bos, &n);
     for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
     free(ids);
@@ -1351,35 +1355,42 @@ typedef void (*PplProgress)(int done, int total);
 /* Teacher-forced NLL of the text ids[0..n_ids) (no BOS among them), the
  * windowing the extrapolation study relies on (docs/rope.md §12.2;
  * tests/reference.py's ppl_reference computes the same in numpy):
- *   - a window is BOS + up to n_ctx - 1 text tokens, from position 0;
+ *   - a window is a span of the text; the model reads BOS (when the
+ *     tokenizer adds one: add_bos) and then the span but its last token,
+ *     from position 0, and predicts every token after the BOS: at most
+ *     n_ctx - 1 positions, so a span is n_ctx - 1 tokens with BOS and n_ctx
+ *     without (then its first token is context only);
  *   - a window starts every `stride` text tokens (1 <= stride <= n_ctx - 1),
  *     and the last one ends at the text's end;
  *   - a window scores only the text tokens no earlier window scored, each
- *     given its whole in-window prefix; so every token is scored once.
+ *     given its whole in-window prefix; so every token is scored once, the
+ *     text's first one only with BOS.
  * Fills *out (its pos_sum and pos_count arrays allocated here, freed by
  * free_ppl_score); returns 0, or -1 with a message in err (nothing to score,
  * a stride out of range, a token outside the vocabulary, no memory). */
-int ppl_score(Transformer *t, const int *ids, int n_ids, int stride, PplScore *out, PplProgress progress,
-              char *err, size_t err_len) {
-    int window = t->n_ctx - 1, V = t->config.vocab_size, max_block = block_limit(t), scored_upto = 0;
+int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride, PplScore *out,
+              PplProgress progress, char *err, size_t err_len) {
+    int bos = add_bos ? 1 : 0, span = t->n_ctx - bos; // text tokens in a window's span
+    int V = t->config.vocab_size, max_block = block_limit(t), scored_upto = 0;
     memset(out, 0, sizeof *out);
-    if (n_ids < 1) return fail(err, err_len, "no tokens to score (empty text)");
-    if (window < 1) return fail(err, err_len, "--ctx %d: ppl needs at least 2 (BOS plus one token)", t->n_ctx);
-    if (stride < 1 || stride > window)
-        return fail(err, err_len, "--stride %d: expected 1..%d (ctx - 1)", stride, window);
+    if (n_ids < 2 - bos)
+        return fail(err, err_len, "no tokens to score (%d text tokens%s)", n_ids, bos ? "" : " and no BOS");
+    if (t->n_ctx < 2) return fail(err, err_len, "--ctx %d: ppl needs at least 2 positions", t->n_ctx);
+    if (stride < 1 || stride > t->n_ctx - 1)
+        return fail(err, err_len, "--stride %d: expected 1..%d (ctx - 1)", stride, t->n_ctx - 1);
     out->pos_sum = calloc((size_t)t->n_ctx, sizeof(double));
     out->pos_count = calloc((size_t)t->n_ctx, sizeof(long));
     out->n_buckets = ppl_buckets(out->buckets, t->rope.orig_ctx, t->n_ctx);
-    int *input = malloc((size_t)t->n_ctx * sizeof(int)); // one window: BOS, then its text tokens
+    int *input = malloc((size_t)t->n_ctx * sizeof(int)); // one window: [BOS], then its span but the last
     int rc = !input || !out->pos_sum || !out->pos_count ? fail(err, err_len, "ppl: out of memory") : 0;
-    int n_windows = n_ids <= window ? 1 : 1 + (n_ids - window + stride - 1) / stride;
+    int n_windows = n_ids <= span ? 1 : 1 + (n_ids - span + stride - 1) / stride;
     for (int start = 0; rc == 0; start += stride) {
-        int end = start + window < n_ids ? start + window : n_ids;
-        // Position p of the window holds input[p]; its logits predict the
-        // text token at position p + 1, i.e. ids[start + p].
-        int n_in = end - start;
-        input[0] = t->config.bos_id;
-        memcpy(input + 1, ids + start, (size_t)(n_in - 1) * sizeof(int));
+        int end = start + span < n_ids ? start + span : n_ids;
+        // Input position q holds input[q]; its logits predict the text token
+        // j = start + q + 1 - bos, which sits at in-window position q + 1.
+        int n_in = end - start - 1 + bos;
+        if (bos) input[0] = t->config.bos_id;
+        memcpy(input + bos, ids + start, (size_t)(n_in - bos) * sizeof(int));
         for (int p0 = 0; p0 < n_in && rc == 0; p0 += max_block) {
             int B = n_in - p0 < max_block ? n_in - p0 : max_block;
             if (forward_block(t, input + p0, B, p0, LOGITS_ALL) != 0) { // logits (B, vocab_size)
@@ -1388,8 +1399,8 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int stride, PplScore *o
                 break;
             }
             for (int b = 0; b < B; b++) {
-                int j = start + p0 + b, p = p0 + b + 1; // scored token and its in-window position
-                if (j < scored_upto) continue;           // an earlier window scored it
+                int q = p0 + b, j = start + q + 1 - bos, p = q + 1; // scored token, its in-window position
+                if (j < scored_upto) continue;                       // an earlier window scored it
                 if (ids[j] < 0 || ids[j] >= V) {
                     rc = fail(err, err_len, "ppl: token %d at %d is outside the vocabulary (0..%d)", ids[j], j, V - 1);
                     break;
@@ -1487,15 +1498,16 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
     int n_ids;
     int *ids = encode_or_die(tok, text, len, 0, &n_ids);
     if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", path);
-    int window = t->n_ctx - 1; // text tokens per window after BOS
-    if (window < 1) die(EXIT_USAGE, "--ctx %d: ppl needs at least 2 (BOS plus one token)", t->n_ctx);
-    if (stride <= 0) stride = window;
-    if (stride > window) die(EXIT_USAGE, "--stride %d: expected 1..%d (ctx - 1)", stride, window);
+    int max_stride = t->n_ctx - 1; // positions a window predicts
+    if (max_stride < 1) die(EXIT_USAGE, "--ctx %d: ppl needs at least 2 positions", t->n_ctx);
+    if (stride <= 0) stride = max_stride;
+    if (stride > max_stride) die(EXIT_USAGE, "--stride %d: expected 1..%d (ctx - 1)", stride, max_stride);
     fputs(summary, stderr);
     PplScore score;
     char err[256];
     double start_time = now_seconds();
-    if (ppl_score(t, ids, n_ids, stride, &score, ppl_progress, err, sizeof err) != 0) die(EXIT_BAD_INPUT, "%s", err);
+    if (ppl_score(t, ids, n_ids, tok->add_bos, stride, &score, ppl_progress, err, sizeof err) != 0)
+        die(EXIT_BAD_INPUT, "-f %s: %s", path, err);
     fprintf(stderr, "ppl: %ld tokens scored in %d windows, %.1f s\n", score.n_scored, score.n_windows,
             now_seconds() - start_time);
     ppl_report(t, &score, path, stride, json, per_position);
@@ -1814,13 +1826,23 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
     n_threads = omp_get_max_threads();
 #endif
+    Tokenizer tok; // every mode but rope reads text
+    memset(&tok, 0, sizeof tok);
+    if (o.mode != ROPE_MODE) {
+        char *owned_tok_path = o.tokenizer ? NULL : default_tokenizer_path(checkpoint);
+        if (tokenizer_build(&tok, o.tokenizer ? o.tokenizer : owned_tok_path, c->vocab_size, c->bos_id, c->eos_id,
+                            err, sizeof err) != 0)
+            die(EXIT_BAD_INPUT, "%s (give the tokenizer with -z)", err);
+        free(owned_tok_path);
+    }
     char summary[1024];
     int len = snprintf(summary, sizeof summary,
             "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, train_ctx %d; rope %s base %g rot %d "
-            "scaling %s; weights %s; ctx %d, KV cache %s %.1f MiB; %d threads; loaded in %.2f s\n",
+            "scaling %s; weights %s; ctx %d, KV cache %s %.1f MiB; %d threads%s%s; loaded in %.2f s\n",
             checkpoint, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->train_ctx,
             LAYOUT_NAMES[t.rope.layout], t.rope.base, t.rope.rot_dim, SCALING_NAMES[t.rope.scaling],
             WEIGHT_NAMES[c->weight_type], t.n_ctx, KV_NAMES[t.kv_type], kv_bytes / 1048576.0, n_threads,
+            o.mode != ROPE_MODE ? "; tokenizer " : "", o.mode != ROPE_MODE ? tokenizer_type_name(&tok) : "",
             now_seconds() - t0);
     if (!isnan(o.rope.factor) && isnan(o.rope.attn_factor) && t.rope.scaling == ROPE_YARN && t.rope.attn_factor > 0 &&
         len > 0 && (size_t)len < sizeof summary) // a stored magnitude is not derived from the factor
@@ -1833,13 +1855,6 @@ int main(int argc, char **argv) {
         free_transformer(&t);
         return 0;
     }
-
-    char *owned_tok_path = o.tokenizer ? NULL : default_tokenizer_path(checkpoint);
-    Tokenizer tok;
-    if (tokenizer_build(&tok, o.tokenizer ? o.tokenizer : owned_tok_path, c->vocab_size, c->bos_id, c->eos_id, err,
-                        sizeof err) != 0)
-        die(EXIT_BAD_INPUT, "%s (give the tokenizer with -z)", err);
-    free(owned_tok_path);
 
     size_t text_len = o.prompt ? strlen(o.prompt) : 0;
     char *text = NULL;

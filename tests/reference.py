@@ -158,25 +158,29 @@ def bucket_bounds(seq_len, ctx):
 def ppl_reference(model, text_ids, ctx, bos_id, seq_len, stride=None):
     """Teacher-forced evaluation with run's windowing contract (docs/rope.md §12.2).
 
-    text_ids: the text's ids without BOS. Windows hold ctx-1 text tokens each
-    and are fed as [BOS] + tokens; each text token after BOS is scored given
-    its in-window prefix. Windows start every `stride` tokens (default ctx-1,
-    no overlap); a window scores only tokens no earlier window scored. The
-    bucket of a scored token is its in-window position (1..ctx-1).
+    text_ids: the text's ids without BOS. With a bos_id, windows hold ctx-1
+    text tokens each and are fed as [BOS] + tokens; each text token after BOS
+    is scored given its in-window prefix. With bos_id None (a tokenizer that
+    adds no BOS), windows hold ctx text tokens and the first one is context
+    only. Windows start every `stride` tokens (default ctx-1); a window scores
+    only tokens no earlier window scored. The bucket of a scored token is its
+    in-window position (1..ctx-1).
 
     Returns a dict like run's --json: tokens, nll, ppl, ctx, buckets, plus
     'per_token': [(text index, in-window position, nll)]."""
-    n, span = len(text_ids), ctx - 1
-    stride = span if stride is None else stride
-    assert 1 <= stride <= span
+    bos = 0 if bos_id is None else 1
+    n, span = len(text_ids), ctx - bos
+    stride = ctx - 1 if stride is None else stride
+    assert 1 <= stride <= ctx - 1
     per_token, start, scored_until = [], 0, 0
     while scored_until < n:
         chunk = list(text_ids[start:start + span])
-        nll = model.nll([bos_id] + chunk)  # nll[j] scores chunk[j] at position j+1
-        for j in range(len(chunk)):
-            idx = start + j
+        # nll[q] scores the token after input position q, at in-window position q + 1
+        nll = model.nll([bos_id] + chunk if bos else chunk)
+        for q in range(len(chunk) - 1 + bos):
+            idx = start + q + 1 - bos
             if idx >= scored_until:
-                per_token.append((idx, j + 1, float(nll[j])))
+                per_token.append((idx, q + 1, float(nll[q])))
         scored_until = start + len(chunk)
         start += stride
     buckets = []
