@@ -278,7 +278,9 @@ typedef struct {
  *                           scores highest, byte fallback <0xHH>; TOK_BYTE_BPE (1):
  *                           GPT-2 byte-level BPE, merge the pair of lowest rank
  *   12    i32   pre         pre-tokenizer splitting text before BPE (type 1 only,
- *                           else PRE_NONE): PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_SMOLLM
+ *                           else PRE_NONE): PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_SMOLLM;
+ *                           PRE_LLAMA3 also means a pre-token that is a whole normal
+ *                           piece is that piece, unmerged (Llama 3's ignore_merges)
  *   16    i32   vocab_size  must equal the checkpoint's
  *   20    i32   n_merges    type 1: merges after the pieces (rank = order); type 0: 0
  *   24    i32   bos_id      -1 = none

@@ -41,11 +41,13 @@
  *      regular expression (GPT-2, Llama 3, Qwen2, or SmolLM2's digits then
  *      GPT-2), hand-written here over the character classes of
  *      unicode_tables.h (section 4);
- *   4. each pre-token's bytes start as one-byte pieces (a byte the
- *      vocabulary has no piece for is dropped, as tokenizers does without an
- *      unknown token), and the adjacent pair whose merge has the lowest rank
- *      is joined, leftmost first on equal ranks, until no pair has a merge;
- *      the symbols left are the ids.
+ *   4. with the Llama 3 pre-tokenizer, a pre-token that is itself a normal
+ *      piece is that piece (its tokenizer.json's ignore_merges; tiktoken
+ *      does the same). Otherwise each pre-token's bytes start as one-byte
+ *      pieces (a byte the vocabulary has no piece for is dropped, as
+ *      tokenizers does without an unknown token), and the adjacent pair whose
+ *      merge has the lowest rank is joined, leftmost first on equal ranks,
+ *      until no pair has a merge; the symbols left are the ids.
  * Nothing crosses a pre-token boundary: merges work inside one pre-token.
  *
  * Cost. Done naively, BPE rescans every pair after every merge: quadratic in
@@ -1095,6 +1097,13 @@ static int encode_segment(const Tokenizer *t, const char *buf, size_t from, size
             if (!bigger) return -1;
             w->sym = bigger;
             w->cap = cap;
+        }
+        if (t->pre == PRE_LLAMA3) { // Llama 3 ignores merges for a pre-token that is a whole piece
+            int whole = lookup_piece(t, (const char *)seg + start, (int)(end - start));
+            if (whole >= 0) {
+                tokens[(*n_tokens)++] = whole;
+                continue;
+            }
         }
         int m = 0; // symbols: the pre-token's bytes that have a piece (tokenizers drops the others)
         for (size_t j = start; j < end; j++) {

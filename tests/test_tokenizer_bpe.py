@@ -129,7 +129,9 @@ class Vocab:
         for i, (raw, kind) in enumerate(zip(self.pieces, self.kinds)):
             vocab[raw.decode("utf-8") if kind == SPECIAL else to_byte_level(raw)] = i
         merges = [(to_byte_level(self.pieces[a]), to_byte_level(self.pieces[b])) for a, b in self.merges]
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+        # Llama 3's tokenizer.json sets ignore_merges: a pre-token that is a whole
+        # piece is that piece (tiktoken does the same); the others merge as usual
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre == "llama3"))
         tok.pre_tokenizer = hf_pre_tokenizer(pre)
         tok.decoder = decoders.ByteLevel()
         tok.add_special_tokens([AddedToken(self.pieces[i].decode("utf-8"), special=True, normalized=False)
@@ -748,3 +750,15 @@ def test_smollm2_transformers_gguf(driver, smollm2, tmp_path):
     print(f"\ntransformers' GGUF tokenizer differs from tokenizers(Digits + ByteLevel) on {len(differ)} of "
           f"{len(texts)} texts, all explained by its missing Digits step; e.g. "
           + "; ".join(f"{s[:30]!r}: {r[:8]} vs {t[:8]}" for s, r, t in differ[:3]))
+
+
+def test_llama3_whole_pre_token_ignores_merges(driver, tmp_path):
+    """A pre-token that is itself a piece: Llama 3 (ignore_merges, as tiktoken)
+    emits that piece even when no merge path reaches it; GPT-2 merges by rank.
+    Vocabulary: the 256 bytes, "ab" (merge a+b), and "abc" with no merge."""
+    pieces = [bytes([b]) for b in range(256)] + [b"ab", b"abc"]
+    vocab = Vocab("ignore-merges", pieces, [0] * len(pieces), [(ord("a"), ord("b"))])
+    for pre, want in (("llama3", [257]), ("gpt2", [256, ord("c")])):
+        case = Case(vocab, pre, tmp_path / f"{pre}.bin")
+        (ids,) = c_encode(driver, case, ["abc"])
+        assert ids == want == case.hf.encode("abc").ids, (pre, ids, want)
