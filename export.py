@@ -2330,7 +2330,7 @@ GGUF_LAYER_TENSORS = {"rms_att_weight": "attn_norm", "wq": "attn_q", "wk": "attn
 # tokenizer.ggml.token_type values (gguf.TokenType)
 GGUF_TOKEN_NORMAL, GGUF_TOKEN_UNKNOWN, GGUF_TOKEN_CONTROL, GGUF_TOKEN_USER_DEFINED, \
     GGUF_TOKEN_UNUSED, GGUF_TOKEN_BYTE = range(1, 7)
-GGUF_PRE_NAMES = {"gpt-2": "gpt2", "default": "gpt2", "llama-bpe": "llama3", "llama3": "llama3",
+GGUF_PRE_NAMES = {"gpt-2": "gpt2", "llama-bpe": "llama3", "llama3": "llama3",
                   "qwen2": "qwen2", "smollm": "smollm"}
 
 
@@ -2654,9 +2654,10 @@ def gguf_tokenizer(meta):
     pieces, kinds = [], []
     if model == "gpt2":
         pre_name = meta.get("tokenizer.ggml.pre", "str", None)
-        if pre_name is None:
-            pre_name = "default"
-            notes.append("no tokenizer.ggml.pre: using GPT-2's pre-tokenizer, as llama.cpp does")
+        if pre_name in (None, "default"):  # llama.cpp's fallback rules are not GPT-2's split
+            raise ExportError(f"{path}: tokenizer.ggml.pre is {pre_name or 'absent'} (llama.cpp's "
+                              "fallback pre-tokenizer), which this program does not implement; supported: "
+                              f"{', '.join(sorted(GGUF_PRE_NAMES))}")
         if pre_name not in GGUF_PRE_NAMES:
             raise ExportError(f"{path}: tokenizer.ggml.pre is {pre_name!r}; supported: "
                               f"{', '.join(sorted(GGUF_PRE_NAMES))}")
@@ -3199,9 +3200,18 @@ def main(argv=None):
                 notes.append(f"seq_len {cfg['seq_len']}: run sizes its KV cache for the training "
                              "context unless told otherwise; pass run --ctx N to use less memory")
             cfg.update(weights)
+            if tokenizer:  # a folder that cannot take the tokenizer fails before the checkpoint exists
+                tok_dir = os.path.dirname(os.path.abspath(tokenizer[0]))
+                if not os.path.isdir(tok_dir) or not os.access(tok_dir, os.W_OK):
+                    raise ExportError(f"{tokenizer[0]}: cannot write the tokenizer there "
+                                      f"({tok_dir} is not a writable folder)")
             write_checkpoint(args.out, cfg, tensors)
             if tokenizer:
-                _write_bytes(tokenizer[0], tokenizer[1])
+                try:
+                    _write_bytes(tokenizer[0], tokenizer[1])
+                except BaseException:  # no checkpoint without its tokenizer
+                    os.remove(args.out)
+                    raise
             for note in notes:
                 print(f"export.py: note: {note}", file=sys.stderr)
             print(f"export.py: {_describe(cfg, args.out)}", file=sys.stderr)

@@ -1870,7 +1870,12 @@ int main(int argc, char **argv) {
         die(EXIT_BAD_INPUT, "out of memory for the sampler");
     switch (o.mode) {
     case GENERATE: generate(&t, &tok, &sampler, input, text_len, o.steps, o.ignore_eos, summary); break;
-    case CHAT: chat(&t, &tok, &sampler, text || o.prompt ? input : NULL, o.system, o.steps, summary); break;
+    case CHAT:
+        if (tok.type != TOK_SENTENCEPIECE) // the template built in is Llama 2's
+            die(EXIT_USAGE, "-m chat: only Llama 2's [INST] chat template is built in, and this model's tokenizer "
+                "(%s) belongs to another family; use -m generate with the prompt in its template", tokenizer_type_name(&tok));
+        chat(&t, &tok, &sampler, text || o.prompt ? input : NULL, o.system, o.steps, summary);
+        break;
     case PPL: ppl_mode(&t, &tok, o.prompt_file, input, text_len, o.stride, o.json, o.per_position, summary); break;
     case TOKENIZE: tokenize_mode(&tok, input, text_len); break;
     }

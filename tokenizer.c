@@ -65,7 +65,8 @@
  *
  * Decoding (tokenizer_decode) writes a token's bytes: type 0 turns "<0xHH>"
  * into the raw byte HH and drops the dummy-prefix space after BOS; type 1
- * pieces are raw bytes already, special pieces print their text, BOS nothing.
+ * pieces are raw bytes already, special pieces print their text, a BOS the
+ * tokenizer adds (add_bos) nothing.
  * Because one character can be split over several tokens, the decoder holds
  * back the bytes of an incomplete UTF-8 sequence in a DecodeState until the
  * sequence completes, so it only ever prints whole code points. A byte that
@@ -332,6 +333,11 @@ static int index_byte_pieces(Tokenizer *t, const char *path, char *err, size_t e
     return 0;
 }
 
+/* Longest special piece a byte-level vocabulary may have: real ones are a
+ * few dozen bytes (<|begin_of_text|>); matching costs up to this much per
+ * text position. */
+#define MAX_SPECIAL_BYTES 256
+
 /* Type 1: the one-byte normal piece of every byte value, and the special
  * pieces sorted for the matcher. GPT-2's vocabulary has all 256 one-byte
  * pieces; SmolLM2's lacks 21 (bytes 0x04, 0xC0, 0xF5..0xFF, ...), whose
@@ -345,7 +351,14 @@ static int index_byte_level(Tokenizer *t, const char *path, char *err, size_t er
     if (!t->special_ids) return fail(err, err_len, "tokenizer %s: out of memory indexing tokens", path);
     t->n_special = sort_pieces(t, PIECE_SPECIAL, t->special_ids);
     if (t->n_special < 0) return fail(err, err_len, "tokenizer %s: out of memory indexing tokens", path);
-    for (int k = 0; k < t->n_special; k++) t->special_lead[(unsigned char)t->vocab[t->special_ids[k]][0]] = 1;
+    for (int k = 0; k < t->n_special; k++) {
+        int id = t->special_ids[k];
+        // The matcher may compare a special piece's bytes at every text position: keep that cost bounded.
+        if (t->vocab_len[id] > MAX_SPECIAL_BYTES)
+            return fail(err, err_len, "tokenizer %s: special piece %d is %d bytes long (expected at most %d)", path,
+                        id, t->vocab_len[id], MAX_SPECIAL_BYTES);
+        t->special_lead[(unsigned char)t->vocab[id][0]] = 1;
+    }
     return 0;
 }
 
@@ -1242,14 +1255,14 @@ static size_t feed_byte(DecodeState *st, unsigned char b, char *out) {
  * must hold tokenizer_decode_bound(t) bytes, and NUL-terminate it. Type 0: a
  * byte piece "<0xHH>" stands for the raw byte HH, and after BOS a leading
  * space of a normal piece is dropped (it is the dummy prefix encoding added).
- * Type 1: a piece is its bytes (special pieces print their text), except BOS,
- * which prints nothing. Only whole UTF-8 code points are written (see
- * feed_byte); st carries an incomplete sequence over to the next call and
- * must start zeroed. Returns the number of bytes written, not counting the
- * NUL; 0 for an out-of-range token. */
+ * Type 1: a piece is its bytes (special pieces print their text), except a
+ * BOS the tokenizer adds itself (add_bos), which prints nothing. Only whole
+ * UTF-8 code points are written (see feed_byte); st carries an incomplete
+ * sequence over to the next call and must start zeroed. Returns the number
+ * of bytes written, not counting the NUL; 0 for an out-of-range token. */
 size_t tokenizer_decode(const Tokenizer *t, DecodeState *st, int prev, int token, char *out) {
     out[0] = '\0';
-    if (token < 0 || token >= t->vocab_size || (t->type == TOK_BYTE_BPE && token == t->bos_id)) return 0;
+    if (token < 0 || token >= t->vocab_size || (t->type == TOK_BYTE_BPE && token == t->bos_id && t->add_bos)) return 0;
     const unsigned char *piece = (const unsigned char *)t->vocab[token];
     int len = t->vocab_len[token];
     unsigned char raw;

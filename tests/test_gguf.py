@@ -419,14 +419,18 @@ def test_gguf_byte_level_tokenizer(tmp_path):
         assert bpe_encode_v2(tok, text) == hf.encode(text, add_special_tokens=False).ids
 
 
-@pytest.mark.parametrize("pre,want", [("gpt-2", "gpt2"), ("default", "gpt2"),
-                                      ("llama-bpe", "llama3"), ("llama3", "llama3"),
-                                      ("qwen2", "qwen2"), ("smollm", "smollm"), (None, "gpt2")])
+@pytest.mark.parametrize("pre,want", [("gpt-2", "gpt2"), ("llama-bpe", "llama3"), ("llama3", "llama3"),
+                                      ("qwen2", "qwen2"), ("smollm", "smollm"), ("default", None), (None, None)])
 def test_gguf_pre_tokenizer_names(pre, want, tmp_path):
+    """The pre-tokenizers run implements; llama.cpp's fallback rules ("default",
+    or no key at all) are not GPT-2's split, so they are refused by name."""
     path = write_gguf(tmp_path / "v.gguf", gpt2_metadata(pre=pre), [])
-    tok, notes = export.read_gguf_tokenizer(path)
+    if want is None:
+        with pytest.raises(export.ExportError, match="fallback pre-tokenizer"):
+            export.read_gguf_tokenizer(path)
+        return
+    tok, _ = export.read_gguf_tokenizer(path)
     assert tok["pre"] == want
-    assert (pre is None) == any("no tokenizer.ggml.pre" in s for s in notes)
 
 
 def test_gguf_bos_eos_when_absent(tmp_path):
@@ -903,3 +907,19 @@ def test_smollm2_ppl_matches_float64_reference(smollm2, tmp_path):
     ref_nll = Reference(ref_cfg, smollm2_values(path)).nll(ids)
     assert got["tokens"] == len(ids) - 1, (got, len(ids))
     assert abs(got["nll"] - float(ref_nll.mean())) < REAL_TOL, (got["nll"], float(ref_nll.mean()))
+
+
+def test_smollm2_command_line(smollm2):
+    """run with SmolLM2's own tokenizer: the load line names it, no BOS is
+    added (so a typed <|im_start|>, SmolLM2's BOS id, stays in the echo),
+    greedy text continues the prompt, and -m chat (Llama 2's template only)
+    is refused with exit 2 naming the mode."""
+    _, ckpt, tok, _ = smollm2
+    p = run_ok(ckpt, "-z", tok, "-t", "0", "-n", "8", "-i", "<|im_start|>The capital of France is")
+    err = p.stderr.decode()
+    assert "tokenizer byte-level BPE (smollm)" in err and "vocab 49152" in err, err
+    assert p.stdout.startswith(b"<|im_start|>The capital of France is") and len(p.stdout) > 40, p.stdout
+    ids = run_ok(ckpt, "-z", tok, "-m", "tokenize", "-i", "<|im_start|>Hi").stdout.split()
+    assert ids[0] == b"1" and len(ids) == 2, ids  # the special piece, then "Hi": no BOS in front
+    from conftest import check_error, run
+    check_error(run(ckpt, "-z", tok, "-m", "chat", "-i", "hello"), 2, ["-m chat"])

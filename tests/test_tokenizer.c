@@ -970,7 +970,10 @@ static void test_byte_level_decode(void)
     V2Vocab *v = malloc(sizeof *v);
     load_byte_level(&t, v, PRE_GPT2, -1, "bl_decode.bin");
     DECODE(&t, "<|im_start|>hello<|im_end|>", BL_BOS, BL_IM_START, bl_id(v, "hello"), BL_IM_END);
-    DECODE(&t, "ab", BL_BOS, BL_BOS, 'a', BL_BOS, 'b');           /* BOS prints nothing */
+    DECODE(&t, "<s>a<s>b", BL_BOS, BL_BOS, 'a', BL_BOS, 'b');     /* add_bos 0: BOS is text like any special */
+    t.add_bos = 1;
+    DECODE(&t, "ab", BL_BOS, BL_BOS, 'a', BL_BOS, 'b');           /* a BOS the tokenizer adds prints nothing */
+    t.add_bos = 0;
     DECODE(&t, " hello", BL_BOS, bl_id(v, " hello"));            /* no dummy prefix to drop */
     DECODE(&t, "\xE2\x82\xAC", 'a', 0xE2, 0x82, 0xAC);            /* a character over three ids */
     DECODE(&t, "\xEF\xBF\xBD\xEF\xBF\xBD" "a", 'a', 0xE2, 0x82, 'a'); /* cut: one U+FFFD per byte */

@@ -111,7 +111,7 @@ def main():
     rel = [c.relative_to(ROOT) if c.is_relative_to(ROOT) else c for c in ckpts]
     print(f"\nSmolLM2-135M-Instruct is ready. Generate with:\n"
           f"  ./run {rel[0]} -t 0 -n 64 -i \"The capital of France is\"\n"
-          f"or the int8 weights (about 3x faster):\n"
+          f"or the int8 weights (about 2.5x faster):\n"
           f"  ./run {rel[1]} -t 0.7 -n 128 -i \"Once upon a time\"")
 
 
