@@ -1157,6 +1157,9 @@ static void end_text(Decoder *d) {
  * and append it to history. Returns the token, or -1 when the text ends
  * here. The caller feeds it back (forward) if there is room. */
 static int decode_step(Decoder *d, float *logits, const int *end, int n_end) {
+    if (!logits) // forward refused the last token: the modes check the context first, so a bug if reached
+        die(EXIT_BAD_INPUT, "forward: token %d at position %d does not fit (context %d, vocabulary %d)",
+            d->history[d->n - 1], d->n - 1, d->t->n_ctx, d->t->config.vocab_size);
     int next = sample(d->sampler, logits, d->history, d->n);
     for (int i = 0; i < n_end; i++)
         if (next == end[i]) return -1;
