@@ -263,17 +263,20 @@ typedef struct {
 } Weights;
 
 /* ------------------------------------------------------------------------
- * Tokenizer files (tokenizer.c reads both; export.py writes both)
+ * Tokenizer files (tokenizer.c reads every version; export.py writes 1 and 3)
  *
  * Version 1: llama2.c's tokenizer.bin, sentencepiece vocabularies only
  *   i32 max_token_length
  *   vocab_size times: f32 score, i32 len, len bytes (no terminator)
  *
- * Version 2 ("LTOK"): any vocabulary this program runs. Little-endian; a
- * 64-byte header, then the pieces, then the merges.
+ * Version 3 ("LTOK"): any vocabulary this program runs, with its chat template
+ * and stop tokens. Little-endian; a 64-byte header, then the pieces, the
+ * merges, the stop ids and the template's two system texts. (Version 2 is the
+ * same file without the last four header fields, which it keeps zero, and
+ * without what follows the merges; it is still read.)
  *  offset type  field
  *    0    u32   magic       0x4b4f544c, the bytes "LTOK"
- *    4    i32   version     2
+ *    4    i32   version     3 (or 2)
  *    8    i32   type        TOK_SENTENCEPIECE (0): merge the pair whose joined piece
  *                           scores highest, byte fallback <0xHH>; TOK_BYTE_BPE (1):
  *                           GPT-2 byte-level BPE, merge the pair of lowest rank
@@ -288,7 +291,17 @@ typedef struct {
  *   32    i32   eot_id      end of turn (e.g. <|eot_id|>), -1 = none
  *   36    i32   pad_id      -1 = none
  *   40    i32   add_bos     1: a prompt starts with BOS; 0: it does not (SmolLM2, Qwen2)
- *   44..63      reserved, zero
+ *   44    i32   chat_template  CHAT_UNSTATED (0): the source named none that export.py
+ *                           knows; CHAT_PLAIN (1), CHAT_LLAMA2 (2), CHAT_CHATML (3),
+ *                           CHAT_LLAMA3 (4): run.c's render_chat says what each renders
+ *   48    i32   n_stop      0..TOK_MAX_STOP stop ids after the merges
+ *   52    i32   system_default_len  0..TOK_MAX_SYSTEM bytes: the system prompt the
+ *                           template puts in when the conversation has none (SmolLM2's
+ *                           "You are a helpful AI assistant named SmolLM, ...")
+ *   56    i32   system_prefix_len   0..TOK_MAX_SYSTEM bytes: text the template puts
+ *                           before every system prompt, and that makes it write a
+ *                           system turn even without one (Llama 3.1's knowledge dates)
+ *   60..63      reserved, zero
  *  then vocab_size pieces, in id order:
  *         f32   score       type 0: merge priority; type 1: 0
  *         i32   kind        PIECE_NORMAL (0): text BPE may produce; PIECE_SPECIAL (1):
@@ -302,15 +315,24 @@ typedef struct {
  *  then n_merges merges, rank 0 first:
  *         i32   left, right ids of the two pieces; left's bytes then right's must be a
  *                           normal piece of the vocabulary (the merge's result)
- * The file ends right after the last merge. Normal pieces are unique.
+ *  then n_stop stop ids:
+ *         i32   id          0..vocab_size-1, each once: a token that ends a reply or a
+ *                           generated text (EOS, end of turn, every id of Hugging Face's
+ *                           eos_token_id)
+ *  then system_default_len bytes, then system_prefix_len bytes: the two texts (export.py
+ *                           writes UTF-8), no NUL byte.
+ * The file ends right after the last of these. Normal pieces are unique.
  * ------------------------------------------------------------------------ */
 
 enum { TOK_SENTENCEPIECE = 0, TOK_BYTE_BPE = 1, TOK_N_TYPES };
 enum { PRE_NONE = 0, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_SMOLLM, PRE_N_TYPES };
 enum { PIECE_NORMAL = 0, PIECE_SPECIAL = 1, PIECE_BYTE = 2, PIECE_UNUSED = 3, PIECE_N_KINDS };
 #define TOK_MAGIC 0x4b4f544cu /* "LTOK" read as a little-endian u32 */
-#define TOK_VERSION 2
+enum { CHAT_UNSTATED = 0, CHAT_PLAIN, CHAT_LLAMA2, CHAT_CHATML, CHAT_LLAMA3, CHAT_N_TEMPLATES };
+#define TOK_VERSION 3
 #define TOK_HEADER_BYTES 64
+#define TOK_MAX_STOP 256
+#define TOK_MAX_SYSTEM 65536
 
 /* One merge of a byte-level BPE vocabulary (type 1), a slot of Tokenizer's
  * hash table keyed by the pair (left, right). */
@@ -320,12 +342,13 @@ typedef struct {
     int result;      // id of the normal piece left's bytes then right's spell
 } MergeRule;
 
-/* A loaded vocabulary (version 1 or 2 file); tokenizer_build fills it, run.c
- * reads bos_id, eos_id, eot_id and add_bos, tokenizer_free releases it. */
+/* A loaded vocabulary (any version); tokenizer_build fills it, run.c reads
+ * the ids, add_bos, the chat template, the stop ids and the system texts,
+ * tokenizer_free releases it. */
 typedef struct {
     int type;               // TOK_SENTENCEPIECE | TOK_BYTE_BPE
     int pre;                // PRE_NONE | PRE_GPT2 .. PRE_SMOLLM: how type 1 splits text before BPE
-    int version;            // 1 = llama2.c's tokenizer.bin, 2 = "LTOK"
+    int version;            // 1 = llama2.c's tokenizer.bin, 2 or 3 = "LTOK"
     int vocab_size;         // e.g. 32000
     char **vocab;           // (vocab_size) NUL-terminated piece bytes
     int *vocab_len;         // (vocab_size) piece lengths in bytes
@@ -338,9 +361,14 @@ typedef struct {
     int byte_id[256];       // type 1: id of the one-byte normal piece of each byte value, -1 when the
                             // vocabulary lacks it (encoding drops that byte, as tokenizers does); type 0: -1
     int unk_id;             // type 0: id of "<unk>" (0 when absent); used only without byte pieces
-    int bos_id, eos_id;     // the checkpoint's, e.g. 1, 2; -1 = none; a version 2 file must agree
-    int eot_id, pad_id;     // version 2: end of turn (e.g. <|im_end|>), padding; -1 = none
+    int bos_id, eos_id;     // the checkpoint's, e.g. 1, 2; -1 = none; an LTOK file must agree
+    int eot_id, pad_id;     // LTOK: end of turn (e.g. <|im_end|>), padding; -1 = none
     int add_bos;            // 1: a prompt starts with BOS (version 1 always); 0: it does not (SmolLM2)
+    int chat_template;      // CHAT_UNSTATED .. CHAT_LLAMA3; versions 1 and 2: CHAT_UNSTATED
+    int *stop_ids;          // (n_stop) version 3: the file's; versions 1 and 2: eos_id, eot_id
+    int n_stop;             // e.g. 2 (SmolLM2: <|im_end|>, <|endoftext|>)
+    char *system_default;   // the template's system prompt when none is given; "" = none
+    char *system_prefix;    // text before every system prompt (Llama 3.1); "" = none
     MergeRule *merges;      // (merge_slots) type 1: open-addressing hash table of the n_merges merges
     int n_merges;           // merges in the file, e.g. 48900 (SmolLM2)
     int merge_slots;        // a power of two >= 2 * n_merges, or 0 without merges (type 0)
@@ -356,7 +384,7 @@ typedef struct {
     int n_pending;
 } DecodeState;
 
-/* Load path (version 1 or 2, told apart by the magic), check it holds exactly
+/* Load path (version 1, or 2 / 3 with the magic "LTOK"), check it holds exactly
  * vocab_size entries and agrees with the checkpoint's bos_id / eos_id (-1 =
  * none). On failure returns -1 and writes a one-line message (naming the file,
  * expected and actual) to err. */

@@ -2,15 +2,15 @@
  * back to text as a stream. Two kinds of vocabulary (model.h's "Tokenizer
  * files" gives both file formats):
  *   type 0  sentencepiece BPE (Llama 2, llama2.c's models): version 1
- *           tokenizer.bin, or a version 2 "LTOK" file
- *   type 1  GPT-2's byte-level BPE (SmolLM2, Llama 3, Qwen2): version 2 only
+ *           tokenizer.bin, or an "LTOK" file (version 2 or 3)
+ *   type 1  GPT-2's byte-level BPE (SmolLM2, Llama 3, Qwen2): "LTOK" only
  *
  * A vocabulary is a list of pieces. Four kinds of piece live in it:
  *   normal pieces   text fragments BPE builds by joining smaller pieces
  *   special pieces  control and added tokens: "<unk>", BOS, EOS, <|im_start|>
  *   byte pieces     type 0's "<0x00>" .. "<0xFF>", one raw byte each (byte fallback)
  *   unused pieces   never produced
- * Only normal pieces are ever made by merging. A version 2 file stores each
+ * Only normal pieces are ever made by merging. An "LTOK" file stores each
  * piece's kind; a version 1 file does not, so its kinds are guessed from the
  * text: "<0xHH>" is a byte piece, "<unk>" and the checkpoint's BOS and EOS are
  * special. (Scores cannot tell them apart: control and byte pieces score 0.0
@@ -175,7 +175,7 @@ static const char *printable(char *buf, const char *s, int len) {
 /* Longest piece a file may hold: real vocabularies stay below a few hundred
  * bytes per piece, so anything larger means a corrupt or foreign file. */
 #define TOKENIZER_MAX_PIECE_BYTES 65536
-/* Most merges a version 2 file may hold (Llama 3 has 280 147), so that the
+/* Most merges an "LTOK" file may hold (Llama 3 has 280 147), so that the
  * hash table's size stays an int. */
 #define TOKENIZER_MAX_MERGES (1 << 28)
 
@@ -197,40 +197,40 @@ static long count_extra_entries(const unsigned char *p, size_t rest) {
 
 /* Validate the t->vocab_size piece records that start at data[*pos] and copy
  * them into t (vocab, vocab_len, scores, kind, piece_storage). A version 1
- * record is (f32 score, i32 len, bytes), at most max_len bytes; a version 2
+ * record is (f32 score, i32 len, bytes), at most max_len bytes; an "LTOK"
  * record is (f32 score, i32 kind, i32 len, bytes). On success moves *pos past
  * the last record and returns 0; else returns -1 with a message. */
 static int read_pieces(Tokenizer *t, const char *path, const unsigned char *data, size_t size, size_t *pos,
                        int max_len, char *err, size_t err_len) {
-    const int v2 = t->version == TOK_VERSION, n_tokens = t->vocab_size;
-    const size_t head = v2 ? 12 : 8; // record bytes before the piece's bytes
+    const int ltok = t->version >= 2, n_tokens = t->vocab_size;
+    const size_t head = ltok ? 12 : 8; // record bytes before the piece's bytes
     size_t at = *pos, storage = 0;
     int longest = 0;
 
     // First pass: validate every record and total the piece bytes.
     for (int i = 0; i < n_tokens; i++) {
         size_t rest = size - at;
-        if (rest == 0 && !v2)
+        if (rest == 0 && !ltok)
             return fail(err, err_len, "tokenizer %s: holds %d tokens but the model has vocab_size %d", path, i,
                         n_tokens);
         if (rest < head)
             return fail(err, err_len, "tokenizer %s: truncated in token %d of %d (%zu of its %zu header bytes present)",
                         path, i, n_tokens, rest, head);
         float score = read_le_f32(data + at);
-        int32_t kind = v2 ? read_le_i32(data + at + 4) : PIECE_NORMAL;
+        int32_t kind = ltok ? read_le_i32(data + at + 4) : PIECE_NORMAL;
         int32_t len = read_le_i32(data + at + head - 4);
         if (isnan(score)) return fail(err, err_len, "tokenizer %s: token %d has a NaN score", path, i);
         if (len < 0) return fail(err, err_len, "tokenizer %s: token %d has negative length %ld", path, i, (long)len);
         if (len > max_len)
             return fail(err, err_len, "tokenizer %s: token %d is %ld bytes long, more than %s %ld", path, i, (long)len,
-                        v2 ? "the limit of" : "max_token_length", (long)max_len);
+                        ltok ? "the limit of" : "max_token_length", (long)max_len);
         if (kind < 0 || kind >= PIECE_N_KINDS)
             return fail(err, err_len, "tokenizer %s: token %d has kind %ld, expected 0..%d (normal, special, byte, "
                         "unused)", path, i, (long)kind, PIECE_N_KINDS - 1);
         if (kind == PIECE_BYTE && t->type != TOK_SENTENCEPIECE)
             return fail(err, err_len, "tokenizer %s: token %d is a byte piece (kind 2), which only type 0 "
                         "(sentencepiece) vocabularies have", path, i);
-        if (kind == PIECE_NORMAL && len == 0 && v2)
+        if (kind == PIECE_NORMAL && len == 0 && ltok)
             return fail(err, err_len, "tokenizer %s: token %d is a normal piece of length 0", path, i);
         if ((size_t)len > rest - head)
             return fail(err, err_len, "tokenizer %s: truncated in token %d of %d (needs %ld piece bytes, %zu present)",
@@ -255,7 +255,7 @@ static int read_pieces(Tokenizer *t, const char *path, const unsigned char *data
     for (int i = 0; i < n_tokens; i++) {
         int len = (int)read_le_i32(data + at + head - 4);
         t->scores[i] = read_le_f32(data + at);
-        t->kind[i] = (unsigned char)(v2 ? read_le_i32(data + at + 4) : PIECE_NORMAL);
+        t->kind[i] = (unsigned char)(ltok ? read_le_i32(data + at + 4) : PIECE_NORMAL);
         memcpy(dst, data + at + head, (size_t)len);
         dst[len] = '\0';
         t->vocab[i] = dst;
@@ -263,7 +263,7 @@ static int read_pieces(Tokenizer *t, const char *path, const unsigned char *data
         dst += (size_t)len + 1;
         at += head + (size_t)len;
     }
-    if (v2) t->max_token_length = longest;
+    if (ltok) t->max_token_length = longest;
     *pos = at;
     return 0;
 }
@@ -306,10 +306,10 @@ static int sort_pieces(const Tokenizer *t, int kind, int *ids) {
 /* Type 0: the byte pieces. Encoding maps byte b to id byte_offset + b, so the
  * 256 byte pieces must sit at consecutive ids in order (ids 3..258 in Llama
  * 2's vocabulary). Version 1 found byte_offset while guessing the kinds; a
- * version 2 byte piece must read "<0xHH>". Returns 0, or -1 with a message. */
+ * "LTOK" byte piece must read "<0xHH>". Returns 0, or -1 with a message. */
 static int index_byte_pieces(Tokenizer *t, const char *path, char *err, size_t err_len) {
-    int n_byte = 0; // version 2's byte pieces
-    for (int i = 0; i < t->vocab_size && t->version == TOK_VERSION; i++) {
+    int n_byte = 0; // "LTOK" byte pieces
+    for (int i = 0; i < t->vocab_size && t->version >= 2; i++) {
         if (t->kind[i] != PIECE_BYTE) continue;
         int byte = parse_byte_piece(t->vocab[i], t->vocab_len[i]);
         char shown[200];
@@ -325,7 +325,7 @@ static int index_byte_pieces(Tokenizer *t, const char *path, char *err, size_t e
         for (int b = 0; b < 256; b++) {
             int id = t->byte_offset + b;
             if (id >= t->vocab_size || parse_byte_piece(t->vocab[id], t->vocab_len[id]) != b ||
-                (t->version == TOK_VERSION && t->kind[id] != PIECE_BYTE))
+                (t->version >= 2 && t->kind[id] != PIECE_BYTE))
                 return fail(err, err_len, "tokenizer %s: byte pieces <0x00>..<0xFF> are not at consecutive ids from %d",
                             path, t->byte_offset);
         }
@@ -363,7 +363,7 @@ static int index_byte_level(Tokenizer *t, const char *path, char *err, size_t er
 }
 
 /* Kinds (guessed for version 1), the sorted normal pieces (unique in
- * version 2), <unk>, then the byte pieces of type 0 or the byte and special
+ * "LTOK"), <unk>, then the byte pieces of type 0 or the byte and special
  * pieces of type 1. Returns 0, or -1 with a message. */
 static int index_pieces(Tokenizer *t, const char *path, char *err, size_t err_len) {
     if (t->version == 1) guess_kinds(t);
@@ -373,7 +373,7 @@ static int index_pieces(Tokenizer *t, const char *path, char *err, size_t err_le
 
     t->n_sorted = sort_pieces(t, PIECE_NORMAL, t->sorted_ids);
     if (t->n_sorted < 0) return fail(err, err_len, "tokenizer %s: out of memory indexing tokens", path);
-    for (int k = 1; k < t->n_sorted && t->version == TOK_VERSION; k++) {
+    for (int k = 1; k < t->n_sorted && t->version >= 2; k++) {
         int a = t->sorted_ids[k - 1], b = t->sorted_ids[k];
         char shown[200];
         if (compare_bytes(t->vocab[a], t->vocab_len[a], t->vocab[b], t->vocab_len[b]) == 0)
@@ -408,19 +408,15 @@ static const MergeRule *find_merge(const Tokenizer *t, int left, int right) {
     return m->left < 0 ? NULL : m;
 }
 
-/* Read the n_merges merges at p[0..rest), which must be exactly n_merges
- * pairs of ids, into the hash table. Each must name two pieces whose bytes
- * joined are a normal piece, and no pair may repeat. Returns 0, or -1 with a
- * message. */
+/* Read the n_merges merges at the start of p[0..rest) into the hash table.
+ * Each must name two pieces whose bytes joined are a normal piece, and no
+ * pair may repeat. Returns 0, or -1 with a message. */
 static int read_merges(Tokenizer *t, const char *path, const unsigned char *p, size_t rest, int n_merges, char *err,
                        size_t err_len) {
     size_t need = (size_t)n_merges * 8;
     if (rest < need)
         return fail(err, err_len, "tokenizer %s: truncated in merge %zu of %d (%zu of its 8 bytes present)", path,
                     rest / 8, n_merges, rest % 8);
-    if (rest > need)
-        return fail(err, err_len, "tokenizer %s: %zu trailing bytes after the last %s", path, rest - need,
-                    n_merges > 0 ? "merge" : "token");
     if (n_merges == 0) return 0;
     size_t slots = 16;
     while (slots < 2 * (size_t)n_merges) slots *= 2;
@@ -487,19 +483,56 @@ static int parse_version1(Tokenizer *t, const char *path, const unsigned char *d
     return index_pieces(t, path, err, err_len);
 }
 
-/* Fill t from a version 2 ("LTOK") file image data[0..size): the header
- * (model.h gives its fields), the pieces, the merges. bos_id and eos_id are
- * the checkpoint's; the file's must be the same or -1. Returns 0, or -1 with
- * a message. */
-static int parse_version2(Tokenizer *t, const char *path, const unsigned char *data, size_t size, int bos_id,
-                          int eos_id, char *err, size_t err_len) {
+/* Read the stop ids and the two system texts that follow the merges of a
+ * version 3 file (p[0..rest) is everything after the merges; the header gave
+ * the counts). Returns 0, or -1 with a message. */
+static int read_chat_fields(Tokenizer *t, const char *path, const unsigned char *p, size_t rest, int n_stop,
+                            int default_len, int prefix_len, char *err, size_t err_len) {
+    size_t need = 4 * (size_t)n_stop + (size_t)default_len + (size_t)prefix_len;
+    if (rest < need)
+        return fail(err, err_len, "tokenizer %s: truncated: %zu of the %zu bytes of stop ids and system texts "
+                    "after the merges", path, rest, need);
+    if (rest > need)
+        return fail(err, err_len, "tokenizer %s: %zu trailing bytes after the system texts", path, rest - need);
+    t->stop_ids = malloc(((size_t)n_stop + 1) * sizeof(int));
+    t->system_default = malloc((size_t)default_len + 1);
+    t->system_prefix = malloc((size_t)prefix_len + 1);
+    if (!t->stop_ids || !t->system_default || !t->system_prefix)
+        return fail(err, err_len, "tokenizer %s: out of memory", path);
+    for (int k = 0; k < n_stop; k++) {
+        int32_t id = read_le_i32(p + 4 * (size_t)k);
+        if (id < 0 || id >= t->vocab_size)
+            return fail(err, err_len, "tokenizer %s: stop id %d is %ld, outside 0..%d", path, k, (long)id,
+                        t->vocab_size - 1);
+        for (int j = 0; j < k; j++)
+            if (t->stop_ids[j] == id)
+                return fail(err, err_len, "tokenizer %s: stop id %d repeats stop id %d (%ld)", path, k, j, (long)id);
+        t->stop_ids[k] = id;
+    }
+    t->n_stop = n_stop;
+    const unsigned char *text = p + 4 * (size_t)n_stop;
+    if (memchr(text, 0, (size_t)default_len + (size_t)prefix_len))
+        return fail(err, err_len, "tokenizer %s: a system text holds a NUL byte", path);
+    memcpy(t->system_default, text, (size_t)default_len);
+    t->system_default[default_len] = '\0';
+    memcpy(t->system_prefix, text + default_len, (size_t)prefix_len);
+    t->system_prefix[prefix_len] = '\0';
+    return 0;
+}
+
+/* Fill t from a version 2 or 3 ("LTOK") file image data[0..size): the header
+ * (model.h gives its fields), the pieces, the merges and (version 3) the stop
+ * ids and system texts. bos_id and eos_id are the checkpoint's; the file's
+ * must be the same or -1. Returns 0, or -1 with a message. */
+static int parse_ltok(Tokenizer *t, const char *path, const unsigned char *data, size_t size, int bos_id, int eos_id,
+                      char *err, size_t err_len) {
     if (size < TOK_HEADER_BYTES)
         return fail(err, err_len, "tokenizer %s: truncated: only %zu of the %d header bytes", path, size,
                     TOK_HEADER_BYTES);
     int32_t version = read_le_i32(data + 4), type = read_le_i32(data + 8), pre = read_le_i32(data + 12);
     int32_t n_tokens = read_le_i32(data + 16), n_merges = read_le_i32(data + 20), add_bos = read_le_i32(data + 40);
-    if (version != TOK_VERSION)
-        return fail(err, err_len, "tokenizer %s: version %ld, expected %d", path, (long)version, TOK_VERSION);
+    if (version != 2 && version != TOK_VERSION)
+        return fail(err, err_len, "tokenizer %s: version %ld, expected 2 or %d", path, (long)version, TOK_VERSION);
     if (type < 0 || type >= TOK_N_TYPES)
         return fail(err, err_len, "tokenizer %s: type %ld, expected 0 (sentencepiece) or 1 (byte-level BPE)", path,
                     (long)type);
@@ -527,20 +560,51 @@ static int parse_version2(Tokenizer *t, const char *path, const unsigned char *d
                         (long)ids[k], checkpoint_ids[k]);
     if (add_bos != 0 && add_bos != 1)
         return fail(err, err_len, "tokenizer %s: add_bos %ld, expected 0 or 1", path, (long)add_bos);
-    for (int k = 44; k < TOK_HEADER_BYTES; k++)
+    for (int k = version == 2 ? 44 : 60; k < TOK_HEADER_BYTES; k++)
         if (data[k] != 0)
             return fail(err, err_len, "tokenizer %s: reserved header byte %d is 0x%02X, expected 0", path, k, data[k]);
+    // Version 3's chat fields (zero in version 2).
+    int32_t chat = read_le_i32(data + 44), n_stop = read_le_i32(data + 48);
+    int32_t default_len = read_le_i32(data + 52), prefix_len = read_le_i32(data + 56);
+    if (chat < 0 || chat >= CHAT_N_TEMPLATES)
+        return fail(err, err_len, "tokenizer %s: chat_template %ld, expected 0..%d", path, (long)chat,
+                    CHAT_N_TEMPLATES - 1);
+    if (n_stop < 0 || n_stop > TOK_MAX_STOP)
+        return fail(err, err_len, "tokenizer %s: n_stop %ld, expected 0..%d", path, (long)n_stop, TOK_MAX_STOP);
+    if (default_len < 0 || default_len > TOK_MAX_SYSTEM || prefix_len < 0 || prefix_len > TOK_MAX_SYSTEM)
+        return fail(err, err_len, "tokenizer %s: system text lengths %ld and %ld, expected 0..%d each", path,
+                    (long)default_len, (long)prefix_len, TOK_MAX_SYSTEM);
 
-    t->version = TOK_VERSION;
+    t->version = version;
     t->type = type;
     t->pre = pre;
     t->eot_id = ids[2];
     t->pad_id = ids[3];
     t->add_bos = add_bos;
+    t->chat_template = chat;
     size_t pos = TOK_HEADER_BYTES;
     if (read_pieces(t, path, data, size, &pos, TOKENIZER_MAX_PIECE_BYTES, err, err_len) != 0) return -1;
     if (index_pieces(t, path, err, err_len) != 0) return -1;
-    return read_merges(t, path, data + pos, size - pos, n_merges, err, err_len);
+    if (read_merges(t, path, data + pos, size - pos, n_merges, err, err_len) != 0) return -1;
+    pos += 8 * (size_t)n_merges;
+    if (version == 2) // the file ends here; tokenizer_build sets the default stop ids
+        return pos == size ? 0 : fail(err, err_len, "tokenizer %s: %zu trailing bytes after the last %s", path,
+                                      size - pos, n_merges > 0 ? "merge" : "token");
+    return read_chat_fields(t, path, data + pos, size - pos, n_stop, default_len, prefix_len, err, err_len);
+}
+
+/* Versions 1 and 2 name no stop ids: stop at EOS and end of turn (those that
+ * exist), with no system texts. Returns 0, or -1 with a message. */
+static int default_chat_fields(Tokenizer *t, const char *path, char *err, size_t err_len) {
+    t->stop_ids = malloc(2 * sizeof(int));
+    t->system_default = calloc(1, 1);
+    t->system_prefix = calloc(1, 1);
+    if (!t->stop_ids || !t->system_default || !t->system_prefix)
+        return fail(err, err_len, "tokenizer %s: out of memory", path);
+    t->n_stop = 0;
+    if (t->eos_id >= 0) t->stop_ids[t->n_stop++] = t->eos_id;
+    if (t->eot_id >= 0 && t->eot_id != t->eos_id) t->stop_ids[t->n_stop++] = t->eot_id;
+    return 0;
 }
 
 /* Empty t: no memory held, every id "none". */
@@ -552,7 +616,7 @@ static void tokenizer_clear(Tokenizer *t) {
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
 }
 
-/* Load path as a vocabulary of exactly vocab_size pieces: a version 2 file
+/* Load path as a vocabulary of exactly vocab_size pieces: an "LTOK" file (version 2 or 3)
  * when it starts with the magic "LTOK", else a version 1 tokenizer.bin.
  * bos_id and eos_id (the checkpoint's) must be valid ids, or -1 for "this
  * model has none". Returns 0 on success; on failure returns -1, leaves t
@@ -573,8 +637,9 @@ int tokenizer_build(Tokenizer *t, const char *path, int vocab_size, int bos_id, 
     t->eos_id = eos_id;
     const unsigned char *bytes = (const unsigned char *)data;
     int rc = size >= 4 && (uint32_t)read_le_i32(bytes) == TOK_MAGIC
-                 ? parse_version2(t, path, bytes, size, bos_id, eos_id, err, err_len)
+                 ? parse_ltok(t, path, bytes, size, bos_id, eos_id, err, err_len)
                  : parse_version1(t, path, bytes, size, err, err_len);
+    if (rc == 0 && t->version < 3) rc = default_chat_fields(t, path, err, err_len);
     free(data);
     if (rc != 0) {
         tokenizer_free(t);
@@ -594,6 +659,9 @@ void tokenizer_free(Tokenizer *t) {
     free(t->merges);
     free(t->special_ids);
     free(t->piece_storage);
+    free(t->stop_ids);
+    free(t->system_default);
+    free(t->system_prefix);
     tokenizer_clear(t);
 }
 

@@ -693,7 +693,7 @@ static const char *const bl_merges[][2] = {
 static void build_byte_level(V2Vocab *v, int pre, int missing_byte)
 {
     memset(v, 0, sizeof *v);
-    const int32_t field[11] = {(int32_t)TOK_MAGIC, TOK_VERSION, TOK_BYTE_BPE, pre, 0, 0, BL_BOS, BL_EOT,
+    const int32_t field[11] = {(int32_t)TOK_MAGIC, 2, TOK_BYTE_BPE, pre, 0, 0, BL_BOS, BL_EOT,
                                BL_IM_END, -1, 0};
     memcpy(v->field, field, sizeof field);
     for (int b = 0; b < 256; b++) {
@@ -998,7 +998,7 @@ static void test_sentencepiece_v2(void)
 {
     V2Vocab *v = malloc(sizeof *v);
     memset(v, 0, sizeof *v);
-    const int32_t field[11] = {(int32_t)TOK_MAGIC, TOK_VERSION, TOK_SENTENCEPIECE, PRE_NONE, 0, 0, 1, 2, -1, -1, 1};
+    const int32_t field[11] = {(int32_t)TOK_MAGIC, 2, TOK_SENTENCEPIECE, PRE_NONE, 0, 0, 1, 2, -1, -1, 1};
     memcpy(v->field, field, sizeof field);
     v2_add(v, "<unk>", 5, PIECE_SPECIAL, 0);
     v2_add(v, "\n<s>\n", 5, PIECE_SPECIAL, 0);
@@ -1020,6 +1020,9 @@ static void test_sentencepiece_v2(void)
     }
     CHECK(strcmp(tokenizer_type_name(&t), "sentencepiece") == 0 && t.version == 2 && t.add_bos == 1,
           "version 2 sentencepiece: type \"%s\" version %d add_bos %d", tokenizer_type_name(&t), t.version, t.add_bos);
+    /* Version 2 names no template or stop ids: stop at EOS (there is no EOT). */
+    CHECK(t.chat_template == CHAT_UNSTATED && t.n_stop == 1 && t.stop_ids[0] == 2 && !t.system_default[0] &&
+          !t.system_prefix[0], "version 2 chat fields: template %d, %d stop ids", t.chat_template, t.n_stop);
     test_encode_small(&t);
     test_decode_small(&t);
     check_round_trip(&t, "small vocabulary, version 2", sp_alphabet, N_SP_ALPHABET, 1, 200);
@@ -1037,6 +1040,79 @@ static void test_sentencepiece_v2(void)
     free(v);
 }
 
+/* Version 3: the byte-level vocabulary with a chat template, two stop ids and
+ * both system texts after the merges; then each way those can be bad. */
+static void test_v3_chat_fields(void)
+{
+    V2Vocab *v = malloc(sizeof *v);
+    build_byte_level(v, PRE_GPT2, -1);
+    const int n = v->n;
+    size_t merges_end = v2_image(v, image);
+    free(v);
+    store_i32(image + 4, 3);
+    store_i32(image + 44, CHAT_CHATML);
+    store_i32(image + 48, 2);
+    store_i32(image + 52, 5);
+    store_i32(image + 56, 3);
+    store_i32(image + merges_end, BL_IM_END);
+    store_i32(image + merges_end + 4, BL_EOT);
+    memcpy(image + merges_end + 8, "HelloPre", 8);
+    const size_t size = merges_end + 16;
+    Tokenizer t;
+    char err[512];
+    const char *path = write_tmp("v3.bin", image, size);
+    if (tokenizer_build(&t, path, n, BL_BOS, BL_EOT, err, sizeof err) != 0) {
+        CHECK(0, "loading the version 3 file: %s", err);
+        return;
+    }
+    CHECK(t.version == 3 && t.chat_template == CHAT_CHATML && t.n_stop == 2 && t.stop_ids[0] == BL_IM_END &&
+          t.stop_ids[1] == BL_EOT && !strcmp(t.system_default, "Hello") && !strcmp(t.system_prefix, "Pre"),
+          "version 3: version %d template %d, %d stop ids, system texts \"%s\" \"%s\"", t.version,
+          t.chat_template, t.n_stop, t.system_default, t.system_prefix);
+    tokenizer_free(&t);
+
+    /* Header fields: patch one i32 at a time. */
+    static const struct {
+        int offset;
+        int32_t value;
+        const char *expect;
+    } cases[] = {
+        {44, 5, "chat_template 5, expected 0..4"},
+        {44, -1, "chat_template -1, expected 0..4"},
+        {48, 257, "n_stop 257, expected 0..256"},
+        {48, -1, "n_stop -1, expected 0..256"},
+        {52, 65537, "system text lengths 65537 and 3, expected 0..65536 each"},
+        {56, -1, "system text lengths 5 and -1"},
+        {60, 1, "reserved header byte 60 is 0x01"},
+        {48, 3, "truncated: 16 of the 20 bytes of stop ids and system texts after the merges"},
+        {48, 1, "4 trailing bytes after the system texts"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "v3_header%zu.bin", k);
+        unsigned char saved[4];
+        memcpy(saved, image + cases[k].offset, 4);
+        store_i32(image + cases[k].offset, cases[k].value);
+        check_load_error(__LINE__, write_tmp(name, image, size), n, BL_BOS, BL_EOT, cases[k].expect);
+        memcpy(image + cases[k].offset, saved, 4);
+    }
+    /* What follows the merges. */
+    char expect[160];
+    store_i32(image + merges_end + 4, n);
+    snprintf(expect, sizeof expect, "stop id 1 is %d, outside 0..%d", n, n - 1);
+    check_load_error(__LINE__, write_tmp("v3_stop_range.bin", image, size), n, BL_BOS, BL_EOT, expect);
+    store_i32(image + merges_end + 4, BL_IM_END);
+    snprintf(expect, sizeof expect, "stop id 1 repeats stop id 0 (%d)", BL_IM_END);
+    check_load_error(__LINE__, write_tmp("v3_stop_twice.bin", image, size), n, BL_BOS, BL_EOT, expect);
+    store_i32(image + merges_end + 4, BL_EOT);
+    image[merges_end + 10] = '\0';
+    check_load_error(__LINE__, write_tmp("v3_nul.bin", image, size), n, BL_BOS, BL_EOT,
+                     "a system text holds a NUL byte");
+    image[merges_end + 10] = 'l';
+    check_load_error(__LINE__, write_tmp("v3_cut.bin", image, size - 1), n, BL_BOS, BL_EOT,
+                     "truncated: 15 of the 16 bytes of stop ids");
+}
+
 /* Each way a version 2 file can be bad: one clear message naming the file. */
 static void test_v2_load_errors(void)
 {
@@ -1052,7 +1128,8 @@ static void test_v2_load_errors(void)
         int32_t value;
         const char *expect;
     } header_cases[] = {
-        {F_VERSION, 3, "version 3, expected 2"},
+        {F_VERSION, 4, "version 4, expected 2 or 3"},
+        {F_VERSION, 1, "version 1, expected 2 or 3"},
         {F_TYPE, 2, "type 2, expected 0 (sentencepiece) or 1"},
         {F_TYPE, -1, "type -1, expected"},
         {F_PRE, 5, "pre 5, expected 0..4"},
@@ -1245,6 +1322,7 @@ int main(int argc, char **argv)
     test_byte_level_long_runs();
     test_byte_level_decode();
     test_v2_load_errors();
+    test_v3_chat_fields();
 
     char models[256];
     const char *shared = getenv("SHARED_DIR");
