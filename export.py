@@ -18,23 +18,25 @@ tokenizer.bin for sentencepiece vocabularies converted from a .model file
 
     i32 max_token_length, then per token: f32 score, i32 length, the bytes
 
-and version 2 ("LTOK") for every other source (tokenizer.json, tiktoken, GGUF):
+and version 3 ("LTOK") for every other source (tokenizer.json, tiktoken, GGUF):
 a 64-byte header (type, pre-tokenizer, vocab_size, merges, BOS/EOS/EOT/PAD,
-add_bos), then per piece f32 score, i32 kind, i32 length, the raw bytes, then
-the merges as pairs of ids.
+add_bos, chat template, stop ids, system text lengths), then per piece f32
+score, i32 kind, i32 length, the raw bytes, then the merges as pairs of ids,
+the stop ids, the template's default system prompt and system prefix.
 
 Python API (numpy only; torch for Meta .pth files, gguf for GGUF files):
     write_checkpoint(path, cfg, tensors)   cfg: dict (see CONFIG_DEFAULTS); tensors:
                                            arrays or lazy tensors, streamed
     write_tokenizer(path, pieces, scores)   llama2.c's format
-    write_tokenizer_v2(path, tok)          version 2; tok: a dict (see "Tokenizer files,
-                                           version 2"); pack_tokenizer_v2(tok) -> bytes
+    write_tokenizer_ltok(path, tok)        version 3; tok: a dict (see "Tokenizer files,
+                                           version 3"); pack_tokenizer_ltok(tok) -> bytes
+    recognize_chat_template(text) -> (name, system_default, system_prefix, notes)
     read_gguf(path, layout) -> (cfg, tensors, tok, notes)   GGUF (gguf package), lazy tensors
     read_gguf_tokenizer(path) -> (tok, notes)
     read_tokenizer_json(path, vocab_size) -> (tok, notes)   Hugging Face tokenizer.json
     read_tiktoken_tokenizer(path) -> (tok, notes)          tiktoken (Llama 3 tokenizer.model)
     tiktoken_merges(tokens) -> (merges, unreachable)       merges derived from ranks
-    read_tokenizer_source(path, vocab_size) -> ("v1" | "v2", ..., notes)   any tokenizer file
+    read_tokenizer_source(path, vocab_size) -> ("v1" | "ltok", ..., notes)   any tokenizer file
     fit_llama3_rope_freqs(where, freqs, base, rot_dim, orig_ctx) -> header fields | None
     read_llama2c(path) -> (cfg, tensors)   tensors are read-only memory maps
     read_hf(dir, layout) -> (cfg, tensors, notes)     Hugging Face Llama, lazy tensors
@@ -61,7 +63,7 @@ Command line (docs/convert.md is the user's guide to the conversions):
     python3 export.py OUT --llama2c IN.bin        convert a llama2.c checkpoint
     python3 export.py OUT --checkpoint IN.bin     re-export one of ours (e.g. --dtype q8_0)
     python3 export.py OUT --tokenizer FILE        sentencepiece .model -> tokenizer.bin;
-                                                  tokenizer.json, tiktoken .model, .gguf -> version 2
+                                                  tokenizer.json, tiktoken, .gguf -> version 3
     python3 export.py OUT --random D,H,L,NH,NKV,V,S [--seed N] [--unshared] ...
                                                    random weights (tests, benchmarks)
     Any checkpoint source also takes
@@ -86,6 +88,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import struct
 import sys
 import time
@@ -1630,7 +1633,7 @@ def sentencepiece_vocab(model_path):
 
 
 # ---------------------------------------------------------------------------
-# Tokenizer files, version 2 ("LTOK"; model.h, "Tokenizer files")
+# Tokenizer files, version 3 ("LTOK"; model.h, "Tokenizer files")
 #
 # A tokenizer is handled as a dict:
 #   type      "sentencepiece" (merge by score, <0xHH> byte fallback) or
@@ -1643,22 +1646,42 @@ def sentencepiece_vocab(model_path):
 #   merges    [(left id, right id)], rank 0 first (byte_bpe)
 #   bos_id, eos_id, eot_id, pad_id   ids, -1 = none
 #   add_bos   whether a prompt starts with BOS
+#   chat      the chat template run renders, one of CHAT_TEMPLATES (absent:
+#             "unstated"); recognize_chat_template names it from the source's
+#   system_default   the system prompt the template puts in when a conversation
+#                    has none ("" = none)
+#   system_prefix    text the template puts before every system prompt ("" = none)
+#   stop_ids  [int], each once: tokens that end a reply (absent: default_stop_ids)
 #   chat_template   the source's chat template (str) or None: kept for the
-#                   caller, not stored in the file (the format has no place yet)
+#                   caller, not stored in the file (chat and the two texts are)
+#
+# Version 2 files (written before) are version 3 without the chat template,
+# the stop ids and the system texts: header bytes 44..63 zero, nothing after
+# the merges.
 
 TOK_MAGIC = 0x4B4F544C  # the bytes "LTOK" read as a little-endian u32
-TOK_VERSION = 2
+TOK_VERSION = 3
 TOK_HEADER_BYTES = 64
 TOK_TYPES = ("sentencepiece", "byte_bpe")                # index = type in the header
 PRE_TYPES = ("none", "gpt2", "llama3", "qwen2", "smollm")  # index = pre in the header
 PIECE_KINDS = ("normal", "special", "byte", "unused")    # index = a piece's kind
 PIECE_NORMAL, PIECE_SPECIAL, PIECE_BYTE, PIECE_UNUSED = range(4)
+CHAT_TEMPLATES = ("unstated", "plain", "llama2", "chatml", "llama3")  # index = chat_template
 MAX_PIECE_BYTES = 65536
-# magic, version, type, pre, vocab_size, n_merges, bos, eos, eot, pad, add_bos; then zeros
-TOK_HEADER_STRUCT = struct.Struct("<Iiiiiiiiiii")
-assert TOK_HEADER_STRUCT.size == 44
+TOK_MAX_STOP = 256
+TOK_MAX_SYSTEM = 65536
+# magic, version, type, pre, vocab_size, n_merges, bos, eos, eot, pad, add_bos,
+# chat_template, n_stop, system_default_len, system_prefix_len; then 4 zero bytes
+TOK_HEADER_STRUCT = struct.Struct("<Iiiiiiiiiiiiiii")
+assert TOK_HEADER_STRUCT.size == 60
 # Texts of end-of-turn pieces, for sources that do not name one (as llama.cpp guesses it)
 EOT_TEXTS = (b"<|eot_id|>", b"<|im_end|>", b"<|end|>", b"<end_of_turn>")
+# Special pieces that end a generated text wherever they appear (llama.cpp
+# marks tokens with these texts end-of-generation the same way)
+STOP_TEXTS = (b"<|endoftext|>", b"<|im_end|>", b"<|end_of_text|>", b"<|eot_id|>", b"<|eom_id|>",
+              b"<end_of_turn>", b"<|end|>")
+# The piece that ends a turn in each template run renders
+CHAT_END_OF_TURN = {"chatml": b"<|im_end|>", "llama3": b"<|eot_id|>"}
 
 
 def _show(piece, limit=40):
@@ -1667,13 +1690,35 @@ def _show(piece, limit=40):
     return r if len(r) <= limit else r[:limit - 3] + "..."
 
 
-def pack_tokenizer_v2(tok):
-    """The bytes of a version-2 tokenizer file for tok (the dict above), after
+def _system_text(tok, key):
+    """The UTF-8 bytes of tok[key] (a str; absent or None: empty), checked:
+    at most TOK_MAX_SYSTEM bytes, no NUL. Raises ExportError."""
+    text = tok.get(key)
+    if text is None:
+        return b""
+    if not isinstance(text, str):
+        raise ExportError(f"{key} {_show(text)} is not a string")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ExportError(f"{key} {_show(text)} is not valid Unicode (a lone surrogate)") from None
+    if len(data) > TOK_MAX_SYSTEM:
+        raise ExportError(f"{key} {_show(text)} is {len(data)} bytes of UTF-8 (at most "
+                          f"{TOK_MAX_SYSTEM})")
+    if b"\0" in data:
+        raise ExportError(f"{key} {_show(text)} contains a NUL character")
+    return data
+
+
+def pack_tokenizer_ltok(tok):
+    """The bytes of a version-3 tokenizer file for tok (the dict above), after
     checking everything model.h asks of one: known type/pre/kinds, piece
     lengths, unique normal pieces, finite float32 scores (zero for byte_bpe),
     merges that name two pieces whose bytes join into a normal piece, each
     merge once, special ids inside the vocabulary (or -1), add_bos only with a
-    BOS. Raises ExportError."""
+    BOS, a known chat template, at most TOK_MAX_STOP stop ids inside the
+    vocabulary, each once, system texts of at most TOK_MAX_SYSTEM bytes
+    without NUL. Raises ExportError."""
     t, pre = tok.get("type"), tok.get("pre", "none")
     if t not in TOK_TYPES:
         raise ExportError(f"tokenizer type {t!r} must be one of {', '.join(TOK_TYPES)}")
@@ -1747,10 +1792,28 @@ def pack_tokenizer_v2(tok):
         raise ExportError(f"add_bos {add_bos!r} must be true or false")
     if add_bos and ids["bos_id"] < 0:
         raise ExportError("add_bos is set but the vocabulary has no BOS")
+    chat = tok.get("chat") or "unstated"
+    if chat not in CHAT_TEMPLATES:
+        raise ExportError(f"chat template {chat!r} must be one of {', '.join(CHAT_TEMPLATES)}")
+    stops = tok.get("stop_ids")
+    stops = default_stop_ids(tok) if stops is None else list(stops)
+    if len(stops) > TOK_MAX_STOP:
+        raise ExportError(f"{len(stops)} stop ids (at most {TOK_MAX_STOP})")
+    seen_stops = set()
+    for v in stops:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < n:
+            raise ExportError(f"stop id {v!r} is outside the vocabulary (0..{n - 1})")
+        if int(v) in seen_stops:
+            raise ExportError(f"stop id {int(v)} is listed twice")
+        seen_stops.add(int(v))
+    system_default = _system_text(tok, "system_default")
+    system_prefix = _system_text(tok, "system_prefix")
 
     header = TOK_HEADER_STRUCT.pack(TOK_MAGIC, TOK_VERSION, TOK_TYPES.index(t),
                                     PRE_TYPES.index(pre), n, len(merges), ids["bos_id"],
-                                    ids["eos_id"], ids["eot_id"], ids["pad_id"], int(add_bos))
+                                    ids["eos_id"], ids["eot_id"], ids["pad_id"], int(add_bos),
+                                    CHAT_TEMPLATES.index(chat), len(stops), len(system_default),
+                                    len(system_prefix))
     out = [header, bytes(TOK_HEADER_BYTES - len(header))]
     record = struct.Struct("<fii")
     for p, k, s in zip(pieces, kinds, scores):
@@ -1758,7 +1821,25 @@ def pack_tokenizer_v2(tok):
         out.append(p)
     if merges:
         out.append(np.asarray(merges, dtype="<i4").reshape(-1, 2).tobytes())
+    if stops:
+        out.append(np.asarray([int(v) for v in stops], dtype="<i4").tobytes())
+    out += [system_default, system_prefix]
     return b"".join(out)
+
+
+def _same_tokenizer(old, new):
+    """Whether old (a file's bytes) holds the tokenizer of new (a version-3
+    file's bytes): the same bytes, or the version-2 file written before of
+    the same vocabulary (new without its version-3 fields and what follows
+    the merges), which converting again may replace."""
+    if old == new:
+        return True
+    if len(new) < TOK_HEADER_BYTES or new[:4] != old[:4] or old[4:8] != struct.pack("<i", 2):
+        return False
+    n_stop, default_len, prefix_len = struct.unpack_from("<3i", new, 48)
+    tail = 4 * n_stop + default_len + prefix_len
+    v2 = new[:4] + struct.pack("<i", 2) + new[8:44] + bytes(20) + new[64:len(new) - tail]
+    return old == v2
 
 
 def _write_bytes(path, data):
@@ -1766,10 +1847,10 @@ def _write_bytes(path, data):
         f.write(data)
 
 
-def write_tokenizer_v2(path, tok):
-    """Write tok (see above) as a version-2 tokenizer file, atomically.
+def write_tokenizer_ltok(path, tok):
+    """Write tok (see above) as a version-3 tokenizer file, atomically.
     Raises ExportError (nothing written) when tok breaks the format."""
-    _write_bytes(path, pack_tokenizer_v2(tok))
+    _write_bytes(path, pack_tokenizer_ltok(tok))
 
 
 def describe_tokenizer(tok):
@@ -1781,8 +1862,16 @@ def describe_tokenizer(tok):
     extra = ", ".join(f"{c} {name}" for c, name in zip(kinds[1:], PIECE_KINDS[1:]) if c)
     ids = " ".join(f"{k[:-3]} {tok.get(k, -1)}" for k in ("bos_id", "eos_id", "eot_id", "pad_id")
                    if tok.get(k, -1) not in (-1, None))
+    chat = tok.get("chat") or "unstated"
+    texts = [f"{key.replace('_', ' ')} {len(tok[key].encode('utf-8'))} bytes"
+             for key in ("system_default", "system_prefix") if tok.get(key)]
+    stops = tok.get("stop_ids")
+    stops = sorted(default_stop_ids(tok) if stops is None else stops)
+    shown = ",".join(str(v) for v in stops[:8]) + (",..." if len(stops) > 8 else "")
     return (f"{kind}, {n} pieces" + (f" ({extra})" if extra else "") + (f", {ids}" if ids else "")
-            + f", add_bos {int(bool(tok.get('add_bos')))}")
+            + f", add_bos {int(bool(tok.get('add_bos')))}, chat template {chat}"
+            + (f" ({', '.join(texts)})" if texts else "")
+            + (f", stop ids {shown}" if stops else ", no stop ids"))
 
 
 # GPT-2's bytes_to_unicode: byte-level BPE vocabularies (tokenizer.json, GGUF
@@ -1826,6 +1915,209 @@ def _eot_id(pieces, kinds):
         if text in special:
             return special[text]
     return -1
+
+
+def _find_piece(pieces, kinds, text):
+    """The id of the special piece text, else of a piece text of any kind, else -1."""
+    found = -1
+    for i, (p, k) in enumerate(zip(pieces, kinds)):
+        if bytes(p) == text:
+            if k == PIECE_SPECIAL:
+                return i
+            found = i if found < 0 else found
+    return found
+
+
+# ---------------------------------------------------------------------------
+# Chat templates and stop ids
+#
+# A source's chat template is a Jinja program. run renders a few fixed
+# templates (run.c, render_chat), so export.py names the one a source's
+# template is by markers in its text, without evaluating any Jinja, and keeps
+# the two texts a template may add on its own: a default system prompt
+# (SmolLM2, Qwen2.5) and a fixed text before every system prompt (Llama 3.1's
+# knowledge dates). The stop ids are every token that ends a reply: EOS, end
+# of turn, the ids Hugging Face's generation config names, and the special
+# pieces llama.cpp treats as end of generation by their text.
+
+def _jinja_unescape(raw):
+    """A Jinja (Python-style) string literal's source text with the escapes
+    \\n \\t \\r \\\\ \\' \\" undone; other backslashes stay as they are."""
+    table = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"'}
+    return re.sub(r"\\(.)", lambda m: table.get(m.group(1), m.group(0)), raw, flags=re.S)
+
+
+def _jinja_string_literals(text):
+    """The values of the string literals inside text's Jinja tags ({{ }} and
+    {% %}; comments {# #} skipped), in order, escapes undone. A literal may
+    hold real newlines; quotes inside it do not end the tag."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        j = text.find("{", i)
+        if j < 0 or j + 1 >= n:
+            break
+        c = text[j + 1]
+        if c == "#":
+            k = text.find("#}", j + 2)
+            i = n if k < 0 else k + 2
+            continue
+        if c not in "{%":
+            i = j + 1
+            continue
+        close = "}}" if c == "{" else "%}"
+        k = j + 2
+        while k < n:
+            if text[k] in "'\"":
+                quote, m = text[k], k + 1
+                while m < n and text[m] != quote:
+                    m += 2 if text[m] == "\\" else 1
+                if m < n:
+                    out.append(_jinja_unescape(text[k + 1:m]))
+                k = m + 1
+            elif text.startswith(close, k):
+                k += 2
+                break
+            else:
+                k += 1
+        i = k
+    return out
+
+
+def _chatml_default_system(literals):
+    """The default system prompt of a ChatML template: the text of a literal
+    "<|im_start|>system\n...<|im_end|>" (newline real or escaped), or ""."""
+    for value in literals:
+        m = re.match(r"<\|im_start\|>system\n(.+?)<\|im_end\|>", value, re.S)
+        if m:
+            return m.group(1)
+    return ""
+
+
+def _llama3_system_prefix(text, literals):
+    """The text Llama 3.1-style templates put before every system prompt,
+    "Cutting Knowledge Date: CUTOFF\nToday Date: DATE\n\n", with the cutoff of
+    the template's "Cutting Knowledge Date: ...\n" literal and DATE its default
+    date_string (set date_string = "26 Jul 2024"). None when a part is missing."""
+    marker = "Cutting Knowledge Date:"
+    cutoff = None
+    for value in literals:
+        at = value.find(marker)
+        if at >= 0:
+            rest = value[at + len(marker):].lstrip(" ")
+            end = rest.find("\n")
+            if end > 0:
+                cutoff = rest[:end].strip()
+            break
+    m = re.search(r"""set\s+date_string\s*=\s*(["'])((?:\\.|(?!\1)[^\\])*)\1""", text, re.S)
+    if not cutoff or m is None or not any("Today Date:" in v for v in literals):
+        return None
+    date = _jinja_unescape(m.group(2))
+    if "\n" in date or "\n" in cutoff:
+        return None
+    return f"Cutting Knowledge Date: {cutoff}\nToday Date: {date}\n\n"
+
+
+CHAT_TEMPLATE_CHOICES = "|".join(CHAT_TEMPLATES[1:])
+
+
+def recognize_chat_template(text):
+    """(name, system_default, system_prefix, notes) for a source's chat
+    template text (None or "" for none), by markers, evaluating no Jinja:
+      no template                              -> unstated
+      <|im_start|> and <|im_end|>              -> chatml; with <think> (Qwen3's
+                                                  reasoning templates) unstated
+      <|start_header_id|> and <|eot_id|>       -> llama3; with "Cutting Knowledge
+                                                  Date" (Llama 3.1 style) the
+                                                  system prefix of knowledge dates
+      [INST] and <<SYS>>                       -> llama2
+      anything else                            -> unstated, with a note
+    system_default: the prompt a ChatML literal "<|im_start|>system\n...<|im_end|>"
+    puts in when there is no system message."""
+    if not text:
+        return "unstated", "", "", []
+    flat = text.replace("\n", "\\n")
+    head = flat[:60] + ("..." if len(flat) > 60 else "")
+    need = f"run -m chat will need --chat-template {CHAT_TEMPLATE_CHOICES}"
+    if "<|im_start|>" in text and "<|im_end|>" in text:
+        if "<think>" in text:
+            return "unstated", "", "", [
+                "chat template is ChatML with <think> (a reasoning template, as Qwen3's), whose "
+                f"thinking sections run does not reproduce: stored as unstated; {need}"]
+        return "chatml", _chatml_default_system(_jinja_string_literals(text)), "", []
+    if "<|start_header_id|>" in text and "<|eot_id|>" in text:
+        if "Cutting Knowledge Date" not in text:
+            return "llama3", "", "", []
+        prefix = _llama3_system_prefix(text, _jinja_string_literals(text))
+        if prefix is None:
+            return "unstated", "", "", [
+                "chat template is Llama 3's with a knowledge date, but its cutoff "
+                "(\"Cutting Knowledge Date: ...\\n\") or default date (set date_string = "
+                f"\"...\") was not found: stored as unstated; {need}"]
+        date = prefix.split("Today Date: ", 1)[1].rstrip("\n")
+        return "llama3", "", prefix, [
+            f"chat template llama3 with Llama 3.1's system text (knowledge dates); its date is "
+            f"the template's fixed default {date!r} (Llama 3.2's template puts today's date "
+            "there under Hugging Face), and its tool sections are not reproduced"]
+    if "[INST]" in text and "<<SYS>>" in text:
+        return "llama2", "", "", []
+    return "unstated", "", "", [f"chat template not recognized ({head}): {need}"]
+
+
+def default_stop_ids(tok, extra=()):
+    """tok's stop ids, sorted, each once: eos_id, eot_id, the ids in extra,
+    the end-of-turn piece of tok's chat template (<|im_end|> for chatml,
+    <|eot_id|> for llama3) when the vocabulary has it, and every special
+    piece whose text is one of STOP_TEXTS."""
+    pieces = tok["pieces"]
+    kinds = tok.get("kinds") or [PIECE_NORMAL] * len(pieces)
+    ids = {int(v) for v in (tok.get("eos_id"), tok.get("eot_id")) if v is not None and v >= 0}
+    ids.update(int(v) for v in extra)
+    end = CHAT_END_OF_TURN.get(tok.get("chat"))
+    if end is not None and _find_piece(pieces, kinds, end) >= 0:
+        ids.add(_find_piece(pieces, kinds, end))
+    ids.update(i for i, (p, k) in enumerate(zip(pieces, kinds))
+               if k == PIECE_SPECIAL and bytes(p) in STOP_TEXTS)
+    return sorted(ids)
+
+
+def _hf_eos_ids(directory, n, notes):
+    """Every id of Hugging Face's eos_token_id (an int or a list) in
+    generation_config.json and config.json in directory, when they exist.
+    Ids outside 0..n-1 and values of another type are left out with a note."""
+    ids = []
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue
+        v = _read_json(path, "a model config").get("eos_token_id")
+        if v is None:
+            continue
+        values = v if isinstance(v, list) else [v]
+        for x in values:
+            if isinstance(x, bool) or not isinstance(x, int):
+                notes.append(f"{path}: eos_token_id {_js(v)} is not an id or a list of ids: "
+                             "not used as stop ids")
+                break
+            if not 0 <= x < n:
+                notes.append(f"{path}: eos_token_id {x} is outside the vocabulary (0..{n - 1}): "
+                             "not a stop id")
+                continue
+            ids.append(x)
+    return ids
+
+
+def set_chat_and_stops(tok, notes, extra_stops=()):
+    """Fill in tok's chat, system_default and system_prefix from its
+    chat_template (recognize_chat_template; its notes go to notes) unless tok
+    names chat already, then its stop_ids (default_stop_ids with extra_stops)."""
+    if tok.get("chat") is None:
+        name, default, prefix, chat_notes = recognize_chat_template(tok.get("chat_template"))
+        tok.update(chat=name, system_default=default, system_prefix=prefix)
+        notes += chat_notes
+    tok.setdefault("system_default", "")
+    tok.setdefault("system_prefix", "")
+    tok["stop_ids"] = default_stop_ids(tok, extra_stops)
+    return tok
 
 
 # ---------------------------------------------------------------------------
@@ -1946,12 +2238,44 @@ def _token_text(v):
     return v if isinstance(v, str) else None
 
 
+def _hf_chat_template(directory, config, notes):
+    """The chat template of a Hugging Face tokenizer: tokenizer_config.json's
+    chat_template (a string, or a list of {"name", "template"}: the one named
+    "default"), else the file chat_template.jinja in directory, else None."""
+    where = os.path.join(directory, "tokenizer_config.json")
+    v = config.get("chat_template")
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        for entry in v:
+            if isinstance(entry, dict) and entry.get("name") == "default" \
+                    and isinstance(entry.get("template"), str):
+                return entry["template"]
+        names = [e.get("name") for e in v if isinstance(e, dict)]
+        notes.append(f"{where}: chat_template lists no template named \"default\" "
+                     f"({', '.join(_js(x) for x in names)}): none used")
+    elif v is not None:
+        notes.append(f"{where}: chat_template is {_js(v)[:40]}, neither a string nor a list: "
+                     "not used")
+    jinja = os.path.join(directory, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        try:
+            with open(jinja, "rb") as f:
+                return f.read().decode("utf-8")
+        except UnicodeDecodeError:
+            raise ExportError(f"{jinja}: not UTF-8 text") from None
+    return None
+
+
 def read_tokenizer_json(path, vocab_size=None):
     """A Hugging Face tokenizer.json of a byte-level BPE model (GPT-2, Llama 3,
     SmolLM, Qwen2 style), with tokenizer_config.json from the same directory
-    when it exists, as (tok, notes). vocab_size: the model's; ids the
-    tokenizer does not use up to it become unused pieces (a note says how
-    many), more ids than it is an error. Raises ExportError naming the file."""
+    when it exists, as (tok, notes). The chat template comes from
+    tokenizer_config.json or chat_template.jinja beside it, stop ids also from
+    the eos_token_id of generation_config.json and config.json there.
+    vocab_size: the model's; ids the tokenizer does not use up to it become
+    unused pieces (a note says how many), more ids than it is an error.
+    Raises ExportError naming the file."""
     path = os.fspath(path)
     j = _read_json(path, "a tokenizer.json")
     notes = []
@@ -2042,12 +2366,12 @@ def read_tokenizer_json(path, vocab_size=None):
             by_text.setdefault(p.decode("utf-8"), i)
     for text, i in ids.items():
         by_text.setdefault(text, i)
-    config_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+    directory = os.path.dirname(path)
+    config_path = os.path.join(directory, "tokenizer_config.json")
     config = _read_json(config_path, "a tokenizer config") if os.path.isfile(config_path) else {}
     tok = dict(type="byte_bpe", pre=pre, pieces=pieces, kinds=kinds, scores=None, merges=merges,
                bos_id=-1, eos_id=-1, eot_id=_eot_id(pieces, kinds), pad_id=-1,
-               chat_template=config.get("chat_template")
-               if isinstance(config.get("chat_template"), str) else None)
+               chat_template=_hf_chat_template(directory, config, notes))
     for key in ("bos", "eos", "pad"):
         text = _token_text(config.get(f"{key}_token"))
         if text is None:
@@ -2068,6 +2392,7 @@ def read_tokenizer_json(path, vocab_size=None):
         tok["add_bos"] = bool(template)
     if tok["add_bos"] and tok["bos_id"] < 0:
         raise ExportError(f"{path}: prompts start with BOS, but no BOS token is named")
+    set_chat_and_stops(tok, notes, _hf_eos_ids(directory, n, notes))
     return tok, notes
 
 
@@ -2103,7 +2428,6 @@ LLAMA3_RANKS = 128000
 
 def is_tiktoken_file(path):
     """Whether path starts like a tiktoken BPE file (`base64 rank` lines)."""
-    import re
     with open(path, "rb") as f:
         head = f.read(256)
     first = head.split(b"\n", 1)[0].rstrip(b"\r")
@@ -2182,7 +2506,10 @@ def read_tiktoken_tokenizer(path, specials=None):
     pre-tokenizer, merges from tiktoken_merges, then the special tokens
     (default: Llama 3's 256 when the file has Llama 3's 128000 ranks, else
     none) with BOS <|begin_of_text|>, EOS <|end_of_text|>, EOT <|eot_id|>
-    when present; add_bos when there is a BOS."""
+    when present; add_bos when there is a BOS; chat template llama3 when
+    Llama 3's header and end-of-turn tokens are among the special ones; stop
+    ids as default_stop_ids, with the eos_token_id of generation_config.json
+    and config.json beside the file when they exist."""
     tokens = read_tiktoken(path)
     notes = []
     if specials is None:
@@ -2202,6 +2529,12 @@ def read_tiktoken_tokenizer(path, specials=None):
                merges=merges, bos_id=bos, eos_id=index.get("<|end_of_text|>", -1),
                eot_id=index.get("<|eot_id|>", -1), pad_id=-1, add_bos=bos >= 0,
                chat_template=None)
+    if "<|start_header_id|>" in index and "<|eot_id|>" in index:
+        tok["chat"] = "llama3"
+        notes.append("chat template llama3: a tiktoken file names none, and Llama 3's special "
+                     "tokens are its; without Llama 3.1's knowledge-date system text")
+    set_chat_and_stops(tok, notes, _hf_eos_ids(os.path.dirname(os.fspath(path)), len(pieces),
+                                               notes))
     return tok, notes
 
 
@@ -2217,7 +2550,7 @@ def read_tokenizer_source(path, vocab_size=None):
     """Any tokenizer file export.py converts, by its content: a tokenizer.json
     (JSON), a GGUF file, a tiktoken file or a sentencepiece model. Returns
     ("v1", (pieces, scores), notes) for sentencepiece (llama2.c's format, as
-    before) or ("v2", tok, notes). vocab_size: the model's, when known (checked
+    before) or ("ltok", tok, notes) (version 3). vocab_size: the model's, when known (checked
     against, and tokenizer.json padded to it)."""
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -2241,7 +2574,7 @@ def read_tokenizer_source(path, vocab_size=None):
     if vocab_size is not None and len(tok["pieces"]) != vocab_size:
         raise ExportError(f"{path}: {len(tok['pieces'])} pieces, but the model has vocab_size "
                           f"{vocab_size}")
-    return "v2", tok, notes
+    return "ltok", tok, notes
 
 
 def model_dir_tokenizer(directory, vocab_size):
@@ -2286,7 +2619,8 @@ def model_dir_tokenizer(directory, vocab_size):
 #   rope.freq_base -> rope_theta, rope.dimension_count -> rot_dim,
 #   rope.scaling.* -> linear / yarn scaling, the rope_freqs tensor -> llama3
 #   scaling (fitted, see fit_llama3_rope_freqs), tokenizer.ggml.* -> the
-#   version-2 tokenizer and the header's bos_id/eos_id.
+#   version-3 tokenizer (tokenizer.chat_template -> its chat template) and
+#   the header's bos_id/eos_id.
 # Tensors (GGUF dims are innermost first; reversed they are our row-major shapes):
 #   token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
 #   ffn_norm, ffn_gate, ffn_down, ffn_up}, output_norm, output (absent: tied).
@@ -2630,7 +2964,9 @@ def gguf_tokenizer(meta):
     byte tokens <0xHH> stay as they are, with their kind; scores are required.
     Ids: tokenizer.ggml.{bos,eos,eot,padding}_token_id (EOT, when absent, is
     guessed from the special pieces' text as llama.cpp does); add_bos_token
-    (default true for "llama", false for "gpt2")."""
+    (default true for "llama", false for "gpt2"). tokenizer.chat_template ->
+    chat, system_default, system_prefix (recognize_chat_template); stop ids
+    as default_stop_ids, with tokenizer.ggml.eom_token_id."""
     path, notes = meta.path, []
     model = meta.get("tokenizer.ggml.model", "str")
     if model not in ("gpt2", "llama"):
@@ -2717,7 +3053,6 @@ def gguf_tokenizer(meta):
                               "sentencepiece tokenizer always puts a space before the text")
         for i, (text, t) in enumerate(zip(texts, types)):
             if t == GGUF_TOKEN_BYTE:
-                import re
                 if not re.fullmatch(rb"<0x[0-9A-Fa-f]{2}>", text):
                     raise ExportError(f"{path}: token {i} {_show(text)} has type byte but is not "
                                       "<0xHH>")
@@ -2743,6 +3078,7 @@ def gguf_tokenizer(meta):
                eos_id=token_id("tokenizer.ggml.eos_token_id"),
                eot_id=token_id("tokenizer.ggml.eot_token_id"),
                pad_id=token_id("tokenizer.ggml.padding_token_id"))
+    eom = token_id("tokenizer.ggml.eom_token_id")
     if tok["eot_id"] < 0:
         tok["eot_id"] = _eot_id(pieces, kinds)
         if tok["eot_id"] >= 0:
@@ -2758,9 +3094,7 @@ def gguf_tokenizer(meta):
                           "tokenizer.ggml.bos_token_id")
     tok["add_bos"] = add_bos
     tok["chat_template"] = meta.get("tokenizer.chat_template", "str", None)
-    if tok["chat_template"] is not None:
-        notes.append(f"tokenizer.chat_template ({len(tok['chat_template'])} characters) is not "
-                     "stored: the tokenizer format has no place for it yet")
+    set_chat_and_stops(tok, notes, [eom] if eom >= 0 else [])
     return tok, notes
 
 
@@ -3113,7 +3447,7 @@ def main(argv=None):
     src.add_argument("--tokenizer", metavar="FILE",
                      help="convert a tokenizer: a sentencepiece model (-> llama2.c's "
                           "tokenizer.bin), or a tokenizer.json, a tiktoken file (Llama 3's "
-                          "tokenizer.model) or a GGUF file's vocabulary (-> version 2)")
+                          "tokenizer.model) or a GGUF file's vocabulary (-> version 3)")
     src.add_argument("--random", metavar="D,H,L,NH,NKV,V,S",
                      help="random weights: dim,hidden_dim,n_layers,n_heads,n_kv_heads,"
                           "vocab_size,seq_len")
@@ -3177,10 +3511,10 @@ def main(argv=None):
             else:
                 cfg, tensors, tok, notes = read_gguf(args.gguf, args.rope_layout or "interleaved")
                 path = args.tokenizer_out or _default_tokenizer_path(args.out)
-                data = pack_tokenizer_v2(tok)
+                data = pack_tokenizer_ltok(tok)
                 if args.tokenizer_out is None and os.path.isfile(path):
                     with open(path, "rb") as f:
-                        if f.read() != data:
+                        if not _same_tokenizer(f.read(), data):
                             raise ExportError(f"{path} exists and holds another tokenizer; pass "
                                               "--tokenizer-out PATH, or remove it")
                 tokenizer = (path, data, describe_tokenizer(tok))
@@ -3192,7 +3526,7 @@ def main(argv=None):
                     tokenizer = (args.tokenizer_out, pack_tokenizer_v1(*value),
                                  f"sentencepiece, {len(value[0])} pieces (llama2.c's format)")
                 else:
-                    tokenizer = (args.tokenizer_out, pack_tokenizer_v2(value),
+                    tokenizer = (args.tokenizer_out, pack_tokenizer_ltok(value),
                                  describe_tokenizer(value))
             if args.seq_len is not None and not args.meta_llama:
                 cfg["seq_len"] = args.seq_len
@@ -3231,7 +3565,7 @@ def main(argv=None):
             if kind == "v1":
                 write_tokenizer(args.out, *value)
             else:
-                write_tokenizer_v2(args.out, value)
+                write_tokenizer_ltok(args.out, value)
                 for note in notes:
                     print(f"export.py: note: {note}", file=sys.stderr)
                 print(f"export.py: wrote {args.out}: {describe_tokenizer(value)}", file=sys.stderr)

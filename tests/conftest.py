@@ -11,6 +11,7 @@ The binary runs with OMP_NUM_THREADS=2 unless the environment sets it.
 Tests write only under pytest's tmp_path / tmp_path_factory.
 """
 
+import functools
 import json
 import os
 import pathlib
@@ -201,29 +202,46 @@ def write_legacy(path, cfg, tensors):
 
 
 # ---------------------------------------------------------------------------
-# Version-2 tokenizer files ("LTOK", model.h's "Tokenizer files"): a reader
-# written from that description, not from export.py, and a byte-level BPE
-# encoder that runs on what it reads (for tests of the exported data).
+# Tokenizer files "LTOK" (model.h's "Tokenizer files", versions 2 and 3): a
+# reader written from that description, not from export.py, and a byte-level
+# BPE encoder that runs on what it reads (for tests of the exported data).
 
 TOK2_TYPES = ("sentencepiece", "byte_bpe")
 TOK2_PRES = ("none", "gpt2", "llama3", "qwen2", "smollm")
+TOK_CHATS = ("unstated", "plain", "llama2", "chatml", "llama3")
+TOK_MAX_STOP = 256
+TOK_MAX_SYSTEM = 65536
 
 
-def read_tok_v2(path):
-    """Parse a version-2 tokenizer file. Asserts the layout model.h gives:
-    magic "LTOK", version 2, reserved header bytes zero, each piece record
-    inside the file, the file ending right after the last merge. Returns a
-    dict: type and pre (names), vocab_size, bos_id, eos_id, eot_id, pad_id,
-    add_bos (int), pieces (bytes), kinds, scores (float32 values as floats),
-    merges ((left, right) tuples)."""
+def read_tok_ltok(path):
+    """Parse an "LTOK" tokenizer file, version 2 or 3. Asserts the layout
+    model.h gives: magic "LTOK", reserved header bytes zero (version 2: bytes
+    44..63; version 3: 60..63), each piece record inside the file, then the
+    merges; version 3 then n_stop stop ids (each once, inside the vocabulary,
+    at most 256) and the two system texts (at most 65536 bytes each, UTF-8
+    without NUL); the file ending right after the last of these. Returns a
+    dict: version, type and pre (names), vocab_size, bos_id, eos_id, eot_id,
+    pad_id, add_bos (int), pieces (bytes), kinds, scores (float32 values as
+    floats), merges ((left, right) tuples), chat (name; version 2:
+    "unstated"), stop_ids (list; version 2: []), system_default and
+    system_prefix (str; version 2: "")."""
     import struct as _struct
     data = pathlib.Path(path).read_bytes()
     assert len(data) >= 64, f"{path}: {len(data)} bytes, shorter than the header"
     assert data[:4] == b"LTOK", data[:4]
     (magic, version, typ, pre, n, n_merges, bos, eos, eot, pad, add_bos) = \
         _struct.unpack_from("<Iiiiiiiiiii", data, 0)
-    assert version == 2, version
-    assert data[44:64] == bytes(20), "reserved header bytes are not zero"
+    assert version in (2, 3), version
+    if version == 2:
+        assert data[44:64] == bytes(20), "reserved header bytes are not zero"
+        chat, n_stop, default_len, prefix_len = 0, 0, 0, 0
+    else:
+        chat, n_stop, default_len, prefix_len = _struct.unpack_from("<4i", data, 44)
+        assert data[60:64] == bytes(4), "reserved header bytes are not zero"
+        assert 0 <= chat < len(TOK_CHATS), f"chat_template {chat}"
+        assert 0 <= n_stop <= TOK_MAX_STOP, f"n_stop {n_stop}"
+        assert 0 <= default_len <= TOK_MAX_SYSTEM and 0 <= prefix_len <= TOK_MAX_SYSTEM, \
+            (default_len, prefix_len)
     pieces, kinds, scores, off = [], [], [], 64
     for i in range(n):
         assert off + 12 <= len(data), f"piece {i}: record header past the end"
@@ -234,13 +252,27 @@ def read_tok_v2(path):
         kinds.append(kind)
         scores.append(score)
         off += length
-    assert len(data) == off + 8 * n_merges, \
-        f"{len(data) - off} bytes after the pieces, expected {8 * n_merges} for {n_merges} merges"
+    tail = 8 * n_merges + 4 * n_stop + default_len + prefix_len
+    assert len(data) == off + tail, \
+        (f"{len(data) - off} bytes after the pieces, expected {tail} for {n_merges} merges, "
+         f"{n_stop} stop ids and system texts of {default_len} and {prefix_len} bytes")
     flat = _struct.unpack_from(f"<{2 * n_merges}i", data, off) if n_merges else ()
     merges = list(zip(flat[0::2], flat[1::2]))
-    return dict(type=TOK2_TYPES[typ], pre=TOK2_PRES[pre], vocab_size=n, bos_id=bos, eos_id=eos,
-                eot_id=eot, pad_id=pad, add_bos=add_bos, pieces=pieces, kinds=kinds,
-                scores=scores, merges=merges)
+    off += 8 * n_merges
+    stop_ids = list(_struct.unpack_from(f"<{n_stop}i", data, off)) if n_stop else []
+    off += 4 * n_stop
+    assert all(0 <= v < n for v in stop_ids), f"stop ids {stop_ids} outside 0..{n - 1}"
+    assert len(set(stop_ids)) == len(stop_ids), f"stop ids {stop_ids} repeat"
+    texts = []
+    for length in (default_len, prefix_len):
+        raw = data[off:off + length]
+        assert b"\0" not in raw, f"NUL in a system text {raw[:40]!r}"
+        texts.append(raw.decode("utf-8"))  # raises on invalid UTF-8
+        off += length
+    return dict(version=version, type=TOK2_TYPES[typ], pre=TOK2_PRES[pre], vocab_size=n,
+                bos_id=bos, eos_id=eos, eot_id=eot, pad_id=pad, add_bos=add_bos, pieces=pieces,
+                kinds=kinds, scores=scores, merges=merges, chat=TOK_CHATS[chat],
+                stop_ids=stop_ids, system_default=texts[0], system_prefix=texts[1])
 
 
 # The pre-tokenizer regexes (as Hugging Face's tokenizers apply them; the
@@ -270,8 +302,8 @@ def pre_split(pre, text):
     raise ValueError(pre)
 
 
-def bpe_encode_v2(tok, text):
-    """Ids of text under a byte-level BPE tokenizer as read_tok_v2 returns it:
+def bpe_encode_ltok(tok, text):
+    """Ids of text under a byte-level BPE tokenizer as read_tok_ltok returns it:
     exact special-piece texts first (longest first), then per pre-tokenized
     chunk: single bytes joined pair by pair, always the adjacent pair of
     lowest merge rank (leftmost on ties). A byte with no single-byte piece is
@@ -345,6 +377,19 @@ def train_byte_bpe(chunks, n_merges):
                     i += 1
             seqs[w] = out
     return merges
+
+
+@functools.lru_cache(maxsize=None)
+def trained_byte_vocab():
+    """A byte-level BPE vocabulary trained on TEXT (120 merges): ({gpt2
+    string: id}, [(gpt2 a, gpt2 b)]); ids: 256 bytes in byte order, then the
+    merges' results."""
+    chunks = [c.encode() for c in pre_split("gpt2", TEXT * 3)]
+    merges = train_byte_bpe(chunks, 120)
+    vocab = {export.bytes_to_gpt2(bytes([b])): b for b in range(256)}
+    for a, b in merges:
+        vocab.setdefault(export.bytes_to_gpt2(a + b), len(vocab))
+    return vocab, [(export.bytes_to_gpt2(a), export.bytes_to_gpt2(b)) for a, b in merges]
 
 
 @pytest.fixture(scope="session")

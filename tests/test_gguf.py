@@ -48,7 +48,7 @@ from gguf import quants  # noqa: E402
 
 import export  # noqa: E402
 from conftest import (ROOT, SHARED, SYN_PIECES, SYN_SCORES, SYN_VOCAB, TEXT,  # noqa: E402
-                      bpe_encode_v2, pre_split, read_tok_v2, run_ok, run_ppl, train_byte_bpe)
+                      bpe_encode_ltok, pre_split, read_tok_ltok, run_ok, run_ppl, train_byte_bpe)
 from reference import Reference  # noqa: E402
 from test_convert import export_ok, export_run, hf_from_ours, text_file, write_hf_dir  # noqa: E402,F401
 
@@ -311,9 +311,10 @@ def test_gguf_partial_rotary_matches_hf(tmp_path, syn_tokenizer, text_file):
 def test_gguf_header_and_sentencepiece_tokenizer(tmp_path):
     """What the metadata says lands in the header (eps, theta, context,
     heads, vocab, tied, bos/eos); the sentencepiece vocabulary becomes a
-    version-2 type-0 tokenizer: ▁ -> space, <s> </s> <unk> special with their
+    version-3 type-0 tokenizer: ▁ -> space, <s> </s> <unk> special with their
     text, <0xHH> byte pieces, the scores, BOS before prompts (llama.cpp's
-    default for "llama"), written beside OUT as tokenizer.bin."""
+    default for "llama"), written beside OUT as tokenizer.bin; a chat
+    template run does not know is stored as unstated, with a note."""
     def md(cfg):
         m = [e for e in llama_metadata(cfg) if not e[0].endswith(("rms_epsilon", "freq_base"))]
         return m + [("llama.attention.layer_norm_rms_epsilon", "f32", 1e-6),
@@ -328,7 +329,9 @@ def test_gguf_header_and_sentencepiece_tokenizer(tmp_path):
     p = export_cli(out / "m.bin", "--gguf", path)
     err = p.stderr.decode()
     assert p.returncode == 0, err
-    assert "chat_template" in err and "ignoring llama.some_future_key" in err, err
+    assert "note: chat template not recognized ({{ messages }}): run -m chat will need " \
+        "--chat-template plain|llama2|chatml|llama3" in err, err
+    assert "ignoring llama.some_future_key" in err and "is not stored" not in err, err
     assert sorted(q.name for q in out.iterdir()) == ["m.bin", "tokenizer.bin"]
     h = export.read_header(out / "m.bin")
     assert (h["dim"], h["hidden_dim"], h["n_layers"], h["n_heads"], h["n_kv_heads"],
@@ -336,7 +339,7 @@ def test_gguf_header_and_sentencepiece_tokenizer(tmp_path):
             h["rope_layout"], h["rot_dim"], h["rope_scaling"]) == \
         (256, 512, 2, 4, 1, SYN_VOCAB, 96, 1, 1, 2, 0, 64, 0)
     assert h["norm_eps"] == np.float32(1e-6) and h["rope_theta"] == np.float32(123456.0)
-    tok = read_tok_v2(out / "tokenizer.bin")
+    tok = read_tok_ltok(out / "tokenizer.bin")
     assert (tok["type"], tok["pre"], tok["vocab_size"], tok["merges"]) == \
         ("sentencepiece", "none", SYN_VOCAB, [])
     assert tok["pieces"][:3] == [b"<unk>", b"<s>", b"</s>"] and tok["kinds"][:3] == [1, 1, 1]
@@ -346,6 +349,8 @@ def test_gguf_header_and_sentencepiece_tokenizer(tmp_path):
     assert tok["scores"] == [float(np.float32(s)) for s in SYN_SCORES]
     assert (tok["bos_id"], tok["eos_id"], tok["pad_id"], tok["eot_id"], tok["add_bos"]) == \
         (1, 2, 0, -1, 1)
+    assert (tok["version"], tok["chat"], tok["stop_ids"], tok["system_default"]) == \
+        (3, "unstated", [2], "")
 
 
 # A small byte-level vocabulary in GGUF form (GPT-2 characters): control
@@ -399,7 +404,7 @@ def test_gguf_byte_level_tokenizer(tmp_path):
     path = write_gguf(tmp_path / "v.gguf", gpt2_metadata(), [])
     p = export_cli(tmp_path / "tok.bin", "--tokenizer", path)
     assert p.returncode == 0, p.stderr.decode()
-    tok = read_tok_v2(tmp_path / "tok.bin")
+    tok = read_tok_ltok(tmp_path / "tok.bin")
     n = len(tokens)
     assert (tok["type"], tok["pre"], tok["vocab_size"], len(tok["merges"])) == \
         ("byte_bpe", "smollm", n, len(merges))
@@ -416,7 +421,35 @@ def test_gguf_byte_level_tokenizer(tmp_path):
         (1, 2, 2, -1, 0)
     hf = hf_tokenizer_from_gguf(path, PRE_JSON["smollm"])
     for text in [TEXT, "It's 2024: 12 cats, 345 dogs!\n\n  <|im_start|>hi", "naïve — “x”"]:
-        assert bpe_encode_v2(tok, text) == hf.encode(text, add_special_tokens=False).ids
+        assert bpe_encode_ltok(tok, text) == hf.encode(text, add_special_tokens=False).ids
+
+
+def test_gguf_chat_template_and_stop_ids(tmp_path):
+    """tokenizer.chat_template is recognized (here Llama 3.1's layout: llama3
+    with the knowledge-date system prefix, a note on the fixed date);
+    tokenizer.ggml.eom_token_id joins the stop ids with EOS, EOT and the
+    special stop texts (<|endoftext|> 0, <|im_end|> 2)."""
+    from test_tokenizer_export import LLAMA31_DATE_BLOCK, LLAMA31_PREFIX, LLAMA31_TEMPLATE
+    tokens, _, _ = gpt2_vocab()
+    eom = tokens.index("<tool>")
+    template = LLAMA31_TEMPLATE.replace("DATE_BLOCK", LLAMA31_DATE_BLOCK)
+    path = write_gguf(tmp_path / "v.gguf", gpt2_metadata(
+        tokenizer__chat_template=("str", template), tokenizer__ggml__eom_token_id=("u32", eom)), [])
+    p = export_cli(tmp_path / "tok.bin", "--tokenizer", path)
+    err = p.stderr.decode()
+    assert p.returncode == 0, err
+    tok = read_tok_ltok(tmp_path / "tok.bin")
+    assert (tok["chat"], tok["system_default"], tok["system_prefix"]) == \
+        ("llama3", "", LLAMA31_PREFIX)
+    assert tok["stop_ids"] == [0, 2, eom]
+    assert "fixed default '26 Jul 2024'" in err, err
+    assert f"chat template llama3 (system prefix {len(LLAMA31_PREFIX)} bytes), stop ids " \
+        f"0,2,{eom}" in err, err
+    # the same vocabulary with SmolLM2-style ChatML: <|im_end|> ends turns
+    path = write_gguf(tmp_path / "w.gguf", gpt2_metadata(
+        tokenizer__chat_template=("str", "{{ '<|im_start|>system\nHi<|im_end|>' }}")), [])
+    tok, notes = export.read_gguf_tokenizer(path)
+    assert (tok["chat"], tok["system_default"], tok["stop_ids"]) == ("chatml", "Hi", [0, 2])
 
 
 @pytest.mark.parametrize("pre,want", [("gpt-2", "gpt2"), ("llama-bpe", "llama3"), ("llama3", "llama3"),
@@ -447,7 +480,7 @@ def test_gguf_bos_eos_when_absent(tmp_path):
     assert "bos_id is the EOS id 2" in err, err
     h = export.read_header(tmp_path / "m.bin")
     assert (h["bos_id"], h["eos_id"]) == (2, 2)
-    tok = read_tok_v2(tmp_path / "tokenizer.bin")
+    tok = read_tok_ltok(tmp_path / "tokenizer.bin")
     assert (tok["bos_id"], tok["eos_id"], tok["add_bos"]) == (-1, 2, 0)
     path = write_gguf(tmp_path / "v.gguf", gpt2_metadata(bos=None, add_bos=True), [])
     with pytest.raises(export.ExportError, match="add_bos_token is true but there is no"):
@@ -566,13 +599,36 @@ def test_gguf_rope_freqs_matches_hf_llama3(tmp_path, syn_tokenizer, text_file):
 
 def test_gguf_default_tokenizer_path(tmp_path):
     """The tokenizer goes beside OUT as tokenizer.bin; converting again over it
-    is fine, but another tokenizer already there is not overwritten without
-    --tokenizer-out (and then nothing is written)."""
+    is fine, and so is the version-2 file of the same vocabulary that an
+    earlier export.py wrote there (replaced by version 3); but another
+    tokenizer already there is not overwritten without --tokenizer-out (and
+    then nothing is written)."""
+    import struct
     path, _, _ = make_gguf(tmp_path / "m.gguf")
     out = tmp_path / "out"
     out.mkdir()
     export_ok(out / "a.bin", "--gguf", path)
+    v3 = (out / "tokenizer.bin").read_bytes()
     export_ok(out / "a.bin", "--gguf", path)
+    assert (out / "tokenizer.bin").read_bytes() == v3
+
+    def v2_file(tok):  # the version-2 layout of model.h, from the fields read back
+        head = struct.pack("<I10i", 0x4B4F544C, 2, ["sentencepiece", "byte_bpe"].index(tok["type"]),
+                           0, tok["vocab_size"], len(tok["merges"]), tok["bos_id"], tok["eos_id"],
+                           tok["eot_id"], tok["pad_id"], tok["add_bos"])
+        body = b"".join(struct.pack("<fii", s, k, len(p)) + p
+                        for p, k, s in zip(tok["pieces"], tok["kinds"], tok["scores"]))
+        return head + bytes(20) + body + b"".join(struct.pack("<ii", *m) for m in tok["merges"])
+    tok = read_tok_ltok(out / "tokenizer.bin")
+    (out / "tokenizer.bin").write_bytes(v2_file(tok))
+    assert read_tok_ltok(out / "tokenizer.bin")["version"] == 2
+    export_ok(out / "a.bin", "--gguf", path)
+    assert (out / "tokenizer.bin").read_bytes() == v3
+    tok["pieces"][300] += b"x"  # another vocabulary's version-2 file is left alone
+    (out / "tokenizer.bin").write_bytes(v2_file(tok))
+    p = export_cli(out / "a.bin", "--gguf", path)
+    assert p.returncode == 1 and b"holds another tokenizer" in p.stderr, p.stderr
+    (out / "tokenizer.bin").write_bytes(v3)
     (out / "tokenizer.bin").write_bytes(b"another model's tokenizer")
     p = export_cli(out / "b.bin", "--gguf", path)
     err = p.stderr.decode()
@@ -581,7 +637,7 @@ def test_gguf_default_tokenizer_path(tmp_path):
     assert sorted(q.name for q in out.iterdir()) == ["a.bin", "tokenizer.bin"]
     assert (out / "tokenizer.bin").read_bytes() == b"another model's tokenizer"
     export_ok(out / "b.bin", "--gguf", path, "--tokenizer-out", out / "b.tok")
-    assert read_tok_v2(out / "b.tok")["vocab_size"] == SYN_VOCAB
+    assert read_tok_ltok(out / "b.tok")["vocab_size"] == SYN_VOCAB
     code, err = export_run(out / "c.bin", "--gguf", path, "--tokenizer-out", out / "c.bin")
     assert code == 2 and "--tokenizer-out must differ from OUT" in err
     code, err = export_run(out / "c.bin", "--llama2c", path, "--tokenizer-out", out / "t")
@@ -859,9 +915,10 @@ def test_smollm2_checkpoint_equals_dequantized_gguf(smollm2):
     assert cfg["norm_eps"] == pytest.approx(1e-5)
     for name, v in smollm2_values(path).items():
         assert np.array_equal(tensors[name], v), name
-    tok = read_tok_v2(tok_path)
+    tok = read_tok_ltok(tok_path)
     assert (tok["type"], tok["pre"], tok["vocab_size"], tok["add_bos"]) == \
         ("byte_bpe", "smollm", 49152, 0)
+    assert (tok["chat"], tok["stop_ids"]) == ("chatml", [0, 2])
 
 
 def _book_passage(n_tokens):
@@ -912,8 +969,10 @@ def test_smollm2_ppl_matches_float64_reference(smollm2, tmp_path):
 def test_smollm2_command_line(smollm2):
     """run with SmolLM2's own tokenizer: the load line names it, no BOS is
     added (so a typed <|im_start|>, SmolLM2's BOS id, stays in the echo),
-    greedy text continues the prompt, and -m chat (Llama 2's template only)
-    is refused with exit 2 naming the mode."""
+    greedy text continues the prompt, and a conversation renders through
+    the tokenizer file's chat template (ChatML with SmolLM2's default system
+    prompt, which export.py stores) to the ids the tokenizers library gives
+    jinja2's rendering of the GGUF's own template."""
     _, ckpt, tok, _ = smollm2
     p = run_ok(ckpt, "-z", tok, "-t", "0", "-n", "8", "-i", "<|im_start|>The capital of France is")
     err = p.stderr.decode()
@@ -921,5 +980,15 @@ def test_smollm2_command_line(smollm2):
     assert p.stdout.startswith(b"<|im_start|>The capital of France is") and len(p.stdout) > 40, p.stdout
     ids = run_ok(ckpt, "-z", tok, "-m", "tokenize", "-i", "<|im_start|>Hi").stdout.split()
     assert ids[0] == b"1" and len(ids) == 2, ids  # the special piece, then "Hi": no BOS in front
-    from conftest import check_error, run
-    check_error(run(ckpt, "-z", tok, "-m", "chat", "-i", "hello"), 2, ["-m chat"])
+    from test_tokenizer_export import PRE_JSON, hf_tokenizer_from_gguf, render
+    path = smollm2_gguf()
+    f = gguf.GGUFReader(path).fields["tokenizer.chat_template"]
+    template = bytes(f.parts[f.data[0]]).decode()
+    hf = hf_tokenizer_from_gguf(path, PRE_JSON["smollm"])
+    for conversation, messages in [("user: Hi", [("user", "Hi")]),
+                                   ("system: Be brief.\nuser: Hi",
+                                    [("system", "Be brief."), ("user", "Hi")])]:
+        want = hf.encode(render(template, [{"role": r, "content": c} for r, c in messages]),
+                         add_special_tokens=False).ids
+        got = run_ok(ckpt, "-z", tok, "-m", "tokenize", "--chat", "-i", conversation).stdout.split()
+        assert [int(i) for i in got] == want, (conversation, got, want)

@@ -1,11 +1,13 @@
-"""export.py's version-2 tokenizer files ("LTOK", model.h's "Tokenizer files")
+"""export.py's version-3 tokenizer files ("LTOK", model.h's "Tokenizer files")
 and the sources they are made from: Hugging Face tokenizer.json (byte-level
-BPE), tiktoken files (Meta's Llama 3 tokenizer.model), GGUF vocabularies.
+BPE), tiktoken files (Meta's Llama 3 tokenizer.model), GGUF vocabularies;
+the chat template each source names (recognized by markers, checked against
+jinja2's rendering of the template) and its stop ids.
 
-Every exported file is read back with conftest.read_tok_v2, a parser written
+Every exported file is read back with conftest.read_tok_ltok, a parser written
 from model.h rather than from export.py, and checked field by field. Whether
 the exported data tokenizes as its source does is checked with
-conftest.bpe_encode_v2, a plain Python byte-level BPE over the file's pieces
+conftest.bpe_encode_ltok, a plain Python byte-level BPE over the file's pieces
 and merges: its ids must equal those of Hugging Face's tokenizers library on
 the tokenizer.json the file came from (each of the four pre-tokenizers), of
 tiktoken-style encoding (join the adjacent pair of lowest rank, on bytes) on a
@@ -29,8 +31,8 @@ import numpy as np
 import pytest
 
 import export
-from conftest import (MODELS, ROOT, SHARED, TEXT, bpe_encode_v2, pre_split, read_tok_v2,
-                      train_byte_bpe)
+from conftest import (MODELS, ROOT, SHARED, TEXT, bpe_encode_ltok, pre_split, read_tok_ltok,
+                      train_byte_bpe, trained_byte_vocab)
 
 EXPORT = [sys.executable, str(ROOT / "export.py")]
 
@@ -89,11 +91,18 @@ def small_byte_bpe():
                 merges=merges, bos_id=261, eos_id=261, eot_id=262, pad_id=-1, add_bos=True)
 
 
-def test_v2_round_trip_byte_bpe(tmp_path):
+def i32(*values):
+    return b"".join(int(v).to_bytes(4, "little", signed=True) for v in values)
+
+
+def test_ltok_round_trip_byte_bpe(tmp_path):
+    """Without chat fields: chat template unstated, no system texts, and the
+    default stop ids (EOS <|endoftext|> 261, EOT <|im_end|> 262)."""
     tok = small_byte_bpe()
     path = tmp_path / "tok.bin"
-    export.write_tokenizer_v2(path, tok)
-    back = read_tok_v2(path)
+    export.write_tokenizer_ltok(path, tok)
+    back = read_tok_ltok(path)
+    assert back["version"] == 3
     assert back["type"] == "byte_bpe" and back["pre"] == "llama3"
     assert back["vocab_size"] == len(tok["pieces"]) == 264
     assert back["pieces"] == tok["pieces"] and back["kinds"] == tok["kinds"]
@@ -101,12 +110,61 @@ def test_v2_round_trip_byte_bpe(tmp_path):
     assert back["merges"] == tok["merges"]
     assert (back["bos_id"], back["eos_id"], back["eot_id"], back["pad_id"], back["add_bos"]) == \
         (261, 261, 262, -1, 1)
+    assert (back["chat"], back["stop_ids"], back["system_default"], back["system_prefix"]) == \
+        ("unstated", [261, 262], "", "")
     raw = path.read_bytes()
-    assert raw[:4] == b"LTOK" and raw[4:8] == (2).to_bytes(4, "little")
+    assert raw[:4] == b"LTOK" and raw[4:8] == i32(3)
+    assert raw[44:64] == i32(0, 2, 0, 0) + bytes(4)
     # the first piece record right after the 64-byte header: score 0, kind 0, length 1, b"\0"
     assert raw[64:64 + 13] == bytes(4) + bytes(4) + (1).to_bytes(4, "little") + b"\0"
-    # the merges are the last 8 * n bytes, little-endian int32 pairs
-    assert raw[-8:] == (255).to_bytes(4, "little") + (254).to_bytes(4, "little")
+    # the last merge, then the stop ids, little-endian int32
+    assert raw[-16:] == i32(255, 254, 261, 262)
+
+
+def test_ltok_round_trip_chat_fields(tmp_path):
+    """chat, stop ids (in the order given) and the two system texts land in
+    the header (bytes 44..59) and after the merges, as model.h lays them out."""
+    tok = small_byte_bpe()
+    default, prefix = "Hello,\nwörld \u2014 ok", "Cutting Knowledge Date: X\n\n"
+    tok.update(chat="chatml", stop_ids=[262, 5, 261], system_default=default,
+               system_prefix=prefix)
+    path = tmp_path / "tok.bin"
+    export.write_tokenizer_ltok(path, tok)
+    back = read_tok_ltok(path)
+    assert (back["chat"], back["stop_ids"], back["system_default"], back["system_prefix"]) == \
+        ("chatml", [262, 5, 261], default, prefix)
+    assert back["pieces"] == tok["pieces"] and back["merges"] == tok["merges"]
+    d, p = default.encode(), prefix.encode()
+    raw = path.read_bytes()
+    assert raw[44:64] == i32(3, 3, len(d), len(p)) + bytes(4)
+    assert raw.endswith(i32(255, 254, 262, 5, 261) + d + p)
+    for name in export.CHAT_TEMPLATES:
+        tok.update(chat=name)
+        export.write_tokenizer_ltok(path, tok)
+        assert read_tok_ltok(path)["chat"] == name
+    assert export.CHAT_TEMPLATES == ("unstated", "plain", "llama2", "chatml", "llama3")
+    # 256 stop ids and 65536-byte texts are the limits, and fit
+    tok.update(stop_ids=list(range(256)), system_default="é" * 32768, system_prefix="x" * 65536)
+    export.write_tokenizer_ltok(path, tok)
+    back = read_tok_ltok(path)
+    assert back["stop_ids"] == list(range(256)) and len(back["system_prefix"]) == 65536
+
+
+def test_read_tok_reads_version_2(tmp_path):
+    """The tests' reader takes version 2 files (as written before version 3):
+    a version-3 file without stop ids or texts is one byte away from one."""
+    tok = dict(small_byte_bpe(), stop_ids=[])
+    raw = bytearray(export.pack_tokenizer_ltok(tok))
+    raw[4:8] = i32(2)
+    (tmp_path / "v2.bin").write_bytes(bytes(raw))
+    back = read_tok_ltok(tmp_path / "v2.bin")
+    assert (back["version"], back["chat"], back["stop_ids"], back["system_default"]) == \
+        (2, "unstated", [], "")
+    assert back["pieces"] == tok["pieces"] and back["merges"] == tok["merges"]
+    raw[44:48] = i32(3)  # a version-2 file keeps the version-3 fields zero
+    (tmp_path / "v2.bin").write_bytes(bytes(raw))
+    with pytest.raises(AssertionError, match="reserved"):
+        read_tok_ltok(tmp_path / "v2.bin")
 
 
 def test_v2_round_trip_sentencepiece(tmp_path):
@@ -116,8 +174,8 @@ def test_v2_round_trip_sentencepiece(tmp_path):
     scores = [0.0] * 259 + [-1.0, -2.0, -3.5, -4.25, 1e-3]
     tok = dict(type="sentencepiece", pre="none", pieces=pieces, kinds=kinds, scores=scores,
                merges=[], bos_id=1, eos_id=2, eot_id=-1, pad_id=-1, add_bos=True)
-    export.write_tokenizer_v2(tmp_path / "t.bin", tok)
-    back = read_tok_v2(tmp_path / "t.bin")
+    export.write_tokenizer_ltok(tmp_path / "t.bin", tok)
+    back = read_tok_ltok(tmp_path / "t.bin")
     assert back["type"] == "sentencepiece" and back["pre"] == "none" and back["merges"] == []
     assert back["pieces"] == pieces and back["kinds"] == kinds
     assert back["scores"] == [float(np.float32(s)) for s in scores]
@@ -163,6 +221,18 @@ V2_BAD = [
      ["65537 bytes"]),
     ("empty", _set(pieces=[], kinds=[], merges=[], bos_id=-1, eos_id=-1, eot_id=-1,
                    add_bos=False), ["empty vocabulary"]),
+    ("unknown-chat", _set(chat="vicuna"), ["chat template 'vicuna'", "chatml"]),
+    ("stop-id-outside", _set(stop_ids=[2, 264]), ["stop id 264", "outside", "0..263"]),
+    ("stop-id-negative", _set(stop_ids=[-1]), ["stop id -1", "outside"]),
+    ("stop-id-not-int", _set(stop_ids=["2"]), ["stop id '2'"]),
+    ("stop-id-twice", _set(stop_ids=[261, 262, 261]), ["stop id 261", "twice"]),
+    ("too-many-stop-ids", _set(stop_ids=list(range(257))), ["257 stop ids", "at most 256"]),
+    ("nul-in-system-default", _set(system_default="a\0b"), ["system_default", "NUL"]),
+    ("nul-in-system-prefix", _set(system_prefix="\0"), ["system_prefix", "NUL"]),
+    ("system-default-too-long", _set(system_default="é" * 32769),
+     ["system_default", "65538 bytes", "at most 65536"]),
+    ("system-prefix-too-long", _set(system_prefix="x" * 65537), ["system_prefix", "65537 bytes"]),
+    ("system-default-not-text", _set(system_default=b"bytes"), ["system_default", "not a string"]),
 ]
 
 
@@ -170,7 +240,7 @@ V2_BAD = [
 def test_v2_writer_rejects(case, tmp_path):
     _, make, words = V2_BAD[case]
     with pytest.raises(export.ExportError) as e:
-        export.write_tokenizer_v2(tmp_path / "t.bin", make())
+        export.write_tokenizer_ltok(tmp_path / "t.bin", make())
     for w in words:
         assert w in str(e.value), (w, str(e.value))
     assert list(tmp_path.iterdir()) == []
@@ -220,13 +290,9 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 def trained():
     """A byte-level BPE vocabulary trained on TEXT: (vocab {gpt2 string: id},
     merges [(gpt2 a, gpt2 b)]); ids: 256 bytes in byte order, then the merges'
-    results, then SPECIALS and one non-special added token."""
-    chunks = [c.encode() for c in pre_split("gpt2", TEXT * 3)]
-    merges = train_byte_bpe(chunks, 120)
-    vocab = {export.bytes_to_gpt2(bytes([b])): b for b in range(256)}
-    for a, b in merges:
-        vocab.setdefault(export.bytes_to_gpt2(a + b), len(vocab))
-    return vocab, [(export.bytes_to_gpt2(a), export.bytes_to_gpt2(b)) for a, b in merges]
+    results (tokenizer_json adds SPECIALS and one non-special added token)."""
+    vocab, merges = trained_byte_vocab()
+    return dict(vocab), list(merges)
 
 
 def tokenizer_json(vocab, merges, pre, post_processor=None, merges_as_lists=False):
@@ -273,7 +339,7 @@ def test_tokenizer_json_matches_tokenizers(pre, tmp_path, trained):
     p = export_cli(tmp_path / "tok.bin", "--tokenizer", src)
     assert p.returncode == 0, p.stderr.decode()
     assert "wrote" in p.stderr.decode()
-    tok = read_tok_v2(tmp_path / "tok.bin")
+    tok = read_tok_ltok(tmp_path / "tok.bin")
     assert tok["type"] == "byte_bpe" and tok["pre"] == pre
     assert tok["vocab_size"] == n + len(SPECIALS) + 1
     unmap = {c: b for b, c in export.GPT2_BYTE_CHARS.items()}
@@ -287,7 +353,7 @@ def test_tokenizer_json_matches_tokenizers(pre, tmp_path, trained):
     hf = tokenizers.Tokenizer.from_str(json.dumps(j))
     for text in TEXTS:
         want = hf.encode(text, add_special_tokens=False).ids
-        assert bpe_encode_v2(tok, text) == want, text
+        assert bpe_encode_ltok(tok, text) == want, text
 
 
 PRE_BAD = [
@@ -415,7 +481,7 @@ def test_tokenizer_json_add_bos(config, post, want, tmp_path, trained):
     src = write_tokenizer_dir(tmp_path / "src", tokenizer_json(vocab, merges, "gpt2", post), config)
     kind, tok, _ = export.read_tokenizer_source(src)
     bos = -1 if want[1] is None else len(vocab) + SPECIALS.index(want[1])
-    assert (kind, int(tok["add_bos"]), tok["bos_id"]) == ("v2", want[0], bos)
+    assert (kind, int(tok["add_bos"]), tok["bos_id"]) == ("ltok", want[0], bos)
 
 
 def test_tokenizer_json_padded_to_the_model(tmp_path, trained):
@@ -494,7 +560,7 @@ def test_tiktoken_merges_reproduce_tiktoken_encoding(tmp_path, tiktoken_tokens):
     err = p.stderr.decode()
     assert p.returncode == 0, err
     assert "no special tokens" in err and "merges derived" in err, err
-    tok = read_tok_v2(tmp_path / "tok.bin")
+    tok = read_tok_ltok(tmp_path / "tok.bin")
     assert tok["type"] == "byte_bpe" and tok["pre"] == "llama3"
     assert tok["pieces"] == tokens and set(tok["kinds"]) == {0}
     rank = {t: i for i, t in enumerate(tokens)}
@@ -507,7 +573,7 @@ def test_tiktoken_merges_reproduce_tiktoken_encoding(tmp_path, tiktoken_tokens):
     for text in TEXTS + random_texts(7, 300):
         want = [i for chunk in pre_split("llama3", text)
                 for i in tiktoken_encode(rank, chunk.encode())]
-        assert bpe_encode_v2(tok, text) == want, text
+        assert bpe_encode_ltok(tok, text) == want, text
 
 
 def test_tiktoken_merge_derivation_unit():
@@ -556,13 +622,18 @@ def test_tiktoken_llama3_special_tokens(tmp_path):
     t0 = time.monotonic()
     kind, tok, notes = export.read_tokenizer_source(src, 128256)
     elapsed = time.monotonic() - t0
-    assert kind == "v2" and len(tok["pieces"]) == 128256
+    assert kind == "ltok" and len(tok["pieces"]) == 128256
     assert tok["pieces"][128000] == b"<|begin_of_text|>" and tok["pieces"][128009] == b"<|eot_id|>"
     assert tok["pieces"][128255] == b"<|reserved_special_token_247|>"
     assert set(tok["kinds"][128000:]) == {export.PIECE_SPECIAL}
     assert (tok["bos_id"], tok["eos_id"], tok["eot_id"], tok["add_bos"]) == \
         (128000, 128001, 128009, True)
     assert len(tok["merges"]) == 128000 - 256
+    # Llama 3's template (the file names none), without Llama 3.1's system text;
+    # stop ids <|end_of_text|>, <|eom_id|>, <|eot_id|>
+    assert (tok["chat"], tok["system_default"], tok["system_prefix"]) == ("llama3", "", "")
+    assert any("chat template llama3" in s for s in notes), notes
+    assert tok["stop_ids"] == [128001, 128008, 128009]
     print(f"derived {len(tok['merges'])} merges from 128000 ranks in {elapsed:.1f} s")
 
 
@@ -592,6 +663,364 @@ def test_tiktoken_bad(kind, tmp_path):
 
 
 # --------------------------------------------------------------------------
+# Chat templates (recognized by markers) and stop ids
+#
+# The templates below are written as they read in a tokenizer_config.json or
+# a GGUF once decoded: string literals hold the Jinja escape \n (a backslash
+# and an n), except where a test says otherwise. Each recognition is checked
+# against jinja2's rendering of the template, as Hugging Face renders it.
+
+# Hugging Face's chat template for Llama 2 chat models
+LLAMA2_TEMPLATE = (
+    r"{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    r"{% set system_message = messages[0]['content'] %}{% else %}"
+    r"{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+    r"{% for message in loop_messages %}"
+    r"{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    r"{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    r"{% endif %}{% if loop.index0 == 0 and system_message != false %}"
+    r"{% set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}"
+    r"{% else %}{% set content = message['content'] %}{% endif %}"
+    r"{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    r"{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
+    r"{% endif %}{% endfor %}")
+
+# ChatML with neither a default system prompt nor tools
+CHATML_TEMPLATE = (
+    r"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    r"message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    r"{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# Qwen2.5's layout: a tools branch that opens the system turn with a literal
+# ending right after "system\n", and a default system prompt in the other
+QWEN25_DEFAULT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+QWEN25_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions.\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nReturn {\"name\": <function-name>, \"arguments\": <args>}<|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+# A default in double quotes with escaped quotes and a tab; a comment and an
+# apostrophe in the text outside the tags must not disturb the scan
+CHATML_QUOTED_DEFAULT = "You are \"Bob\", it's fine.\tOK"
+CHATML_QUOTED_TEMPLATE = (
+    r"{# it's a comment with a quote #}Don't {% if messages[0]['role'] != 'system' %}"
+    r"""{{ "<|im_start|>system\nYou are \"Bob\", it's fine.\tOK<|im_end|>\n" }}{% endif %}"""
+    r"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    r"message['content'] + '<|im_end|>\n'}}{% endfor %}"
+    r"{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# Qwen3-style: ChatML with reasoning sections
+QWEN3_LIKE_TEMPLATE = (
+    r"{%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + message.content"
+    r" + '<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}"
+    r"{{- '<|im_start|>assistant\n' }}{%- if enable_thinking is defined and enable_thinking is "
+    r"false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}{%- endif %}")
+
+# Llama 3.0 (no system turn unless given)
+LLAMA30_TEMPLATE = (
+    r"{% set loop_messages = messages %}{% for message in loop_messages %}"
+    r"{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ "
+    r"message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    r"{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    r"{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    r"{% endif %}")
+
+# Llama 3.1's layout: a date_string default, a system turn always written with
+# the knowledge dates first, tool sections (with braces inside literals)
+LLAMA31_DATE_BLOCK = r"""{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}"""
+LLAMA32_DATE_BLOCK = r"""{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}"""
+LLAMA31_TEMPLATE = r"""{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+DATE_BLOCK
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- the system message, if any, goes into the system turn #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- 'Respond in the format {"name": function name, "parameters": arguments}.' }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + message.tool_calls[0].function.name + '", ' }}
+        {{- message.tool_calls[0].function.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eom_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+LLAMA31_PREFIX = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+
+# Gemma's turn markers: no template run knows
+UNKNOWN_TEMPLATE = (
+    r"{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\n'"
+    r" + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    r"{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+
+CHAT_CASES = {
+    # name: (template, (chat, system_default, system_prefix), words every note has)
+    "none": (None, ("unstated", "", ""), None),
+    "empty": ("", ("unstated", "", ""), None),
+    "llama2": (LLAMA2_TEMPLATE, ("llama2", "", ""), None),
+    "chatml-plain": (CHATML_TEMPLATE, ("chatml", "", ""), None),
+    "qwen2.5-style": (QWEN25_TEMPLATE, ("chatml", QWEN25_DEFAULT, ""), None),
+    "qwen2.5-real-newlines": (QWEN25_TEMPLATE.replace(r"\n", "\n"),
+                              ("chatml", QWEN25_DEFAULT, ""), None),
+    "chatml-quoted-default": (CHATML_QUOTED_TEMPLATE, ("chatml", CHATML_QUOTED_DEFAULT, ""), None),
+    "qwen3-like": (QWEN3_LIKE_TEMPLATE, ("unstated", "", ""),
+                   ["<think>", "unstated", "--chat-template plain|llama2|chatml|llama3"]),
+    "llama3.0": (LLAMA30_TEMPLATE, ("llama3", "", ""), None),
+    "llama3.1": (LLAMA31_TEMPLATE.replace("DATE_BLOCK", LLAMA31_DATE_BLOCK),
+                 ("llama3", "", LLAMA31_PREFIX), ["26 Jul 2024", "today's date", "tool"]),
+    "llama3.2": (LLAMA31_TEMPLATE.replace("DATE_BLOCK", LLAMA32_DATE_BLOCK),
+                 ("llama3", "", LLAMA31_PREFIX), ["26 Jul 2024", "Llama 3.2"]),
+    "llama3.1-without-date": (LLAMA31_TEMPLATE.replace("DATE_BLOCK", ""), ("unstated", "", ""),
+                              ["date", "unstated", "--chat-template"]),
+    "unknown": (UNKNOWN_TEMPLATE, ("unstated", "", ""),
+                ["chat template not recognized ({{ bos_token }}{% for message in messages %}"
+                 "{{ '<start_of_tu...): run -m chat will need --chat-template "
+                 "plain|llama2|chatml|llama3"]),  # its first 60 characters
+    "mistral-inst-without-sys": ("{{ '[INST] ' + messages[0]['content'] + ' [/INST]' }}",
+                                 ("unstated", "", ""), ["not recognized"]),
+}
+
+
+def render(template, messages, **kw):
+    """The template rendered by jinja2 as Hugging Face's transformers sets it
+    up (sandboxed, trim_blocks, lstrip_blocks, raise_exception), with a
+    generation prompt."""
+    jinja2 = pytest.importorskip("jinja2")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(messages=messages, bos_token="<s>",
+                                            eos_token="</s>", add_generation_prompt=True, **kw)
+
+
+def check_against_jinja(template, chat, default, prefix):
+    """What the recognized texts mean, in jinja2's rendering of the template:
+    system_default: a conversation without a system message renders as one
+    whose system message is that text; system_prefix: the system turn holds
+    prefix + the system message, and is written without one too."""
+    user = {"role": "user", "content": "Hi there"}
+    sys_msg = {"role": "system", "content": "Be brief."}
+    if chat == "chatml":
+        bare = render(template, [user])
+        assert bare.endswith("<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n")
+        if default:
+            assert bare == render(template, [{"role": "system", "content": default}, user])
+        else:
+            assert "system" not in bare
+    if chat == "llama3":
+        head = "<|start_header_id|>system<|end_header_id|>\n\n"
+        assert head + prefix + "Be brief.<|eot_id|>" in render(template, [sys_msg, user])
+        bare = render(template, [user])
+        assert (head + prefix + "<|eot_id|>" in bare) == bool(prefix)
+        assert (head in bare) == bool(prefix)
+    if chat == "llama2":
+        assert render(template, [sys_msg, user]) == \
+            "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi there [/INST]"
+
+
+@pytest.mark.parametrize("case", list(CHAT_CASES))
+def test_recognize_chat_template(case):
+    template, want, note_words = CHAT_CASES[case]
+    chat, default, prefix, notes = export.recognize_chat_template(template)
+    assert (chat, default, prefix) == want
+    if note_words is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and "\n" not in notes[0], notes
+        for w in note_words:
+            assert w in notes[0], (w, notes[0])
+    if template and chat != "unstated":
+        check_against_jinja(template, chat, default, prefix)
+
+
+def test_recognize_chat_template_literal_rules():
+    """The ChatML default must be one literal from <|im_start|>system and a
+    newline (real or escaped) through <|im_end|>: a literal ending after
+    "system\\n", pieces joined with +, or a default in a comment are not."""
+    def default_of(template):
+        chat, default, _, _ = export.recognize_chat_template(template + "<|im_end|>")
+        assert chat == "chatml"
+        return default
+    assert default_of(r"{{ '<|im_start|>system\nA<|im_end|>' }}") == "A"
+    assert default_of("{{ '<|im_start|>system\nA\\\\B\\'C<|im_end|>' }}") == "A\\B'C"
+    assert default_of(r"""{{ "<|im_start|>system\nA\"B<|im_end|>" }}""") == 'A"B'
+    assert default_of(r"{{ '<|im_start|>system\n' + 'A' + '<|im_end|>' }}") == ""
+    assert default_of(r"{{ '<|im_start|>system A<|im_end|>' }}") == ""
+    assert default_of(r"{# '<|im_start|>system\nA<|im_end|>' #}{{ '<|im_start|>' }}") == ""
+    assert default_of(r"<|im_start|>system\nA{{ 'x' }}") == ""  # text outside any tag
+    assert default_of(r"{{ '}}' }}{{ '<|im_start|>system\nB<|im_end|>' }}") == "B"
+
+
+def test_recognize_smollm2_chat_template():
+    """SmolLM2's own template (tokenizer.chat_template of its GGUF, read with
+    the gguf package): ChatML whose default system prompt is written with a
+    real newline after "system"; jinja2 renders a conversation without a
+    system message with exactly that prompt."""
+    import gguf
+    path = smollm2_gguf()
+    f = gguf.GGUFReader(path).fields["tokenizer.chat_template"]
+    template = bytes(f.parts[f.data[0]]).decode()
+    chat, default, prefix, notes = export.recognize_chat_template(template)
+    assert (chat, default, prefix, notes) == \
+        ("chatml", "You are a helpful AI assistant named SmolLM, trained by Hugging Face", "", [])
+    check_against_jinja(template, chat, default, prefix)
+
+
+def chat_dir(tmp_path, trained, config=None, files=None):
+    """A tokenizer.json (gpt2) with tokenizer_config.json config and other
+    files {name: text} beside it."""
+    vocab, merges = trained
+    src = write_tokenizer_dir(tmp_path / "src", tokenizer_json(vocab, merges, "gpt2"), config)
+    for name, text in (files or {}).items():
+        (src.parent / name).write_text(text)
+    return src
+
+
+def test_tokenizer_json_chat_template_sources(tmp_path, trained):
+    """tokenizer_config.json's chat_template (a string, or a list: the one
+    named "default"), else chat_template.jinja beside it; the config's wins
+    when both exist. The file stores the recognized template and texts."""
+    n = len(trained[0])
+    src = chat_dir(tmp_path / "a", trained, {"chat_template": QWEN25_TEMPLATE})
+    _, tok, notes = export.read_tokenizer_source(src)
+    assert (tok["chat"], tok["system_default"], tok["chat_template"]) == \
+        ("chatml", QWEN25_DEFAULT, QWEN25_TEMPLATE)
+    listed = [{"name": "tool_use", "template": CHATML_TEMPLATE},
+              {"name": "default", "template": LLAMA2_TEMPLATE}]
+    src = chat_dir(tmp_path / "b", trained, {"chat_template": listed})
+    assert export.read_tokenizer_source(src)[1]["chat"] == "llama2"
+    src = chat_dir(tmp_path / "c", trained, {"chat_template": listed[:1]})
+    _, tok, notes = export.read_tokenizer_source(src)
+    assert tok["chat"] == "unstated" and any("no template named \"default\"" in s for s in notes)
+    src = chat_dir(tmp_path / "d", trained, {}, {"chat_template.jinja": LLAMA30_TEMPLATE})
+    assert export.read_tokenizer_source(src)[1]["chat"] == "llama3"
+    src = chat_dir(tmp_path / "e", trained, {"chat_template": CHATML_TEMPLATE},
+                   {"chat_template.jinja": LLAMA30_TEMPLATE})
+    assert export.read_tokenizer_source(src)[1]["chat"] == "chatml"
+    # through the command line: the file holds them, the summary names them
+    src = chat_dir(tmp_path / "f", trained, {"chat_template": QWEN25_TEMPLATE})
+    p = export_cli(tmp_path / "t.bin", "--tokenizer", src)
+    err = p.stderr.decode()
+    assert p.returncode == 0, err
+    assert "is not stored" not in err, err
+    back = read_tok_ltok(tmp_path / "t.bin")
+    assert (back["version"], back["chat"], back["system_default"], back["system_prefix"]) == \
+        (3, "chatml", QWEN25_DEFAULT, "")
+    # stop ids: <|endoftext|> (n) and <|im_end|> (n + 2), the special stop texts
+    assert back["stop_ids"] == [n, n + 2]
+    assert f"chat template chatml (system default {len(QWEN25_DEFAULT)} bytes), stop ids " \
+        f"{n},{n + 2}" in err, err
+
+
+def test_tokenizer_json_stop_ids_from_generation_config(tmp_path, trained):
+    """Stop ids: EOS, EOT, every id of eos_token_id in generation_config.json
+    (a list) and config.json (an int), the template's end of turn, the special
+    stop texts; sorted, each once. An id outside the vocabulary is left out
+    with a note."""
+    n = len(trained[0])
+    generation = {"eos_token_id": [n + 3, 7, n + 1, 99999]}
+    src = chat_dir(tmp_path, trained, {"eos_token": "<|im_start|>"},
+                   {"generation_config.json": json.dumps(generation),
+                    "config.json": json.dumps({"eos_token_id": 5, "bos_token_id": 1})})
+    kind, tok, notes = export.read_tokenizer_source(src)
+    assert tok["eos_id"] == n + 1 and tok["eot_id"] == n + 2
+    assert tok["stop_ids"] == [5, 7, n, n + 1, n + 2, n + 3]
+    assert any("generation_config.json: eos_token_id 99999 is outside" in s for s in notes), notes
+    export.write_tokenizer_ltok(tmp_path / "t.bin", tok)
+    assert read_tok_ltok(tmp_path / "t.bin")["stop_ids"] == [5, 7, n, n + 1, n + 2, n + 3]
+    # without the two configs: EOS, EOT and the stop texts only
+    (src.parent / "generation_config.json").unlink()
+    (src.parent / "config.json").unlink()
+    assert export.read_tokenizer_source(src)[1]["stop_ids"] == [n, n + 1, n + 2]
+
+
+def test_default_stop_ids_unit():
+    """default_stop_ids: the template's end-of-turn piece counts even when it
+    is not special; a normal piece with a stop text does not; extra ids join."""
+    tok = small_byte_bpe()  # 261 <|endoftext|> EOS, 262 <|im_end|> EOT
+    tok.update(eos_id=-1, eot_id=-1)
+    assert export.default_stop_ids(tok) == [261, 262]
+    tok["kinds"][262] = export.PIECE_NORMAL
+    assert export.default_stop_ids(tok) == [261]
+    assert export.default_stop_ids(dict(tok, chat="chatml")) == [261, 262]
+    assert export.default_stop_ids(dict(tok, chat="llama3"), [9, 9, 3]) == [3, 9, 261]
+
+
+# --------------------------------------------------------------------------
 # Model directories: --hf / --meta-llama with --tokenizer-out
 
 def _hf_model_dir(tmp_path, vocab_size):
@@ -610,7 +1039,7 @@ def test_hf_tokenizer_out_from_tokenizer_json(tmp_path, trained):
     err = p.stderr.decode()
     assert p.returncode == 0, err
     assert f"wrote {tmp_path / 't.bin'}: byte-level BPE (pre-tokenizer smollm)" in err, err
-    tok = read_tok_v2(tmp_path / "t.bin")
+    tok = read_tok_ltok(tmp_path / "t.bin")
     assert tok["vocab_size"] == n and tok["pre"] == "smollm" and len(tok["merges"]) == len(merges)
     assert export.read_header(tmp_path / "m.bin")["vocab_size"] == n
 
@@ -650,7 +1079,8 @@ def test_hf_tokenizer_out_sentencepiece_is_llama2c_format(tmp_path):
 
 def test_meta_llama_tokenizer_out_tiktoken(tmp_path, tiktoken_tokens):
     """--meta-llama DIR --tokenizer-out: a tiktoken tokenizer.model in DIR
-    becomes a version-2 file with the derived merges."""
+    becomes a version-3 file with the derived merges; with fewer ranks than
+    Llama 3's it has no special tokens, so no chat template and no stop ids."""
     pytest.importorskip("torch", reason="torch is not installed")
     from test_convert import write_meta_dir
     tokens, _ = tiktoken_tokens
@@ -661,8 +1091,9 @@ def test_meta_llama_tokenizer_out_tiktoken(tmp_path, tiktoken_tokens):
     write_tiktoken(src / "tokenizer.model", tokens)
     p = export_cli(tmp_path / "m.bin", "--meta-llama", src, "--tokenizer-out", tmp_path / "t.bin")
     assert p.returncode == 0, p.stderr.decode()
-    tok = read_tok_v2(tmp_path / "t.bin")
+    tok = read_tok_ltok(tmp_path / "t.bin")
     assert tok["pieces"] == tokens and tok["pre"] == "llama3" and tok["merges"]
+    assert (tok["version"], tok["chat"], tok["stop_ids"]) == (3, "unstated", [])
 
 
 # --------------------------------------------------------------------------
@@ -709,7 +1140,8 @@ def hf_tokenizer_from_gguf(path, pre_tokenizer):
 def test_smollm2_tokenizer_matches_tokenizers(tmp_path):
     """SmolLM2's GGUF vocabulary exported with --tokenizer: byte-level BPE,
     pre-tokenizer smollm, 48900 merges, 17 special pieces, BOS <|im_start|>,
-    EOS = EOT = PAD <|im_end|>, no BOS before prompts; and BPE on the file
+    EOS = EOT = PAD <|im_end|>, no BOS before prompts, its ChatML template
+    with its default system prompt, stop ids 0 and 2; and BPE on the file
     gives the ids of the tokenizers library (SmolLM2's Digits + ByteLevel
     pre-tokenizer) on 20000 characters of a book and on TEXTS. The vocabulary
     lacks 21 of the 256 single bytes (tokenizers drops such bytes)."""
@@ -717,13 +1149,20 @@ def test_smollm2_tokenizer_matches_tokenizers(tmp_path):
     path = smollm2_gguf()
     p = export_cli(tmp_path / "tok.bin", "--tokenizer", path)
     assert p.returncode == 0, p.stderr.decode()
-    tok = read_tok_v2(tmp_path / "tok.bin")
+    tok = read_tok_ltok(tmp_path / "tok.bin")
     assert (tok["type"], tok["pre"], tok["vocab_size"], len(tok["merges"])) == \
         ("byte_bpe", "smollm", 49152, 48900)
     assert tok["kinds"].count(1) == 17 and tok["pieces"][:3] == \
         [b"<|endoftext|>", b"<|im_start|>", b"<|im_end|>"]
     assert (tok["bos_id"], tok["eos_id"], tok["eot_id"], tok["pad_id"], tok["add_bos"]) == \
         (1, 2, 2, 2, 0)
+    # its chat template (ChatML with a default system prompt); stop ids
+    # <|endoftext|> 0 and <|im_end|> 2
+    assert (tok["version"], tok["chat"], tok["system_prefix"], tok["stop_ids"]) == \
+        (3, "chatml", "", [0, 2])
+    assert tok["system_default"] == \
+        "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    assert "chat template chatml (system default 68 bytes), stop ids 0,2" in p.stderr.decode()
     singles = {p for p, k in zip(tok["pieces"], tok["kinds"]) if k == 0 and len(p) == 1}
     assert 256 - len(singles) == 21
     hf = hf_tokenizer_from_gguf(path, PRE_JSON["smollm"])
@@ -732,4 +1171,4 @@ def test_smollm2_tokenizer_matches_tokenizers(tmp_path):
     if book.is_file():
         texts.append(book.read_text(encoding="utf-8-sig")[30000:50000])
     for text in texts:
-        assert bpe_encode_v2(tok, text) == hf.encode(text, add_special_tokens=False).ids, text[:80]
+        assert bpe_encode_ltok(tok, text) == hf.encode(text, add_special_tokens=False).ids, text[:80]
