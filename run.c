@@ -1171,8 +1171,9 @@ static int decode_step(Decoder *d, float *logits, const int *end, int n_end) {
 /* generate: stdout = the prompt's text, then the continuation, then "\n"
  * (llama2.c prints the same). The prompt (after BOS, when the tokenizer adds
  * one) goes through in blocks; sampling starts at its last token and stops at
- * max_new new tokens, an end token (BOS, EOS or end-of-turn; not with
- * ignore_eos, for benchmarks), or a full context. Statistics go to stderr. */
+ * max_new new tokens, a stop token (the tokenizer's stop ids, and BOS when it
+ * adds one; not with ignore_eos, for benchmarks), or a full context.
+ * Statistics go to stderr. */
 static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *prompt, size_t prompt_len,
                      int max_new, int ignore_eos, const char *summary) {
     int n_prompt;
@@ -1196,10 +1197,13 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     float *logits = prefill(t, d.history, n_prompt, 0);
     double prefill_end = now_seconds();
     // Decode: sample, print, feed back, one token at a time.
-    int n_new = 0, stop[] = {t->config.bos_id, t->config.eos_id, tok->eot_id}, n_stop = ignore_eos ? 0 : 3;
+    int n_new = 0, stops[TOK_MAX_STOP + 1], n_stop = 0;
+    for (int i = 0; i < tok->n_stop; i++) stops[n_stop++] = tok->stop_ids[i];
+    if (tok->add_bos) stops[n_stop++] = tok->bos_id; // BOS starts the next text (llama2.c's stories)
+    if (ignore_eos) n_stop = 0;
     while (n_new < max_new) {
         n_new++;
-        int next = decode_step(&d, logits, stop, n_stop);
+        int next = decode_step(&d, logits, stops, n_stop);
         if (next < 0 || d.n > t->n_ctx) break; // an end token, or no room to feed it back
         logits = forward(t, next, d.n - 1);
     }
@@ -1211,87 +1215,434 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     decoder_free(&d);
 }
 
-/* Read one line from stdin (any length); NULL at end of input. */
+/* ---- Chat -----------------------------------------------------------------
+ * A conversation is a list of messages: an optional system prompt, then user
+ * and assistant turns in alternation. A chat template renders it to token ids
+ * the way the model was trained to read it; the chat loop re-renders the
+ * whole conversation every turn and runs only the tokens the KV cache does not
+ * already hold. */
+
+enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
+static const char *const ROLE_NAMES[] = {"system", "user", "assistant", NULL};
+/* Index = CHAT_* (model.h); --chat-template chooses from the names after "unstated". */
+static const char *const CHAT_TEMPLATE_NAMES[] = {"unstated", "plain", "llama2", "chatml", "llama3", NULL};
+
+typedef struct {
+    int role;    // ROLE_SYSTEM | ROLE_USER | ROLE_ASSISTANT
+    char *text;  // the message, NUL-terminated (owned)
+    size_t len;  // its length in bytes
+} Message;
+
+typedef struct {
+    Message *m;
+    int n, cap;
+} Conversation;
+
+static void conversation_add(Conversation *c, int role, const char *text, size_t len) {
+    if (c->n == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 8;
+        c->m = realloc(c->m, (size_t)c->cap * sizeof *c->m);
+        if (!c->m) die(EXIT_BAD_INPUT, "out of memory");
+    }
+    char *copy = malloc(len + 1);
+    if (!copy) die(EXIT_BAD_INPUT, "out of memory");
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+    c->m[c->n++] = (Message){role, copy, len};
+}
+
+static void conversation_free(Conversation *c) {
+    for (int i = 0; i < c->n; i++) free(c->m[i].text);
+    free(c->m);
+    *c = (Conversation){0};
+}
+
+/* A template with the ids of the special pieces it writes. */
+typedef struct {
+    int kind;                    // CHAT_PLAIN .. CHAT_LLAMA3
+    int bos, eos;                // the tokenizer's; -1 = none
+    int open, close;             // ChatML: <|im_start|>, <|im_end|>; Llama 3: <|start_header_id|>, <|end_header_id|>
+    int eot;                     // Llama 3: <|eot_id|>; else -1
+    int add_bos;                 // plain: the tokenizer's add_bos
+    const char *system_default;  // the template's system prompt when the conversation has none; "" = none
+    const char *system_prefix;   // text before every system prompt (Llama 3.1); "" = none
+} ChatTemplate;
+
+/* The id of the special piece whose text is `text`, or -1. */
+static int special_piece(const Tokenizer *tok, const char *text) {
+    size_t n = strlen(text);
+    for (int i = 0; i < tok->vocab_size; i++)
+        if (tok->kind[i] == PIECE_SPECIAL && (size_t)tok->vocab_len[i] == n && !memcmp(tok->vocab[i], text, n))
+            return i;
+    return -1;
+}
+
+/* Resolve template `kind` against tok: the special pieces it needs must be
+ * there. The system texts come from the tokenizer file only when kind is the
+ * template the file names (they belong to it). Exits with a usage error
+ * naming the missing piece. */
+static ChatTemplate chat_template(const Tokenizer *tok, int kind, const char *tok_path) {
+    ChatTemplate ct = {kind, tok->bos_id, tok->eos_id, -1, -1, -1, tok->add_bos, "", ""};
+    if (kind == tok->chat_template) {
+        ct.system_default = tok->system_default;
+        ct.system_prefix = tok->system_prefix;
+    }
+    const char *need[3] = {NULL, NULL, NULL};
+    int *slot[3] = {&ct.open, &ct.close, &ct.eot};
+    if (kind == CHAT_CHATML) need[0] = "<|im_start|>", need[1] = "<|im_end|>";
+    if (kind == CHAT_LLAMA3) need[0] = "<|start_header_id|>", need[1] = "<|end_header_id|>", need[2] = "<|eot_id|>";
+    for (int k = 0; k < 3; k++)
+        if (need[k] && (*slot[k] = special_piece(tok, need[k])) < 0)
+            die(EXIT_USAGE, "--chat-template %s: tokenizer %s has no special piece %s", CHAT_TEMPLATE_NAMES[kind],
+                tok_path, need[k]);
+    if ((kind == CHAT_LLAMA2 && (ct.bos < 0 || ct.eos < 0)) || (kind == CHAT_LLAMA3 && ct.bos < 0))
+        die(EXIT_USAGE, "--chat-template %s: tokenizer %s has no %s", CHAT_TEMPLATE_NAMES[kind], tok_path,
+            ct.bos < 0 ? "BOS" : "EOS");
+    return ct;
+}
+
+/* Token ids under construction: text is collected until a special token
+ * follows (or the end), then encoded in one piece, so that text spanning
+ * several template parts tokenizes as the whole string would. */
+typedef struct {
+    const Tokenizer *tok;
+    int *ids;
+    int n, cap;
+    char *text;      // pending text, not yet encoded
+    size_t len, text_cap;
+} Rendering;
+
+static void put_text(Rendering *r, const char *s, size_t n) {
+    if (r->len + n + 1 > r->text_cap) {
+        r->text_cap = 2 * (r->len + n + 1);
+        r->text = realloc(r->text, r->text_cap);
+        if (!r->text) die(EXIT_BAD_INPUT, "out of memory");
+    }
+    memcpy(r->text + r->len, s, n);
+    r->len += n;
+}
+static void put_str(Rendering *r, const char *s) { put_text(r, s, strlen(s)); }
+
+static void reserve_ids(Rendering *r, size_t more) {
+    if ((size_t)r->n + more <= (size_t)r->cap) return;
+    if ((size_t)r->n + more > INT_MAX / 2) die(EXIT_BAD_INPUT, "chat: the conversation is too long to encode");
+    r->cap = 2 * (r->n + (int)more);
+    r->ids = realloc(r->ids, (size_t)r->cap * sizeof(int));
+    if (!r->ids) die(EXIT_BAD_INPUT, "out of memory");
+}
+
+/* Encode the pending text (no BOS) onto the ids. */
+static void flush_text(Rendering *r) {
+    if (r->len == 0) return;
+    reserve_ids(r, tokenizer_bound(r->len));
+    int n = tokenizer_encode(r->tok, r->text, r->len, 0, 0, r->ids + r->n);
+    if (n < 0) die(EXIT_BAD_INPUT, "chat: out of memory while encoding %zu bytes", r->len);
+    r->n += n;
+    r->len = 0;
+}
+
+static void put_token(Rendering *r, int id) {
+    flush_text(r);
+    reserve_ids(r, 1);
+    r->ids[r->n++] = id;
+}
+
+/* Bytes of Unicode white space (Python's str.isspace, which Jinja's trim and
+ * str.strip use) at s[0..n): the length of the one at the start (from_end = 0)
+ * or at the end (1), or 0 when there is none. */
+static size_t space_at(const char *s, size_t n, int from_end) {
+    static const uint32_t spaces[] = {0x85, 0xA0, 0x1680, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000};
+    for (size_t k = 1; k <= 3 && k <= n; k++) { // candidate lengths 1..3 bytes
+        const unsigned char *p = (const unsigned char *)(from_end ? s + n - k : s);
+        uint32_t cp;
+        if (k == 1 && p[0] < 0x80) cp = p[0];
+        else if (k == 2 && (p[0] & 0xE0) == 0xC0 && (p[1] & 0xC0) == 0x80) cp = (p[0] & 0x1Fu) << 6 | (p[1] & 0x3F);
+        else if (k == 3 && (p[0] & 0xF0) == 0xE0 && (p[1] & 0xC0) == 0x80 && (p[2] & 0xC0) == 0x80)
+            cp = (p[0] & 0x0Fu) << 12 | (p[1] & 0x3Fu) << 6 | (p[2] & 0x3F);
+        else continue;
+        int space = (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || (cp >= 0x2000 && cp <= 0x200A);
+        for (size_t j = 0; j < sizeof spaces / sizeof spaces[0]; j++) space |= cp == spaces[j];
+        return space ? k : 0;
+    }
+    return 0;
+}
+
+/* s[0..n) without white space at either end (Python's str.strip()). */
+static void put_stripped(Rendering *r, const char *s, size_t n) {
+    size_t k;
+    while (n > 0 && (k = space_at(s, n, 0)) > 0) s += k, n -= k;
+    while (n > 0 && (k = space_at(s, n, 1)) > 0) n -= k;
+    put_text(r, s, n);
+}
+
+/* Render conversation c with template ct into r->ids, as Hugging Face's
+ * apply_chat_template renders the template the tokenizer file names and then
+ * tokenizes the text (special tokens as their ids). With generation_prompt
+ * the ids end where the assistant's reply starts.
+ *   plain   BOS (when the tokenizer adds one), then every message's text and "\n"
+ *   llama2  per user turn: BOS "[INST] " strip(text) " [/INST]", the system prompt
+ *           put before the first user text as "<<SYS>>\n" system "\n<</SYS>>\n\n";
+ *           per reply: " " strip(text) " " EOS
+ *   chatml  per message: <|im_start|> role "\n" text <|im_end|> "\n"; the system
+ *           turn is prefix + system, with the template's default system prompt
+ *           when the conversation has none;
+ *           prompt: <|im_start|> "assistant\n"
+ *   llama3  BOS, then per message: <|start_header_id|> role <|end_header_id|>
+ *           "\n\n" trim(text) <|eot_id|>; the system turn is prefix + trim(system),
+ *           written whenever either is non-empty;
+ *           prompt: <|start_header_id|> "assistant" <|end_header_id|> "\n\n" */
+static void render_chat(Rendering *r, const ChatTemplate *ct, const Conversation *c, int generation_prompt) {
+    r->n = 0;
+    r->len = 0;
+    const Message *m = c->m;
+    int n = c->n;
+    // The system prompt: the conversation's own, else the template's default.
+    const char *system = ct->system_default;
+    size_t system_len = strlen(system);
+    int has_system = system_len > 0 || ct->system_prefix[0];
+    if (n > 0 && m[0].role == ROLE_SYSTEM) {
+        system = m[0].text, system_len = m[0].len, has_system = 1;
+        m++, n--;
+    }
+    switch (ct->kind) {
+    case CHAT_PLAIN:
+        if (ct->add_bos) put_token(r, ct->bos);
+        if (has_system) put_text(r, system, system_len), put_str(r, "\n");
+        for (int i = 0; i < n; i++) put_text(r, m[i].text, m[i].len), put_str(r, "\n");
+        break;
+    case CHAT_LLAMA2:
+        for (int i = 0; i < n; i++) {
+            if (m[i].role == ROLE_USER) {
+                put_token(r, ct->bos);
+                put_str(r, "[INST] ");
+                Rendering content = {.tok = r->tok}; // strip() applies to the system block and the text together
+                if (i == 0 && has_system) {
+                    put_str(&content, "<<SYS>>\n");
+                    put_text(&content, system, system_len);
+                    put_str(&content, "\n<</SYS>>\n\n");
+                }
+                put_text(&content, m[i].text, m[i].len);
+                put_stripped(r, content.text, content.len);
+                free(content.text);
+                put_str(r, " [/INST]");
+            } else {
+                put_str(r, " ");
+                put_stripped(r, m[i].text, m[i].len);
+                put_str(r, " ");
+                put_token(r, ct->eos);
+            }
+        }
+        break;
+    case CHAT_CHATML:
+        if (has_system) {
+            put_token(r, ct->open);
+            put_str(r, "system\n");
+            put_str(r, ct->system_prefix);
+            put_text(r, system, system_len);
+            put_token(r, ct->close);
+            put_str(r, "\n");
+        }
+        for (int i = 0; i < n; i++) {
+            put_token(r, ct->open);
+            put_str(r, ROLE_NAMES[m[i].role]);
+            put_str(r, "\n");
+            put_text(r, m[i].text, m[i].len);
+            put_token(r, ct->close);
+            put_str(r, "\n");
+        }
+        if (generation_prompt) put_token(r, ct->open), put_str(r, "assistant\n");
+        break;
+    case CHAT_LLAMA3:
+        put_token(r, ct->bos);
+        for (int i = has_system ? -1 : 0; i < n; i++) { // -1: the system turn
+            put_token(r, ct->open);
+            put_str(r, i < 0 ? "system" : ROLE_NAMES[m[i].role]);
+            put_token(r, ct->close);
+            put_str(r, "\n\n");
+            if (i < 0) put_str(r, ct->system_prefix);
+            put_stripped(r, i < 0 ? system : m[i].text, i < 0 ? system_len : m[i].len);
+            put_token(r, ct->eot);
+        }
+        if (generation_prompt) put_token(r, ct->open), put_str(r, "assistant"), put_token(r, ct->close),
+            put_str(r, "\n\n");
+        break;
+    }
+    flush_text(r);
+}
+
+/* Read one line from stdin (any length) after printing label; NULL at end
+ * of input. */
 static char *read_line(const char *label) {
     printf("%s", label);
     fflush(stdout);
     char *line = NULL;
     size_t cap = 0;
     ssize_t n = getline(&line, &cap, stdin);
-    if (n < 0) {
+    if (n < 0) { // end of input: end the label's line
         free(line);
+        printf("\n");
         return NULL;
     }
     while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+    if (!isatty(STDIN_FILENO)) printf("%s\n", line); // piped: show the turn, as a terminal would
     return line;
 }
 
-/* Build "[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST]" (the system
- * part only on the first turn and only when given): Llama 2's chat template. */
-static char *render_chat_turn(const char *system, const char *user) {
-    const char *fmt = system && system[0] ? "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]" : "[INST] %s%s [/INST]";
-    const char *a = system && system[0] ? system : "";
-    int n = snprintf(NULL, 0, fmt, a, user);
-    char *out = malloc((size_t)n + 1);
+/* The text of ids[0..n) following token prev, as the decoder prints it. */
+static char *tokens_text(const Tokenizer *tok, const int *ids, int n, int prev, size_t *len) {
+    char *out = malloc((size_t)n * tokenizer_decode_bound(tok) + 16);
     if (!out) die(EXIT_BAD_INPUT, "out of memory");
-    snprintf(out, (size_t)n + 1, fmt, a, user);
+    DecodeState ds = {{0}, 0};
+    size_t k = 0;
+    for (int i = 0; i < n; prev = ids[i++]) k += tokenizer_decode(tok, &ds, prev, ids[i], out + k);
+    k += tokenizer_decode_flush(&ds, out + k);
+    out[k] = '\0';
+    *len = k;
     return out;
 }
 
-/* chat: alternate user turns (the first from -i, then stdin lines) and
- * assistant replies, all in one growing context. Each user turn is encoded
- * with BOS; the reply ends at EOS, which is fed back as the turn separator. */
-static void chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *first_user,
-                 const char *system, int max_new, const char *summary) {
+/* chat: continue conversation conv (a system prompt, turns from -i or a
+ * conversation file, or nothing; chat takes it over) with the model's
+ * replies and user turns, one per line of stdin, until EOF. Each turn
+ * re-renders the conversation with the template and runs only the tokens
+ * after what the KV cache already holds (usually the reply's end marker and
+ * the new user turn). A reply ends at a stop token, at max_new tokens, or
+ * when the context is full. A turn from stdin that leaves no room for a reply
+ * ends the chat with a message; a conversation from the command line that
+ * does not fit is bad input. */
+static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, Sampler *sampler, Conversation conv,
+                 int max_new, int ignore_eos, const char *summary) {
+    // Stop at the tokenizer's stop ids, its EOS, and the template's end of turn.
+    int stops[TOK_MAX_STOP + 3], n_stop = 0;
+    for (int i = 0; i < tok->n_stop; i++) stops[n_stop++] = tok->stop_ids[i];
+    int ends[3] = {tok->eos_id, ct->kind == CHAT_CHATML ? ct->close : ct->eot, ct->kind == CHAT_LLAMA2 ? ct->eos : -1};
+    for (int k = 0; k < 3; k++)
+        if (ends[k] >= 0) stops[n_stop++] = ends[k];
+    if (ignore_eos) n_stop = 0;
     Decoder d;
     decoder_init(&d, t, tok, sampler);
-    for (int first = 1;; first = 0) {
-        char *user = first && first_user ? strdup(first_user) : read_line("User: ");
-        if (!user) break;
-        char *turn = render_chat_turn(first ? system : NULL, user);
-        free(user);
-        int n_turn;
-        int *ids = encode_or_die(tok, turn, strlen(turn), tok->add_bos, &n_turn);
-        free(turn);
-        if (d.n + n_turn > t->n_ctx) {
-            if (first) // not even the first turn fits: the same bad input as a long prompt
-                die(EXIT_BAD_INPUT, "prompt: the first chat turn has %d tokens, the context holds %d (raise --ctx)",
-                    n_turn, t->n_ctx);
-            free(ids);
-            fprintf(stderr, "chat: the context of %d tokens is full (raise --ctx)\n", t->n_ctx);
+    Rendering r = {.tok = tok};
+    int summary_shown = 0;
+    for (;;) {
+        int from_stdin = conv.n == 0 || conv.m[conv.n - 1].role != ROLE_USER;
+        if (from_stdin) { // the user's turn
+            if (!summary_shown++) fputs(summary, stderr); // inputs are good
+            char *user = read_line("User: ");
+            if (!user) break;
+            conversation_add(&conv, ROLE_USER, user, strlen(user));
+            free(user);
+        }
+        render_chat(&r, ct, &conv, 1);
+        if (r.n >= t->n_ctx) { // no room for even one token of reply
+            if (!from_stdin)
+                die(EXIT_BAD_INPUT, "prompt: the conversation renders to %d tokens and the reply needs one more; "
+                    "the context holds %d (raise --ctx)", r.n, t->n_ctx);
+            fprintf(stderr, "chat: the next turn needs %d tokens in all (%d held, %d more) and one for the reply; "
+                    "the context holds %d: ending the chat (raise --ctx)\n", r.n, d.n, r.n - d.n, t->n_ctx);
             break;
         }
-        if (first) fputs(summary, stderr); // the first turn fits: inputs are good
+        if (!summary_shown++) fputs(summary, stderr);
+        // Keep the cached tokens the rendering starts with; run at least one.
+        int keep = 0;
+        while (keep < d.n && keep < r.n - 1 && d.history[keep] == r.ids[keep]) keep++;
+        memcpy(d.history + keep, r.ids + keep, (size_t)(r.n - keep) * sizeof(int));
+        d.n = r.n;
         printf("Assistant: ");
         fflush(stdout);
-        float *logits = prefill(t, ids, n_turn, d.n); // the user's turn
-        memcpy(d.history + d.n, ids, (size_t)n_turn * sizeof(int));
-        d.n += n_turn;
-        free(ids);
-        for (int n_new = 0; n_new < max_new && d.n < t->n_ctx; n_new++) { // the assistant's reply
-            int next = decode_step(&d, logits, (int[]){t->config.eos_id, tok->eot_id}, 2);
+        float *logits = prefill(t, d.history + keep, r.n - keep, keep);
+        int reply_start = d.n;
+        for (int n_new = 0; n_new < max_new && d.n < t->n_ctx; n_new++) {
+            int next = decode_step(&d, logits, stops, n_stop);
             if (next < 0) break;
             logits = forward(t, next, d.n - 1);
         }
         end_text(&d);
+        size_t reply_len;
+        char *reply = tokens_text(tok, d.history + reply_start, d.n - reply_start, d.history[reply_start - 1],
+                                  &reply_len);
+        conversation_add(&conv, ROLE_ASSISTANT, reply, reply_len);
+        free(reply);
         if (d.n >= t->n_ctx) {
-            fprintf(stderr, "chat: the context of %d tokens is full (raise --ctx)\n", t->n_ctx);
+            fprintf(stderr, "chat: the reply filled the context of %d tokens; ending the chat (raise --ctx)\n",
+                    t->n_ctx);
             break;
         }
-        d.history[d.n] = t->config.eos_id; // close the reply
-        forward_block(t, &t->config.eos_id, 1, d.n++, LOGITS_NONE);
     }
+    free(r.ids);
+    free(r.text);
     decoder_free(&d);
+    conversation_free(&conv);
+}
+
+/* A conversation written as text (-m tokenize --chat, -m chat --chat): one message per
+ * line, "role: text" (role system, user or assistant; the text after ": ",
+ * where \n, \t and \\ stand for a newline, a tab and a backslash); blank
+ * lines are skipped. An optional system message first, then user and
+ * assistant in turn, starting with user. Exits with a message naming the
+ * line on anything else. */
+static void parse_conversation(Conversation *c, const char *what, const char *text, size_t len) {
+    size_t pos = 0;
+    for (int line = 1; pos < len; line++) {
+        const char *start = text + pos, *nl = memchr(start, '\n', len - pos);
+        size_t n = nl ? (size_t)(nl - start) : len - pos;
+        pos += n + (nl != NULL);
+        if (n > 0 && start[n - 1] == '\r') n--;
+        if (n == 0) continue;
+        int role = 0;
+        size_t head = 0;
+        for (; ROLE_NAMES[role]; role++) {
+            head = strlen(ROLE_NAMES[role]);
+            if (n > head && !memcmp(start, ROLE_NAMES[role], head) && start[head] == ':') break;
+        }
+        if (!ROLE_NAMES[role])
+            die(EXIT_BAD_INPUT, "%s line %d: expected \"system: \", \"user: \" or \"assistant: \" and the text", what,
+                line);
+        head += 1 + (head + 1 < n && start[head + 1] == ' ');
+        int expected = c->n == 0 ? -1 : c->m[c->n - 1].role == ROLE_USER ? ROLE_ASSISTANT : ROLE_USER;
+        if (expected < 0 ? role == ROLE_ASSISTANT : role != expected)
+            die(EXIT_BAD_INPUT, "%s line %d: expected %s, got %s", what, line,
+                expected < 0 ? "system or user first" : ROLE_NAMES[expected], ROLE_NAMES[role]);
+        char *msg = malloc(n - head + 1);
+        if (!msg) die(EXIT_BAD_INPUT, "out of memory");
+        size_t k = 0;
+        for (size_t i = head; i < n; i++) {
+            char ch = start[i];
+            if (ch == '\\') {
+                if (i + 1 == n)
+                    die(EXIT_BAD_INPUT, "%s line %d: a \"\\\" ends the line (escapes: \\n, \\t, \\\\)", what, line);
+                char e = start[++i];
+                ch = e == 'n' ? '\n' : e == 't' ? '\t' : e == '\\' ? '\\' : '\0';
+                if (!ch) die(EXIT_BAD_INPUT, "%s line %d: \"\\%c\" is no escape (\\n, \\t, \\\\)", what, line, e);
+            }
+            msg[k++] = ch;
+        }
+        conversation_add(c, role, msg, k);
+        free(msg);
+    }
+    if (c->n == 0 || (c->n == 1 && c->m[0].role == ROLE_SYSTEM))
+        die(EXIT_BAD_INPUT, "%s: no user message", what);
 }
 
 /* tokenize: one line of space-separated ids, BOS first when the tokenizer
- * adds one. */
-static void tokenize_mode(const Tokenizer *tok, const char *text, size_t len) {
-    int n;
-    int *ids = encode_or_die(tok, text, len, tok->add_bos, &n);
+ * adds one. With a template: the ids the conversation in text renders to,
+ * ending with the assistant's prompt when the last message is the user's. */
+static void tokenize_mode(const Tokenizer *tok, const ChatTemplate *ct, const char *what, const char *text,
+                          size_t len) {
+    int n, *ids;
+    Rendering r = {.tok = tok};
+    if (ct) {
+        Conversation conv = {0};
+        parse_conversation(&conv, what, text, len);
+        render_chat(&r, ct, &conv, conv.m[conv.n - 1].role == ROLE_USER);
+        conversation_free(&conv);
+        ids = r.ids, n = r.n;
+    } else {
+        ids = encode_or_die(tok, text, len, tok->add_bos, &n);
+    }
     for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
     free(ids);
+    free(r.text);
 }
 
 /* -log softmax(logits)[target], in double:  logsumexp(logits) - logits[target] */
@@ -1572,7 +1923,7 @@ typedef struct {
     const char *tokenizer, *prompt, *prompt_file, *system;
     double temperature, topp, minp, repeat_penalty;
     int topk, repeat_last_n, steps, ctx, stride, mode, kv_type, threads;
-    int json, per_position, ignore_eos, help;
+    int json, per_position, ignore_eos, help, chat_template, conversation_input;
     long seed;
     RopeConfig rope; // overrides of the checkpoint's RoPE settings; NAN / -1 = not given
 } Options;
@@ -1627,6 +1978,12 @@ static const Flag FLAGS[] = {
      "tokenizer; default tokenizer.bin beside the checkpoint, else ./tokenizer.bin"},
     {"-m", NULL, CHOICE, 0, 0, FIELD(mode), MODE_NAMES, "<mode>", "what to do, default generate"},
     {"-y", NULL, TEXT, 0, 0, FIELD(system), NULL, "<text>", "system prompt for chat"},
+    {"--chat-template", NULL, CHOICE, 0, 0, FIELD(chat_template), CHAT_TEMPLATE_NAMES + 1, "<name>",
+     "chat and --chat: how turns are written, default the tokenizer file's"},
+    {"--chat", NULL, SWITCH, 0, 0, FIELD(conversation_input), NULL, "",
+     "-f / -i is a conversation, one \"role: text\" per line (role system,\n"
+     "user or assistant; \\n for a newline): tokenize prints the ids the chat\n"
+     "template renders it to, chat continues it"},
     {"--ctx", "-c", INT, 1, MAX_CTX, FIELD(ctx), NULL, "<int>",
      "context length; default the training context; may exceed it"},
     {"--stride", NULL, INT, 1, MAX_CTX, FIELD(stride), NULL, "<int>", "ppl: text tokens between window starts, "
@@ -1658,7 +2015,7 @@ static const Flag FLAGS[] = {
      "ppl --json: add the mean NLL at every in-window position"},
     {"--kv", NULL, CHOICE, 0, 0, FIELD(kv_type), KV_NAMES, "<type>", "KV cache element type, default f32; f16 halves it"},
     {"--ignore-eos", NULL, SWITCH, 0, 0, FIELD(ignore_eos), NULL, "",
-     "generate: keep going past end tokens (BOS/EOS), for benchmarks"},
+     "generate, chat: keep going past stop tokens (EOS, end of turn), for benchmarks"},
     {"--threads", NULL, INT, 1, 1024, FIELD(threads), NULL, "<int>",
      "OpenMP threads; default OMP_NUM_THREADS, else one per core"},
     {"--help", "-h", SWITCH, 0, 0, FIELD(help), NULL, "", "this text"},
@@ -1795,7 +2152,7 @@ static char *default_tokenizer_path(const char *checkpoint) {
 
 int main(int argc, char **argv) {
     Options o = {.temperature = 1.0, .topp = 0.9, .repeat_penalty = 1.0, .repeat_last_n = 64, .steps = 256,
-                 .mode = GENERATE, .kv_type = KV_F32, .seed = (long)time(NULL),
+                 .mode = GENERATE, .kv_type = KV_F32, .seed = (long)time(NULL), .chat_template = -1,
                  .rope = {.base = NAN, .layout = -1, .rot_dim = -1, .scaling = -1, .factor = NAN, .orig_ctx = -1,
                           .beta_fast = NAN, .beta_slow = NAN, .attn_factor = NAN, .low_freq = NAN,
                           .high_freq = NAN, .dynamic_exact = -1}};
@@ -1808,7 +2165,15 @@ int main(int argc, char **argv) {
     if (o.mode == PPL && !o.prompt_file) die(EXIT_USAGE, "-m ppl: needs -f <text file> to score");
     if (o.stride && o.mode != PPL) die(EXIT_USAGE, "--stride: only used by -m ppl");
     if (o.per_position && !(o.mode == PPL && o.json)) die(EXIT_USAGE, "--per-position: only used by -m ppl --json");
-    if (o.ignore_eos && o.mode != GENERATE) die(EXIT_USAGE, "--ignore-eos: only used by -m generate");
+    if (o.ignore_eos && o.mode != GENERATE && o.mode != CHAT)
+        die(EXIT_USAGE, "--ignore-eos: only used by -m generate and -m chat");
+    if (o.conversation_input && o.mode != TOKENIZE && o.mode != CHAT)
+        die(EXIT_USAGE, "--chat: only used by -m tokenize and -m chat");
+    if (o.conversation_input && !o.prompt && !o.prompt_file)
+        die(EXIT_USAGE, "--chat: needs the conversation, with -f or -i");
+    if (o.chat_template >= 0 && o.mode != CHAT && !o.conversation_input)
+        die(EXIT_USAGE, "--chat-template: only used by -m chat and -m tokenize --chat");
+    if (o.system && o.mode != CHAT) die(EXIT_USAGE, "-y: only used by -m chat");
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
 #else
@@ -1831,12 +2196,13 @@ int main(int argc, char **argv) {
 #endif
     Tokenizer tok; // every mode but rope reads text
     memset(&tok, 0, sizeof tok);
+    const char *tok_path = NULL;
+    char *owned_tok_path = NULL;
     if (o.mode != ROPE_MODE) {
-        char *owned_tok_path = o.tokenizer ? NULL : default_tokenizer_path(checkpoint);
-        if (tokenizer_build(&tok, o.tokenizer ? o.tokenizer : owned_tok_path, c->vocab_size, c->bos_id, c->eos_id,
-                            err, sizeof err) != 0)
+        owned_tok_path = o.tokenizer ? NULL : default_tokenizer_path(checkpoint);
+        tok_path = o.tokenizer ? o.tokenizer : owned_tok_path;
+        if (tokenizer_build(&tok, tok_path, c->vocab_size, c->bos_id, c->eos_id, err, sizeof err) != 0)
             die(EXIT_BAD_INPUT, "%s (give the tokenizer with -z)", err);
-        free(owned_tok_path);
     }
     char summary[1024];
     int len = snprintf(summary, sizeof summary,
@@ -1867,24 +2233,53 @@ int main(int argc, char **argv) {
     }
     const char *input = text ? text : o.prompt ? o.prompt : "";
 
+    // The chat template: --chat-template, else the tokenizer file's; a
+    // sentencepiece file of a version that cannot name one (1 or 2) gets
+    // Llama 2's, llama2.c's chat.
+    ChatTemplate ct = {0};
+    if (o.mode == CHAT || o.conversation_input) {
+        int kind = o.chat_template >= 0 ? o.chat_template + 1 : tok.chat_template;
+        if (kind == CHAT_UNSTATED && tok.type == TOK_SENTENCEPIECE && tok.version < 3) kind = CHAT_LLAMA2;
+        if (kind == CHAT_UNSTATED)
+            die(EXIT_USAGE, "%s: tokenizer %s names no chat template; choose one with --chat-template %s",
+                o.mode == CHAT ? "-m chat" : "--chat", tok_path, choice_list(CHAT_TEMPLATE_NAMES + 1));
+        ct = chat_template(&tok, kind, tok_path);
+    }
+
     Sampler sampler;
     if (build_sampler(&sampler, c->vocab_size, (float)o.temperature, (float)o.topp, o.topk, (float)o.minp,
                       (float)o.repeat_penalty, o.repeat_last_n, (uint64_t)o.seed))
         die(EXIT_BAD_INPUT, "out of memory for the sampler");
     switch (o.mode) {
     case GENERATE: generate(&t, &tok, &sampler, input, text_len, o.steps, o.ignore_eos, summary); break;
-    case CHAT:
-        if (tok.type != TOK_SENTENCEPIECE) // the template built in is Llama 2's
-            die(EXIT_USAGE, "-m chat: only Llama 2's [INST] chat template is built in, and this model's tokenizer "
-                "(%s) belongs to another family; use -m generate with the prompt in its template", tokenizer_type_name(&tok));
-        chat(&t, &tok, &sampler, text || o.prompt ? input : NULL, o.system, o.steps, summary);
+    case CHAT: {
+        // The conversation so far: -y's system prompt, then -i / -f as the
+        // first user turn, or (--chat) as a whole conversation.
+        Conversation conv = {0};
+        if (o.system) conversation_add(&conv, ROLE_SYSTEM, o.system, strlen(o.system));
+        if (o.conversation_input) {
+            Conversation given = {0};
+            parse_conversation(&given, o.prompt_file ? o.prompt_file : "-i", input, text_len);
+            if (o.system && given.m[0].role == ROLE_SYSTEM)
+                die(EXIT_USAGE, "-y: the conversation in %s has its own system message",
+                    o.prompt_file ? o.prompt_file : "-i");
+            for (int i = 0; i < given.n; i++)
+                conversation_add(&conv, given.m[i].role, given.m[i].text, given.m[i].len);
+            conversation_free(&given);
+        } else if (text || o.prompt) {
+            conversation_add(&conv, ROLE_USER, input, text_len);
+        }
+        chat(&t, &tok, &ct, &sampler, conv, o.steps, o.ignore_eos, summary);
         break;
+    }
     case PPL: ppl_mode(&t, &tok, o.prompt_file, input, text_len, o.stride, o.json, o.per_position, summary); break;
-    case TOKENIZE: tokenize_mode(&tok, input, text_len); break;
+    case TOKENIZE: tokenize_mode(&tok, o.conversation_input ? &ct : NULL, o.prompt_file ? o.prompt_file : "-i", input,
+                                 text_len); break;
     }
     free_sampler(&sampler);
     free(text);
     tokenizer_free(&tok);
+    free(owned_tok_path);
     free_transformer(&t);
     return 0;
 }

