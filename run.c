@@ -1869,6 +1869,272 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
     free_ppl_score(&score);
 }
 
+/* ---- Passkey retrieval (docs/passkey.md) ----------------------------------
+ * Can the model still find one fact placed far back? A prompt of `length`
+ * tokens hides "The pass key is K" at a chosen depth inside filler text and
+ * ends with the question; greedy decoding must give back K. */
+
+static const char PASSKEY_TASK[] = "There is an important info hidden inside a lot of irrelevant text. Find it and "
+                                   "memorize them. I will quiz you about the important information there.";
+static const char PASSKEY_FILLER[] = "The grass is green. The sky is blue. The sun is yellow. Here we go. "
+                                     "There and back again.";
+static const char PASSKEY_QUESTION[] = "What is the pass key? The pass key is";
+
+/* Filler sentences: a text with white space runs made single spaces, cut
+ * after each ".", "!" or "?" that a space follows (docs/passkey.md §1). */
+typedef struct {
+    char *text;    // the normalized text, each sentence NUL-terminated in place
+    char **s;      // (n) the sentences
+    size_t *len;   // (n) their lengths
+    int n;
+} Sentences;
+
+static void split_sentences(Sentences *out, const char *text, size_t n) {
+    *out = (Sentences){malloc(n + 1), malloc((n / 2 + 1) * sizeof(char *)), malloc((n / 2 + 1) * sizeof(size_t)), 0};
+    if (!out->text || !out->s || !out->len) die(EXIT_BAD_INPUT, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) { // white space runs -> one space, none at the ends
+        int space = strchr(" \t\n\r\v\f", text[i]) != NULL && text[i] != '\0';
+        if (!space) out->text[k++] = text[i];
+        else if (k > 0 && out->text[k - 1] != ' ') out->text[k++] = ' ';
+    }
+    if (k > 0 && out->text[k - 1] == ' ') k--;
+    out->text[k] = '\0';
+    for (size_t start = 0, i = 0; i < k; i++) { // a sentence is at least two bytes: the split needs a space
+        int last = i + 1 == k, ends = strchr(".!?", out->text[i]) && out->text[i] && i + 1 < k && out->text[i + 1] == ' ';
+        if (!ends && !last) continue;
+        out->s[out->n] = out->text + start;
+        out->len[out->n++] = i + 1 - start;
+        if (ends) out->text[++i] = '\0'; // the space between sentences
+        start = i + 1;
+    }
+}
+
+static void free_sentences(Sentences *s) {
+    free(s->text);
+    free(s->s);
+    free(s->len);
+}
+
+/* TASK " " filler[start..start+i) KEY filler[start+i..start+k) " " QUESTION,
+ * all joined by single spaces, the filler wrapping around (docs/passkey.md §1). */
+static char *passkey_prompt(const Sentences *f, int start, int k, int i, const char *key, size_t *len) {
+    char key_line[96];
+    snprintf(key_line, sizeof key_line, "The pass key is %s. Remember it. %s is the pass key.", key, key);
+    size_t cap = sizeof PASSKEY_TASK + sizeof PASSKEY_QUESTION + strlen(key_line) + 4;
+    for (int j = 0; j < k; j++) cap += f->len[(start + j) % f->n] + 1;
+    char *p = malloc(cap);
+    if (!p) die(EXIT_BAD_INPUT, "passkey: cannot allocate a prompt of %zu bytes", cap);
+    size_t at = 0;
+#define APPEND(str, n) (memcpy(p + at, (str), (n)), at += (n))
+    APPEND(PASSKEY_TASK, strlen(PASSKEY_TASK));
+    for (int j = 0; j <= k; j++) {
+        if (j == i) APPEND(" ", 1), APPEND(key_line, strlen(key_line));
+        if (j < k) APPEND(" ", 1), APPEND(f->s[(start + j) % f->n], f->len[(start + j) % f->n]);
+    }
+    APPEND(" ", 1);
+    APPEND(PASSKEY_QUESTION, strlen(PASSKEY_QUESTION));
+#undef APPEND
+    p[at] = '\0';
+    *len = at;
+    return p;
+}
+
+/* One trial's prompt: the most filler sentences k whose prompt (BOS first
+ * when the tokenizer adds one) has at most `length` tokens, the key after
+ * i = round(depth * k) of them. Returns the ids (n_ids of them), or NULL when
+ * not even the prompt without filler fits; *k_out, *i_out say what was used. */
+static int *passkey_ids(const Tokenizer *tok, const Sentences *f, int start, double depth, const char *key,
+                        int length, int *n_ids, int *k_out, int *i_out) {
+    int lo = 0, hi = 1, *best = NULL, n_best = 0;
+    for (int step = 0;; step++) { // exponential search for an upper bound, then bisection: lo fits, hi does not
+        int k = step == 0 ? 0 : hi, n;
+        size_t len;
+        char *text = passkey_prompt(f, start, k, (int)lround(depth * k), key, &len);
+        int *ids = encode_or_die(tok, text, len, tok->add_bos, &n);
+        free(text);
+        if (n > length) {
+            free(ids);
+            if (step == 0) return NULL;
+            break;
+        }
+        free(best);
+        best = ids, n_best = n, lo = k;
+        if (step > 0) {
+            if (hi > INT_MAX / 2) break;
+            hi *= 2;
+        }
+    }
+    while (hi - lo > 1) {
+        int k = lo + (hi - lo) / 2, n;
+        size_t len;
+        char *text = passkey_prompt(f, start, k, (int)lround(depth * k), key, &len);
+        int *ids = encode_or_die(tok, text, len, tok->add_bos, &n);
+        free(text);
+        if (n <= length) free(best), best = ids, n_best = n, lo = k;
+        else free(ids), hi = k;
+    }
+    *n_ids = n_best, *k_out = lo, *i_out = (int)lround(depth * lo);
+    return best;
+}
+
+/* The answer in a continuation's text: its first run of decimal digits
+ * (*n_digits of them, 0 when there is none). */
+const char *passkey_answer(const char *text, size_t *n_digits) {
+    const char *digits = text + strcspn(text, "0123456789");
+    *n_digits = strspn(digits, "0123456789");
+    return digits;
+}
+
+/* Comma-separated numbers of flag (integers when integer), each in [lo, hi];
+ * exits with a usage error naming the flag otherwise. Returns the count. */
+static int parse_list(const char *flag, const char *text, int integer, double lo, double hi, double *out, int max) {
+    int n = 0;
+    const char *p = text;
+    for (;;) {
+        char *end;
+        errno = 0;
+        double v = strtod(p, &end);
+        int bad = end == p || errno == ERANGE || !(v >= lo && v <= hi) || (integer && v != floor(v)) ||
+                  (*end != ',' && *end != '\0') || n == max;
+        if (bad)
+            die(EXIT_USAGE, "%s %s: expected at most %d comma-separated %s in [%.10g, %.10g]", flag, text, max,
+                integer ? "integers" : "numbers", lo, hi);
+        out[n++] = v;
+        if (*end == '\0') return n;
+        p = end + 1;
+    }
+}
+
+/* What -m passkey was asked to do. */
+typedef struct {
+    double lengths[64], depths[64];
+    int n_lengths, n_depths, trials, digits;
+    uint64_t seed;
+    const char *filler_path; // NULL: the fixed filler sentences
+    int json, prompts_only;
+} PasskeyPlan;
+
+/* passkey: for each length x depth, `trials` prompts with random keys; the
+ * accuracy of greedy answers (docs/passkey.md). Text: a table of accuracies;
+ * --json: every cell and trial; --prompts-only prints the prompts instead of
+ * running the model. Progress goes to stderr. */
+static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan *plan, const char *filler,
+                         size_t filler_len, const char *summary) {
+    Sentences f;
+    split_sentences(&f, plan->filler_path ? filler : PASSKEY_FILLER, plan->filler_path ? filler_len : strlen(PASSKEY_FILLER));
+    if (f.n == 0) die(EXIT_BAD_INPUT, "-f %s: no filler sentences (empty text)", plan->filler_path);
+    int n_new = plan->digits + 4;
+    char some_key[24]; // the prompt without filler, with a key of the right size, for the checks
+    memset(some_key, '5', (size_t)plan->digits);
+    some_key[plan->digits] = '\0';
+    size_t bare_len;
+    char *bare = passkey_prompt(&f, 0, 0, 0, some_key, &bare_len);
+    int n_bare;
+    free(encode_or_die(tok, bare, bare_len, tok->add_bos, &n_bare));
+    free(bare);
+    for (int li = 0; li < plan->n_lengths; li++) {
+        int length = (int)plan->lengths[li];
+        if (length + n_new > t->n_ctx)
+            die(EXIT_USAGE, "--lengths %d: a prompt of %d tokens and its %d answer tokens need --ctx %d, got %d",
+                length, length, n_new, length + n_new, t->n_ctx);
+        if (length < n_bare)
+            die(EXIT_USAGE, "--lengths %d: the prompt without filler already has %d tokens", length, n_bare);
+    }
+    if (!plan->prompts_only) fputs(summary, stderr);
+    uint64_t rng = plan->seed * 0x9E3779B97F4A7C15ull + 1; // never 0: xorshift's fixed point
+    int *history = malloc(((size_t)t->n_ctx + 1) * sizeof(int));
+    if (!history) die(EXIT_BAD_INPUT, "out of memory");
+    if (plan->json) printf("{\"mode\": \"passkey\", \"filler\": %s", plan->filler_path ? "" : "\"fixed\"");
+    if (plan->json && plan->filler_path) print_json_string(plan->filler_path);
+    if (plan->json)
+        printf(", \"key_digits\": %d, \"trials_per_cell\": %d, \"seed\": %llu, \"ctx\": %d, \"orig_ctx\": %d, "
+               "\"scaling\": \"%s\", \"cells\": [", plan->digits, plan->trials, (unsigned long long)plan->seed,
+               t->n_ctx, t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
+    else if (!plan->prompts_only) {
+        printf("passkey: %d trials per cell, %d-digit keys, filler %s, ctx %d, scaling %s\n%8s", plan->trials,
+               plan->digits, plan->filler_path ? plan->filler_path : "fixed", t->n_ctx,
+               SCALING_NAMES[t->rope.scaling], "length");
+        for (int di = 0; di < plan->n_depths; di++) printf("  d=%-5.2f", plan->depths[di]);
+        printf("  %8s\n", "mean");
+    }
+    double start_time = now_seconds();
+    for (int li = 0; li < plan->n_lengths; li++) {
+        int length = (int)plan->lengths[li], row_correct = 0;
+        if (!plan->json && !plan->prompts_only) printf("%8d", length);
+        for (int di = 0; di < plan->n_depths; di++) {
+            double depth = plan->depths[di];
+            int correct = 0;
+            if (plan->json) printf("%s{\"length\": %d, \"depth\": %g, \"trials\": [", li + di ? ", " : "", length, depth);
+            for (int trial = 0; trial < plan->trials; trial++) {
+                char key[24];
+                key[0] = (char)('1' + random_u32(&rng) % 9);
+                for (int d = 1; d < plan->digits; d++) key[d] = (char)('0' + random_u32(&rng) % 10);
+                key[plan->digits] = '\0';
+                int start = plan->filler_path ? (int)(random_u32(&rng) % (uint32_t)f.n) : 0;
+                int n_ids, k, i;
+                int *ids = passkey_ids(tok, &f, start, depth, key, length, &n_ids, &k, &i);
+                if (!ids) // this key made the bare prompt longer than the one checked above
+                    die(EXIT_USAGE, "--lengths %d: the prompt without filler, with key %s, has more tokens", length,
+                        key);
+                if (plan->prompts_only) {
+                    size_t len;
+                    char *text = passkey_prompt(&f, start, k, i, key, &len);
+                    if (plan->json) {
+                        printf("%s{\"key\": \"%s\", \"start\": %d, \"sentences\": %d, \"key_after\": %d, "
+                               "\"prompt_tokens\": %d, \"prompt\": ", trial ? ", " : "", key, start, k, i, n_ids);
+                        print_json_string(text);
+                        printf("}");
+                    } else {
+                        printf("# length %d depth %g trial %d: key %s, %d tokens, %d filler sentences, key after %d\n%s\n",
+                               length, depth, trial, key, n_ids, k, i, text);
+                    }
+                    free(text);
+                    free(ids);
+                    continue;
+                }
+                // Prefill the prompt; greedy answer of up to n_new tokens.
+                memcpy(history, ids, (size_t)n_ids * sizeof(int));
+                free(ids);
+                float *logits = prefill(t, history, n_ids, 0);
+                int n = n_ids;
+                for (int s = 0; s < n_new && logits; s++) {
+                    int next = argmax(logits, t->config.vocab_size), stop = 0;
+                    for (int j = 0; j < tok->n_stop; j++) stop |= next == tok->stop_ids[j];
+                    if (stop) break;
+                    history[n++] = next;
+                    logits = s + 1 < n_new ? forward(t, next, n - 1) : NULL;
+                }
+                size_t answer_len;
+                char *answer = tokens_text(tok, history + n_ids, n - n_ids, history[n_ids - 1], &answer_len);
+                size_t n_digits;
+                const char *digits = passkey_answer(answer, &n_digits);
+                int ok = n_digits == strlen(key) && !memcmp(digits, key, n_digits);
+                correct += ok;
+                if (plan->json) {
+                    printf("%s{\"key\": \"%s\", \"start\": %d, \"sentences\": %d, \"key_after\": %d, "
+                           "\"prompt_tokens\": %d, \"answer\": \"%.*s\", \"text\": ", trial ? ", " : "", key, start,
+                           k, i, n_ids, (int)n_digits, digits);
+                    print_json_string(answer);
+                    printf(", \"correct\": %s}", ok ? "true" : "false");
+                }
+                free(answer);
+            }
+            row_correct += correct;
+            if (plan->json) printf("], \"correct\": %d, \"accuracy\": %.4f}", correct, (double)correct / plan->trials);
+            else if (!plan->prompts_only) printf("  %6.0f%%", 100.0 * correct / plan->trials), fflush(stdout);
+            if (!plan->prompts_only)
+                fprintf(stderr, "passkey: length %d depth %.2f: %d of %d correct (%.1f s)\n", length, depth, correct,
+                        plan->trials, now_seconds() - start_time);
+        }
+        if (!plan->json && !plan->prompts_only)
+            printf("  %7.0f%%\n", 100.0 * row_correct / ((double)plan->trials * plan->n_depths));
+    }
+    if (plan->json) printf("]}\n");
+    free(history);
+    free_sentences(&f);
+}
+
 /* rope: the inverse frequencies used for the full context, per pair i:
  * inv_freq, its wavelength 2*pi/inv_freq in tokens, its ratio to the unscaled
  * frequency, and whether the pair is extrapolated (frequency kept as trained:
@@ -1924,12 +2190,14 @@ typedef struct {
     double temperature, topp, minp, repeat_penalty;
     int topk, repeat_last_n, steps, ctx, stride, mode, kv_type, threads;
     int json, per_position, ignore_eos, help, chat_template, conversation_input;
+    const char *lengths, *depths; // passkey: comma-separated lists
+    int trials, key_digits, prompts_only;
     long seed;
     RopeConfig rope; // overrides of the checkpoint's RoPE settings; NAN / -1 = not given
 } Options;
 
-enum { GENERATE, CHAT, PPL, TOKENIZE, ROPE_MODE };
-static const char *const MODE_NAMES[] = {"generate", "chat", "ppl", "tokenize", "rope", NULL};
+enum { GENERATE, CHAT, PPL, TOKENIZE, ROPE_MODE, PASSKEY };
+static const char *const MODE_NAMES[] = {"generate", "chat", "ppl", "tokenize", "rope", "passkey", NULL};
 static const char *const DYNAMIC_NAMES[] = {"hf", "exact", NULL};        // rope.dynamic_exact = 0, 1
 static const char *const KV_NAMES[] = {"f32", "f16", NULL};              // KV_F32, KV_F16
 static const char *const WEIGHT_NAMES[] = {"f32", "q8_0"};               // WEIGHT_F32, WEIGHT_Q8_0
@@ -1970,7 +2238,7 @@ static const Flag FLAGS[] = {
     {"--repeat-penalty", NULL, REAL, 1e-3, 1e3, FIELD(repeat_penalty), NULL, "<float>", "default 1.0 = off"},
     {"--repeat-last-n", NULL, INT, 0, NO_MAX, FIELD(repeat_last_n), NULL, "<int>",
      "tokens the penalty looks back over, default 64"},
-    {"-s", NULL, LONG, 0, NO_MAX, FIELD(seed), NULL, "<int>", "seed, default: the time; the same seed, the same text"},
+    {"-s", NULL, LONG, 0, NO_MAX, FIELD(seed), NULL, "<int>", "seed, default: the time (passkey: 0); the same seed, the same text"},
     {"-n", NULL, INT, 0, NO_MAX, FIELD(steps), NULL, "<int>", "maximum NEW tokens, default 256 (the prompt does not count)"},
     {"-i", NULL, TEXT, 0, 0, FIELD(prompt), NULL, "<text>", "prompt"},
     {"-f", NULL, TEXT, 0, 0, FIELD(prompt_file), NULL, "<file>", "prompt (or ppl text) read from a file"},
@@ -2010,7 +2278,16 @@ static const Flag FLAGS[] = {
     {"--self-extend", NULL, PAIR, 1, MAX_CTX, FIELD(rope.se_group), NULL, "<G> <W>",
      "Self-Extend: keys W or more tokens back take grouped positions floor(t/G)\n"
      "(group size G, neighbour window W); a pre-RoPE key cache"},
-    {"--json", NULL, SWITCH, 0, 0, FIELD(json), NULL, "", "machine-readable output for ppl and rope"},
+    {"--lengths", NULL, TEXT, 0, 0, FIELD(lengths), NULL, "<list>",
+     "passkey: prompt lengths in tokens, comma-separated; default the training\n"
+     "context less the answer's tokens"},
+    {"--depths", NULL, TEXT, 0, 0, FIELD(depths), NULL, "<list>",
+     "passkey: where the key sits, fractions of the filler; default 0,0.25,0.5,0.75,1"},
+    {"--trials", NULL, INT, 1, 100000, FIELD(trials), NULL, "<int>", "passkey: random keys per cell, default 5"},
+    {"--key-digits", NULL, INT, 1, 18, FIELD(key_digits), NULL, "<int>", "passkey: digits of a key, default 5"},
+    {"--prompts-only", NULL, SWITCH, 0, 0, FIELD(prompts_only), NULL, "",
+     "passkey: print the prompts and their token counts; run nothing"},
+    {"--json", NULL, SWITCH, 0, 0, FIELD(json), NULL, "", "machine-readable output for ppl, rope and passkey"},
     {"--per-position", NULL, SWITCH, 0, 0, FIELD(per_position), NULL, "",
      "ppl --json: add the mean NLL at every in-window position"},
     {"--kv", NULL, CHOICE, 0, 0, FIELD(kv_type), KV_NAMES, "<type>", "KV cache element type, default f32; f16 halves it"},
@@ -2152,7 +2429,7 @@ static char *default_tokenizer_path(const char *checkpoint) {
 
 int main(int argc, char **argv) {
     Options o = {.temperature = 1.0, .topp = 0.9, .repeat_penalty = 1.0, .repeat_last_n = 64, .steps = 256,
-                 .mode = GENERATE, .kv_type = KV_F32, .seed = (long)time(NULL), .chat_template = -1,
+                 .mode = GENERATE, .kv_type = KV_F32, .seed = -1, .chat_template = -1, .trials = 5, .key_digits = 5,
                  .rope = {.base = NAN, .layout = -1, .rot_dim = -1, .scaling = -1, .factor = NAN, .orig_ctx = -1,
                           .beta_fast = NAN, .beta_slow = NAN, .attn_factor = NAN, .low_freq = NAN,
                           .high_freq = NAN, .dynamic_exact = -1}};
@@ -2174,6 +2451,24 @@ int main(int argc, char **argv) {
     if (o.chat_template >= 0 && o.mode != CHAT && !o.conversation_input)
         die(EXIT_USAGE, "--chat-template: only used by -m chat and -m tokenize --chat");
     if (o.system && o.mode != CHAT) die(EXIT_USAGE, "-y: only used by -m chat");
+    if ((o.lengths || o.depths || o.prompts_only) && o.mode != PASSKEY)
+        die(EXIT_USAGE, "%s: only used by -m passkey", o.lengths ? "--lengths" : o.depths ? "--depths" : "--prompts-only");
+    if (o.seed < 0) o.seed = o.mode == PASSKEY ? 0 : (long)time(NULL); // passkey's keys repeat unless -s says
+    // passkey: the lists first, since the longest prompt sets the default context.
+    PasskeyPlan plan = {.trials = o.trials, .digits = o.key_digits, .seed = (uint64_t)o.seed,
+                        .filler_path = o.prompt_file, .json = o.json, .prompts_only = o.prompts_only};
+    if (o.mode == PASSKEY) {
+        if (o.prompt) die(EXIT_USAGE, "-i: -m passkey builds its own prompts (-f gives the filler text)");
+        plan.n_depths = o.depths ? parse_list("--depths", o.depths, 0, 0, 1, plan.depths, 64) : 5;
+        if (!o.depths)
+            for (int k = 0; k < 5; k++) plan.depths[k] = k / 4.0;
+        if (o.lengths) {
+            plan.n_lengths = parse_list("--lengths", o.lengths, 1, 1, MAX_CTX, plan.lengths, 64);
+            double longest = 0;
+            for (int k = 0; k < plan.n_lengths; k++) longest = fmax(longest, plan.lengths[k]);
+            if (o.ctx == 0) o.ctx = (int)fmin(longest + o.key_digits + 4, MAX_CTX);
+        }
+    }
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
 #else
@@ -2273,6 +2568,13 @@ int main(int argc, char **argv) {
         break;
     }
     case PPL: ppl_mode(&t, &tok, o.prompt_file, input, text_len, o.stride, o.json, o.per_position, summary); break;
+    case PASSKEY:
+        if (plan.n_lengths == 0) { // default: prompt and answer fill the training context (or --ctx)
+            plan.n_lengths = 1;
+            plan.lengths[0] = t.n_ctx - o.key_digits - 4 < c->train_ctx ? t.n_ctx - o.key_digits - 4 : c->train_ctx;
+        }
+        passkey_mode(&t, &tok, &plan, text, text_len, summary);
+        break;
     case TOKENIZE: tokenize_mode(&tok, o.conversation_input ? &ct : NULL, o.prompt_file ? o.prompt_file : "-i", input,
                                  text_len); break;
     }

@@ -879,6 +879,44 @@ static void test_ppl_score_arguments(void) {
     remove(path);
 }
 
+/* Passkey: filler sentences (white space runs made one space, cut after
+ * ".", "!" or "?" before a space), the prompt's layout, and the answer (the
+ * first run of digits). docs/passkey.md is the specification. */
+static void test_passkey_text(void) {
+    const char text[] = "  One.  Two!\n\nThree?\tMr. Smith said \"hi.\" Four 2.5 five. end";
+    const char *want[] = {"One.", "Two!", "Three?", "Mr.", "Smith said \"hi.\" Four 2.5 five.", "end"};
+    Sentences f;
+    split_sentences(&f, text, strlen(text));
+    int ok = f.n == 6;
+    for (int i = 0; ok && i < 6; i++) ok = strlen(want[i]) == f.len[i] && !memcmp(f.s[i], want[i], f.len[i]);
+    CHECK(ok, "split_sentences: %d sentences, first \"%s\"", f.n, f.n ? f.s[0] : "");
+    size_t len;
+    char *p = passkey_prompt(&f, 4, 3, 1, "123", &len);
+    const char *expect = "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
+                         "them. I will quiz you about the important information there. Smith said \"hi.\" Four 2.5 "
+                         "five. The pass key is 123. Remember it. 123 is the pass key. end One. What is the pass "
+                         "key? The pass key is";
+    CHECK(len == strlen(expect) && !strcmp(p, expect), "passkey_prompt (start 4, 3 sentences, key after 1): %s", p);
+    free(p);
+    p = passkey_prompt(&f, 0, 2, 2, "7", &len); // the key after the last sentence
+    CHECK(strstr(p, "there. One. Two! The pass key is 7. Remember it. 7 is the pass key. What is") != NULL,
+          "passkey_prompt (key last): %s", p);
+    free(p);
+    free_sentences(&f);
+    split_sentences(&f, " \n\t ", 4);
+    CHECK(f.n == 0, "split_sentences of white space: %d sentences", f.n);
+    free_sentences(&f);
+    struct { const char *text, *answer; } answers[] = {
+        {" 12345.", "12345"}, {" is 123 or 456", "123"}, {"no digits", ""}, {"", ""}, {"x0042y", "0042"},
+    };
+    for (size_t k = 0; k < sizeof answers / sizeof answers[0]; k++) {
+        size_t n;
+        const char *a = passkey_answer(answers[k].text, &n);
+        CHECK(n == strlen(answers[k].answer) && !memcmp(a, answers[k].answer, n), "passkey_answer(\"%s\"): \"%.*s\"",
+              answers[k].text, (int)n, a);
+    }
+}
+
 int main(void) {
     test_rope_worked_example();
     test_rope_properties();
@@ -895,6 +933,7 @@ int main(void) {
     test_half();
     test_block_prefill();
     test_ppl_score_arguments();
+    test_passkey_text();
     printf("run: %d passed, %d failed (SIMD kernels %s)\n", n_pass, n_fail,
            HAVE_SIMD ? "compared with the portable ones" : "not built: portable kernels only");
     return n_fail ? 1 : 0;
