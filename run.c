@@ -1658,7 +1658,7 @@ double token_nll(const float *logits, int n, int target) {
 typedef struct {
     int start, end; // in-window positions [start, end) of the predicted token
     long tokens;
-    double nll_sum;
+    double nll_sum, nll_sq; // the tokens' NLL summed, and its squares summed
 } Bucket;
 
 /* Position buckets [0, L/2), [L/2, L), [L, 2L), [2L, 4L), ... cut at n_ctx,
@@ -1669,11 +1669,17 @@ int ppl_buckets(Bucket *b, int L, int n_ctx) {
     int n = 0, edge = 0, next = L / 2 > 0 ? L / 2 : L;
     while (edge < n_ctx && n < 64) {
         int end = next < n_ctx ? next : n_ctx;
-        b[n++] = (Bucket){edge, end, 0, 0.0};
+        b[n++] = (Bucket){edge, end, 0, 0.0, 0.0};
         edge = end;
         next = edge < L ? L : (edge > INT_MAX / 2 ? INT_MAX : edge * 2);
     }
     return n;
+}
+
+/* "key": v, and a ", " after it; null when v is not finite. */
+static void print_json_field(const char *key, double v) {
+    if (isfinite(v)) printf("\"%s\": %.6g, ", key, v);
+    else printf("\"%s\": null, ", key);
 }
 
 static void print_json_string(const char *s) {
@@ -1690,6 +1696,9 @@ static void print_json_string(const char *s) {
 typedef struct {
     long n_scored;      // tokens scored
     double nll_sum;     // their NLL, summed
+    double nll_sq;      // and its squares summed, for the standard error
+    double *win_sum;    // (n_windows) NLL summed over the tokens each window scored
+    long *win_count;    // (n_windows) how many tokens each window scored
     int n_windows;
     Bucket buckets[64]; // NLL by in-window position range (ppl_buckets)
     int n_buckets;
@@ -1700,7 +1709,35 @@ typedef struct {
 void free_ppl_score(PplScore *score) {
     free(score->pos_sum);
     free(score->pos_count);
-    score->pos_sum = NULL, score->pos_count = NULL;
+    free(score->win_sum);
+    free(score->win_count);
+    score->pos_sum = NULL, score->pos_count = NULL, score->win_sum = NULL, score->win_count = NULL;
+}
+
+/* Standard error of a mean NLL over n tokens, from their sum and sum of
+ * squares, as if the tokens were independent draws:
+ *   se = sqrt(s^2 / n),  s^2 = (sq - sum^2 / n) / (n - 1)
+ * NAN for fewer than 2 tokens. */
+double nll_se(double sum, double sq, long n) {
+    if (n < 2) return NAN;
+    double var = (sq - sum * sum / n) / (n - 1);
+    return sqrt(var > 0 ? var / n : 0);
+}
+
+/* The same standard error with the windows as the independent units (tokens
+ * of one window share its text, so they are not independent); the mean is a
+ * ratio sum / count, whose standard error over W windows is
+ *   se = sqrt(W / (W - 1) * sum_w (S_w - m n_w)^2) / N,  m = N-weighted mean
+ * (S_w, n_w: window w's NLL sum and token count; N = sum_w n_w). NAN for
+ * fewer than 2 windows. */
+double nll_se_windows(const double *win_sum, const long *win_count, int W) {
+    if (W < 2) return NAN;
+    double total = 0, dev = 0;
+    long N = 0;
+    for (int w = 0; w < W; w++) total += win_sum[w], N += win_count[w];
+    double m = total / N;
+    for (int w = 0; w < W; w++) dev += (win_sum[w] - m * win_count[w]) * (win_sum[w] - m * win_count[w]);
+    return sqrt((double)W / (W - 1) * dev) / N;
 }
 
 /* Called after each window with the windows done and their total. */
@@ -1732,12 +1769,15 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
     if (t->n_ctx < 2) return fail(err, err_len, "--ctx %d: ppl needs at least 2 positions", t->n_ctx);
     if (stride < 1 || stride > t->n_ctx - 1)
         return fail(err, err_len, "--stride %d: expected 1..%d (ctx - 1)", stride, t->n_ctx - 1);
+    int n_windows = n_ids <= span ? 1 : 1 + (n_ids - span + stride - 1) / stride;
     out->pos_sum = calloc((size_t)t->n_ctx, sizeof(double));
     out->pos_count = calloc((size_t)t->n_ctx, sizeof(long));
+    out->win_sum = calloc((size_t)n_windows, sizeof(double));
+    out->win_count = calloc((size_t)n_windows, sizeof(long));
     out->n_buckets = ppl_buckets(out->buckets, t->rope.orig_ctx, t->n_ctx);
     int *input = malloc((size_t)t->n_ctx * sizeof(int)); // one window: [BOS], then its span but the last
-    int rc = !input || !out->pos_sum || !out->pos_count ? fail(err, err_len, "ppl: out of memory") : 0;
-    int n_windows = n_ids <= span ? 1 : 1 + (n_ids - span + stride - 1) / stride;
+    int rc = !input || !out->pos_sum || !out->pos_count || !out->win_sum || !out->win_count
+                 ? fail(err, err_len, "ppl: out of memory") : 0;
     for (int start = 0; rc == 0; start += stride) {
         int end = start + span < n_ids ? start + span : n_ids;
         // Input position q holds input[q]; its logits predict the text token
@@ -1761,13 +1801,17 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
                 }
                 double nll = token_nll(t->state.logits + (size_t)b * V, V, ids[j]);
                 out->nll_sum += nll;
+                out->nll_sq += nll * nll;
                 out->n_scored++;
+                out->win_sum[out->n_windows] += nll;
+                out->win_count[out->n_windows]++;
                 out->pos_sum[p] += nll;
                 out->pos_count[p]++;
                 for (int k = 0; k < out->n_buckets; k++)
                     if (p >= out->buckets[k].start && p < out->buckets[k].end) {
                         out->buckets[k].tokens++;
                         out->buckets[k].nll_sum += nll;
+                        out->buckets[k].nll_sq += nll * nll;
                     }
             }
         }
@@ -1791,20 +1835,26 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
     const Bucket *buckets = score->buckets;
     const double *pos_sum = score->pos_sum;
     const long *pos_count = score->pos_count;
-    double nll = score->nll_sum / n_scored;
+    double nll = score->nll_sum / n_scored, se = nll_se(score->nll_sum, score->nll_sq, n_scored);
+    double se_win = nll_se_windows(score->win_sum, score->win_count, n_windows);
     if (json) {
         printf("{\"file\": ");
         print_json_string(path);
-        printf(", \"tokens\": %ld, \"nll\": %.6f, \"ppl\": %.6f, \"ctx\": %d, \"stride\": %d, \"windows\": %d, "
-               "\"orig_ctx\": %d, \"scaling\": \"%s\", \"buckets\": [",
-               n_scored, nll, exp(nll), t->n_ctx, stride, n_windows, t->rope.orig_ctx,
-               SCALING_NAMES[t->rope.scaling]);
+        printf(", \"tokens\": %ld, \"nll\": %.6f, \"ppl\": %.6f, ", n_scored, nll, exp(nll));
+        print_json_field("nll_se", se);
+        print_json_field("nll_se_windows", se_win);
+        print_json_field("ppl_lo", exp(nll - 1.96 * se)); // 95% interval under nll_se
+        print_json_field("ppl_hi", exp(nll + 1.96 * se));
+        printf("\"ctx\": %d, \"stride\": %d, \"windows\": %d, \"orig_ctx\": %d, \"scaling\": \"%s\", \"buckets\": [",
+               t->n_ctx, stride, n_windows, t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
         int first = 1;
         for (int b = 0; b < n_buckets; b++) {
             if (!buckets[b].tokens) continue;
             double bn = buckets[b].nll_sum / buckets[b].tokens;
-            printf("%s{\"start\": %d, \"end\": %d, \"tokens\": %ld, \"nll\": %.6f, \"ppl\": %.6f}", first ? "" : ", ",
-                   buckets[b].start, buckets[b].end, buckets[b].tokens, bn, exp(bn));
+            printf("%s{\"start\": %d, \"end\": %d, \"tokens\": %ld, ", first ? "" : ", ", buckets[b].start,
+                   buckets[b].end, buckets[b].tokens);
+            print_json_field("nll_se", nll_se(buckets[b].nll_sum, buckets[b].nll_sq, buckets[b].tokens));
+            printf("\"nll\": %.6f, \"ppl\": %.6f}", bn, exp(bn));
             first = 0;
         }
         printf("]");
@@ -1820,14 +1870,18 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
     } else {
         printf("%s: %ld tokens, %d windows of ctx %d (stride %d), scaling %s\n", path, n_scored, n_windows, t->n_ctx,
                stride, SCALING_NAMES[t->rope.scaling]);
-        printf("nll %.4f  ppl %.3f\n", nll, exp(nll));
-        printf("%-18s %8s %8s %10s\n", "positions", "tokens", "nll", "ppl");
+        printf("nll %.4f +- %.4f  ppl %.3f [%.3f, %.3f]\n", nll, se, exp(nll), exp(nll - 1.96 * se),
+               exp(nll + 1.96 * se));
+        printf("(+- one standard error, [95%% interval], counting tokens as independent; with windows as the\n"
+               " independent units the standard error is %.4f)\n", se_win);
+        printf("%-18s %8s %8s %8s %10s\n", "positions", "tokens", "nll", "+-", "ppl");
         for (int b = 0; b < n_buckets; b++) {
             if (!buckets[b].tokens) continue;
             double bn = buckets[b].nll_sum / buckets[b].tokens;
             char range[40];
             snprintf(range, sizeof range, "[%d, %d)", buckets[b].start, buckets[b].end);
-            printf("%-18s %8ld %8.4f %10.3f\n", range, buckets[b].tokens, bn, exp(bn));
+            printf("%-18s %8ld %8.4f %8.4f %10.3f\n", range, buckets[b].tokens, bn,
+                   nll_se(buckets[b].nll_sum, buckets[b].nll_sq, buckets[b].tokens), exp(bn));
         }
     }
 }

@@ -167,20 +167,23 @@ def ppl_reference(model, text_ids, ctx, bos_id, seq_len, stride=None):
     in-window position (1..ctx-1).
 
     Returns a dict like run's --json: tokens, nll, ppl, ctx, buckets, plus
-    'per_token': [(text index, in-window position, nll)]."""
+    'per_token': [(text index, in-window position, nll)] and 'per_window':
+    [[nll of each token the window scored]]."""
     bos = 0 if bos_id is None else 1
     n, span = len(text_ids), ctx - bos
     stride = ctx - 1 if stride is None else stride
     assert 1 <= stride <= ctx - 1
-    per_token, start, scored_until = [], 0, 0
+    per_token, per_window, start, scored_until = [], [], 0, 0
     while scored_until < n:
         chunk = list(text_ids[start:start + span])
         # nll[q] scores the token after input position q, at in-window position q + 1
         nll = model.nll([bos_id] + chunk if bos else chunk)
+        per_window.append([])
         for q in range(len(chunk) - 1 + bos):
             idx = start + q + 1 - bos
             if idx >= scored_until:
                 per_token.append((idx, q + 1, float(nll[q])))
+                per_window[-1].append(float(nll[q]))
         scored_until = start + len(chunk)
         start += stride
     buckets = []
@@ -191,7 +194,7 @@ def ppl_reference(model, text_ids, ctx, bos_id, seq_len, stride=None):
                         "ppl": math.exp(mean) if vals else float("nan")})
     mean = float(np.mean([v for _, _, v in per_token]))
     return {"tokens": len(per_token), "nll": mean, "ppl": math.exp(mean), "ctx": ctx,
-            "buckets": buckets, "per_token": per_token}
+            "buckets": buckets, "per_token": per_token, "per_window": per_window}
 
 
 def decode_llama2c(pieces, prev, token):

@@ -146,6 +146,35 @@ def test_ppl_windows_and_buckets(ctx, stride, tmp_path, syn_tokenizer, text_file
     assert got["tokens"] == ref["tokens"] == len(text_ids)
     assert abs(got["nll"] - ref["nll"]) < NLL_TOL, (got["nll"], ref["nll"])
     check_buckets(got, ref)
+    check_standard_errors(got, ref)
+
+
+def check_standard_errors(got, ref):
+    """run's standard errors against a direct computation on the reference's
+    per-token NLLs: the sample standard deviation over sqrt(n) (tokens taken
+    as independent), the same per bucket, and the windows-as-units estimate
+    for a ratio of sums, sqrt(W/(W-1) sum_w (S_w - m n_w)^2) / N, here as
+    the weighted spread of the window means. Every NLL agrees within NLL_TOL,
+    so each standard error agrees within a relative 1e-3 (+ 1e-6 absolute)."""
+    vals = np.array([v for _, _, v in ref["per_token"]])
+    assert got["nll_se"] == pytest.approx(vals.std(ddof=1) / np.sqrt(len(vals)), rel=1e-3, abs=1e-6)
+    m = vals.mean()
+    assert got["ppl_lo"] == pytest.approx(np.exp(m - 1.96 * got["nll_se"]), rel=1e-3)
+    assert got["ppl_hi"] == pytest.approx(np.exp(m + 1.96 * got["nll_se"]), rel=1e-3)
+    windows = [np.array(w) for w in ref["per_window"]]
+    W, N = len(windows), len(vals)
+    if W < 2:
+        assert got["nll_se_windows"] is None
+    else:
+        sizes = np.array([len(w) for w in windows])
+        means = np.array([w.mean() if len(w) else 0.0 for w in windows])
+        spread = np.sum((sizes * (means - m)) ** 2)
+        assert got["nll_se_windows"] == pytest.approx(np.sqrt(W / (W - 1) * spread) / N, rel=1e-3, abs=1e-6)
+    for g in got["buckets"]:
+        a, b = g["start"], g["end"]
+        inside = np.array([v for _, pos, v in ref["per_token"] if a <= pos < b])
+        want = inside.std(ddof=1) / np.sqrt(len(inside)) if len(inside) > 1 else None
+        assert (g["nll_se"] is None) if want is None else g["nll_se"] == pytest.approx(want, rel=1e-3, abs=1e-6)
 
 
 def test_short_text_single_window(tmp_path, syn_tokenizer):
