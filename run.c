@@ -1743,6 +1743,14 @@ double nll_se_windows(const double *win_sum, const long *win_count, int W) {
 /* Called after each window with the windows done and their total. */
 typedef void (*PplProgress)(int done, int total);
 
+/* Called with the logits of each scored token, in text order, and the token
+ * they predict (ppl --save-logits and --kl-base). Returns 0, or -1 with a
+ * message in err to stop scoring. */
+typedef struct {
+    int (*fn)(void *ctx, const float *logits, int vocab, int target, char *err, size_t err_len);
+    void *ctx;
+} TokenHook;
+
 /* Teacher-forced NLL of the text ids[0..n_ids) (no BOS among them), the
  * windowing the extrapolation study relies on (docs/rope.md §12.2;
  * tests/reference.py's ppl_reference computes the same in numpy):
@@ -1756,11 +1764,12 @@ typedef void (*PplProgress)(int done, int total);
  *   - a window scores only the text tokens no earlier window scored, each
  *     given its whole in-window prefix; so every token is scored once, the
  *     text's first one only with BOS.
- * Fills *out (its pos_sum and pos_count arrays allocated here, freed by
- * free_ppl_score); returns 0, or -1 with a message in err (nothing to score,
- * a stride out of range, a token outside the vocabulary, no memory). */
+ * Fills *out (its arrays allocated here, freed by free_ppl_score); hands
+ * each scored token's logits to hook (when not NULL); returns 0, or -1 with a
+ * message in err (nothing to score, a stride out of range, a token outside
+ * the vocabulary, no memory, the hook's complaint). */
 int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride, PplScore *out,
-              PplProgress progress, char *err, size_t err_len) {
+              PplProgress progress, const TokenHook *hook, char *err, size_t err_len) {
     int bos = add_bos ? 1 : 0, span = t->n_ctx - bos; // text tokens in a window's span
     int V = t->config.vocab_size, max_block = block_limit(t), scored_upto = 0;
     memset(out, 0, sizeof *out);
@@ -1799,7 +1808,12 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
                     rc = fail(err, err_len, "ppl: token %d at %d is outside the vocabulary (0..%d)", ids[j], j, V - 1);
                     break;
                 }
-                double nll = token_nll(t->state.logits + (size_t)b * V, V, ids[j]);
+                const float *logits = t->state.logits + (size_t)b * V;
+                if (hook && hook->fn(hook->ctx, logits, V, ids[j], err, err_len) != 0) {
+                    rc = -1;
+                    break;
+                }
+                double nll = token_nll(logits, V, ids[j]);
                 out->nll_sum += nll;
                 out->nll_sq += nll * nll;
                 out->n_scored++;
@@ -1826,10 +1840,124 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
     return rc;
 }
 
+/* ---- Comparing a run with a saved baseline (ppl --save-logits, --kl-base) --
+ * A logits file holds every scored token's logits, so that a later run (q8_0
+ * weights, an f16 cache, a scaling method) can be compared with this one
+ * token by token, as llama.cpp's perplexity tool does. Little-endian:
+ *   0   u32  magic 0x474f4c4c, the bytes "LLOG"
+ *   4   i32  version 1
+ *   8   i32  vocab_size
+ *  12   i32  ctx, 16 i32 stride, 20 i32 add_bos: the windowing that scored them
+ *  24   i64  n_tokens
+ *  32..63    zero
+ *  then n_tokens records: i32 the token predicted, vocab_size f32 logits */
+#define LOGITS_MAGIC 0x474f4c4cu
+#define LOGITS_HEADER_BYTES 64
+
+typedef struct {
+    FILE *f;
+    const char *path;
+    long n;
+} LogitsWriter;
+
+static int save_logits(void *ctx, const float *logits, int vocab, int target, char *err, size_t err_len) {
+    LogitsWriter *w = ctx;
+    int32_t id = target;
+    if (fwrite(&id, 4, 1, w->f) != 1 || fwrite(logits, sizeof(float), (size_t)vocab, w->f) != (size_t)vocab)
+        return fail(err, err_len, "--save-logits %s: write failed after %ld tokens (disk full?)", w->path, w->n);
+    w->n++;
+    return 0;
+}
+
+/* Per-token comparison with the baseline B of this run R, accumulated:
+ *   KL(B || R) = sum_v p_B(v) (log p_B(v) - log p_R(v))
+ *   top-1 agreement: argmax B == argmax R
+ *   delta NLL = -log p_R(target) + log p_B(target) */
+typedef struct {
+    FILE *f;
+    const char *path;
+    float *base;               // (vocab_size) the baseline's logits of the current token
+    long n, n_total;           // tokens compared so far, and in the file
+    long top1;                 // tokens whose most likely id agrees
+    double kl, kl_sq, dnll, dnll_sq;
+} KlCompare;
+
+static double log_sum_exp(const float *x, int n) {
+    double max = x[argmax(x, n)], sum = 0;
+    for (int i = 0; i < n; i++) sum += exp(x[i] - max);
+    return max + log(sum);
+}
+
+static int compare_logits(void *ctx, const float *logits, int vocab, int target, char *err, size_t err_len) {
+    KlCompare *c = ctx;
+    int32_t id;
+    if (c->n == c->n_total)
+        return fail(err, err_len, "--kl-base %s: holds %ld tokens, this run scores more", c->path, c->n_total);
+    if (fread(&id, 4, 1, c->f) != 1 || fread(c->base, sizeof(float), (size_t)vocab, c->f) != (size_t)vocab)
+        return fail(err, err_len, "--kl-base %s: read error at token %ld", c->path, c->n);
+    if (id != target)
+        return fail(err, err_len, "--kl-base %s: token %ld is %ld in the file, %d here (another text?)", c->path, c->n,
+                    (long)id, target);
+    double lse_b = log_sum_exp(c->base, vocab), lse_r = log_sum_exp(logits, vocab), kl = 0;
+    for (int v = 0; v < vocab; v++) {
+        double lb = c->base[v] - lse_b, lr = logits[v] - lse_r;
+        kl += exp(lb) * (lb - lr);
+    }
+    double dnll = (lse_r - logits[target]) - (lse_b - c->base[target]);
+    c->kl += kl, c->kl_sq += kl * kl, c->dnll += dnll, c->dnll_sq += dnll * dnll;
+    c->top1 += argmax(c->base, vocab) == argmax(logits, vocab);
+    c->n++;
+    return 0;
+}
+
+/* Open path as the baseline of a run with these settings that scores the
+ * text tokens targets[0..n_targets): the header must match, the file hold
+ * exactly its n_tokens records, and those predict the same tokens. Exits
+ * with a message naming the file and what differs otherwise. */
+static void open_kl_base(KlCompare *c, const char *path, const Transformer *t, int stride, int add_bos,
+                         const int *targets, int n_targets) {
+    *c = (KlCompare){.f = fopen(path, "rb"), .path = path};
+    c->base = malloc((size_t)t->config.vocab_size * sizeof(float));
+    if (!c->f) die(EXIT_BAD_INPUT, "--kl-base %s: %s", path, strerror(errno));
+    if (!c->base) die(EXIT_BAD_INPUT, "--kl-base %s: out of memory", path);
+    unsigned char h[LOGITS_HEADER_BYTES];
+    if (fread(h, 1, sizeof h, c->f) != sizeof h)
+        die(EXIT_BAD_INPUT, "--kl-base %s: shorter than the %d-byte header", path, LOGITS_HEADER_BYTES);
+    if ((uint32_t)read_le_i32(h) != LOGITS_MAGIC || read_le_i32(h + 4) != 1)
+        die(EXIT_BAD_INPUT, "--kl-base %s: not a logits file of version 1 (written by -m ppl --save-logits)", path);
+    const char *names[4] = {"vocab_size", "ctx", "stride", "add_bos"};
+    int want[4] = {t->config.vocab_size, t->n_ctx, stride, add_bos};
+    for (int k = 0; k < 4; k++)
+        if (read_le_i32(h + 8 + 4 * k) != want[k])
+            die(EXIT_BAD_INPUT, "--kl-base %s: saved with %s %d, this run has %d", path, names[k],
+                read_le_i32(h + 8 + 4 * k), want[k]);
+    int64_t n;
+    memcpy(&n, h + 24, 8);
+    struct stat st;
+    size_t record = 4 + 4 * (size_t)t->config.vocab_size;
+    if (fstat(fileno(c->f), &st) != 0 || n < 0 || (uint64_t)st.st_size != LOGITS_HEADER_BYTES + (uint64_t)n * record)
+        die(EXIT_BAD_INPUT, "--kl-base %s: %lld bytes, expected %llu for its %lld tokens", path,
+            (long long)st.st_size, (unsigned long long)(LOGITS_HEADER_BYTES + (uint64_t)(n < 0 ? 0 : n) * record),
+            (long long)n);
+    c->n_total = (long)n;
+    if (n != n_targets)
+        die(EXIT_BAD_INPUT, "--kl-base %s: holds %lld tokens, this run scores %d (another text?)", path, (long long)n,
+            n_targets);
+    for (long i = 0; i < n; i++) {
+        int32_t id;
+        if (fseek(c->f, (long)(LOGITS_HEADER_BYTES + i * record), SEEK_SET) != 0 || fread(&id, 4, 1, c->f) != 1)
+            die(EXIT_BAD_INPUT, "--kl-base %s: read error at token %ld", path, i);
+        if (id != targets[i])
+            die(EXIT_BAD_INPUT, "--kl-base %s: token %ld is %ld in the file, %d here (another text?)", path, i,
+                (long)id, targets[i]);
+    }
+    if (fseek(c->f, LOGITS_HEADER_BYTES, SEEK_SET) != 0) die(EXIT_BAD_INPUT, "--kl-base %s: cannot seek", path);
+}
+
 /* Print a PplScore: JSON (--json; with --per-position the mean NLL at every
  * in-window position) or a table. */
 static void ppl_report(const Transformer *t, const PplScore *score, const char *path, int stride, int json,
-                       int per_position) {
+                       int per_position, const KlCompare *kl) {
     long n_scored = score->n_scored;
     int n_windows = score->n_windows, n_buckets = score->n_buckets;
     const Bucket *buckets = score->buckets;
@@ -1866,6 +1994,16 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
             }
             printf("]");
         }
+        if (kl) {
+            printf(", \"kl_base\": {\"file\": ");
+            print_json_string(kl->path);
+            printf(", \"tokens\": %ld, ", kl->n);
+            print_json_field("kl", kl->kl / kl->n);
+            print_json_field("kl_se", nll_se(kl->kl, kl->kl_sq, kl->n));
+            print_json_field("delta_nll", kl->dnll / kl->n);
+            print_json_field("delta_nll_se", nll_se(kl->dnll, kl->dnll_sq, kl->n));
+            printf("\"top1\": %.6f}", (double)kl->top1 / kl->n);
+        }
         printf("}\n");
     } else {
         printf("%s: %ld tokens, %d windows of ctx %d (stride %d), scaling %s\n", path, n_scored, n_windows, t->n_ctx,
@@ -1883,6 +2021,10 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
             printf("%-18s %8ld %8.4f %8.4f %10.3f\n", range, buckets[b].tokens, bn,
                    nll_se(buckets[b].nll_sum, buckets[b].nll_sq, buckets[b].tokens), exp(bn));
         }
+        if (kl)
+            printf("against %s (%ld tokens): KL %.4g +- %.2g nats/token, delta nll %+.4g +- %.2g, "
+                   "top-1 agreement %.2f%%\n", kl->path, kl->n, kl->kl / kl->n, nll_se(kl->kl, kl->kl_sq, kl->n),
+                   kl->dnll / kl->n, nll_se(kl->dnll, kl->dnll_sq, kl->n), 100.0 * kl->top1 / kl->n);
     }
 }
 
@@ -1901,8 +2043,23 @@ static void ppl_progress(int done, int total) {
 
 /* ppl: the NLL of a text file under teacher forcing (ppl_score), reported by
  * ppl_report. The text is encoded once, without BOS. */
+/* The hook of a ppl run that saves its logits, compares them with a
+ * baseline, or both. */
+typedef struct {
+    LogitsWriter *save;
+    KlCompare *compare;
+} PplHooks;
+
+static int ppl_hooks(void *ctx, const float *logits, int vocab, int target, char *err, size_t err_len) {
+    PplHooks *h = ctx;
+    if (h->save && save_logits(h->save, logits, vocab, target, err, err_len) != 0) return -1;
+    if (h->compare && compare_logits(h->compare, logits, vocab, target, err, err_len) != 0) return -1;
+    return 0;
+}
+
 static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, const char *text, size_t len,
-                     int stride, int json, int per_position, const char *summary) {
+                     int stride, int json, int per_position, const char *save_path, const char *kl_path,
+                     const char *summary) {
     int n_ids;
     int *ids = encode_or_die(tok, text, len, 0, &n_ids);
     if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", path);
@@ -1910,15 +2067,57 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
     if (max_stride < 1) die(EXIT_USAGE, "--ctx %d: ppl needs at least 2 positions", t->n_ctx);
     if (stride <= 0) stride = max_stride;
     if (stride > max_stride) die(EXIT_USAGE, "--stride %d: expected 1..%d (ctx - 1)", stride, max_stride);
+    // The baseline to compare with, and the file to save into (written under
+    // a temporary name, renamed when complete: never a half-written file).
+    KlCompare kl = {0};
+    if (kl_path) // every text token is scored once, in order; the first only after BOS
+        open_kl_base(&kl, kl_path, t, stride, tok->add_bos, ids + !tok->add_bos, n_ids - !tok->add_bos);
+    LogitsWriter saver = {NULL, save_path, 0};
+    char *tmp_path = NULL;
+    if (save_path) {
+        tmp_path = malloc(strlen(save_path) + 5);
+        if (!tmp_path) die(EXIT_BAD_INPUT, "out of memory");
+        sprintf(tmp_path, "%s.tmp", save_path);
+        unsigned char zeros[LOGITS_HEADER_BYTES] = {0};
+        saver.f = fopen(tmp_path, "wb");
+        if (!saver.f || fwrite(zeros, 1, sizeof zeros, saver.f) != sizeof zeros)
+            die(EXIT_BAD_INPUT, "--save-logits %s: %s", tmp_path, strerror(errno));
+        fprintf(stderr, "ppl: saving %.1f MiB of logits (%zu bytes per token)\n",
+                (double)n_ids * (4 + 4.0 * t->config.vocab_size) / 1048576, 4 + 4 * (size_t)t->config.vocab_size);
+    }
+    PplHooks hooks = {save_path ? &saver : NULL, kl_path ? &kl : NULL};
+    TokenHook hook = {ppl_hooks, &hooks};
     fputs(summary, stderr);
     PplScore score;
-    char err[256];
+    char err[512];
     double start_time = now_seconds();
-    if (ppl_score(t, ids, n_ids, tok->add_bos, stride, &score, ppl_progress, err, sizeof err) != 0)
+    int rc = ppl_score(t, ids, n_ids, tok->add_bos, stride, &score, ppl_progress, save_path || kl_path ? &hook : NULL,
+                       err, sizeof err);
+    if (rc == 0 && kl_path && kl.n != kl.n_total)
+        rc = fail(err, sizeof err, "--kl-base %s: holds %ld tokens, this run scored %ld", kl_path, kl.n_total, kl.n);
+    if (rc == 0 && save_path) { // the header, now that the count is known; then the file under its name
+        unsigned char h[LOGITS_HEADER_BYTES] = {0};
+        int32_t fields[6] = {(int32_t)LOGITS_MAGIC, 1, t->config.vocab_size, t->n_ctx, stride, tok->add_bos};
+        int64_t n = saver.n;
+        memcpy(h, fields, sizeof fields);
+        memcpy(h + 24, &n, 8);
+        if (fseek(saver.f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, saver.f) != sizeof h || fclose(saver.f) != 0 ||
+            rename(tmp_path, save_path) != 0)
+            rc = fail(err, sizeof err, "--save-logits %s: %s", save_path, strerror(errno));
+        saver.f = NULL;
+    }
+    if (rc != 0) {
+        if (saver.f) fclose(saver.f);
+        if (tmp_path) remove(tmp_path);
+        if (!strncmp(err, "--", 2)) die(EXIT_BAD_INPUT, "%s", err); // names its flag and file
         die(EXIT_BAD_INPUT, "-f %s: %s", path, err);
+    }
     fprintf(stderr, "ppl: %ld tokens scored in %d windows, %.1f s\n", score.n_scored, score.n_windows,
             now_seconds() - start_time);
-    ppl_report(t, &score, path, stride, json, per_position);
+    ppl_report(t, &score, path, stride, json, per_position, kl_path ? &kl : NULL);
+    if (kl.f) fclose(kl.f);
+    free(kl.base);
+    free(tmp_path);
     free(ids);
     free_ppl_score(&score);
 }
@@ -1955,7 +2154,8 @@ static void split_sentences(Sentences *out, const char *text, size_t n) {
     if (k > 0 && out->text[k - 1] == ' ') k--;
     out->text[k] = '\0';
     for (size_t start = 0, i = 0; i < k; i++) { // a sentence is at least two bytes: the split needs a space
-        int last = i + 1 == k, ends = strchr(".!?", out->text[i]) && out->text[i] && i + 1 < k && out->text[i + 1] == ' ';
+        int last = i + 1 == k;
+        int ends = out->text[i] && strchr(".!?", out->text[i]) && i + 1 < k && out->text[i + 1] == ' ';
         if (!ends && !last) continue;
         out->s[out->n] = out->text + start;
         out->len[out->n++] = i + 1 - start;
@@ -2076,7 +2276,8 @@ typedef struct {
 static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan *plan, const char *filler,
                          size_t filler_len, const char *summary) {
     Sentences f;
-    split_sentences(&f, plan->filler_path ? filler : PASSKEY_FILLER, plan->filler_path ? filler_len : strlen(PASSKEY_FILLER));
+    if (!plan->filler_path) filler = PASSKEY_FILLER, filler_len = strlen(PASSKEY_FILLER);
+    split_sentences(&f, filler, filler_len);
     if (f.n == 0) die(EXIT_BAD_INPUT, "-f %s: no filler sentences (empty text)", plan->filler_path);
     int n_new = plan->digits + 4;
     char some_key[24]; // the prompt without filler, with a key of the right size, for the checks
@@ -2119,7 +2320,8 @@ static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan
         for (int di = 0; di < plan->n_depths; di++) {
             double depth = plan->depths[di];
             int correct = 0;
-            if (plan->json) printf("%s{\"length\": %d, \"depth\": %g, \"trials\": [", li + di ? ", " : "", length, depth);
+            if (plan->json)
+                printf("%s{\"length\": %d, \"depth\": %g, \"trials\": [", li + di ? ", " : "", length, depth);
             for (int trial = 0; trial < plan->trials; trial++) {
                 char key[24];
                 key[0] = (char)('1' + random_u32(&rng) % 9);
@@ -2140,8 +2342,8 @@ static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan
                         print_json_string(text);
                         printf("}");
                     } else {
-                        printf("# length %d depth %g trial %d: key %s, %d tokens, %d filler sentences, key after %d\n%s\n",
-                               length, depth, trial, key, n_ids, k, i, text);
+                        printf("# length %d depth %g trial %d: key %s, %d tokens, %d filler sentences, "
+                               "key after %d\n%s\n", length, depth, trial, key, n_ids, k, i, text);
                     }
                     free(text);
                     free(ids);
@@ -2245,6 +2447,7 @@ typedef struct {
     int topk, repeat_last_n, steps, ctx, stride, mode, kv_type, threads;
     int json, per_position, ignore_eos, help, chat_template, conversation_input;
     const char *lengths, *depths; // passkey: comma-separated lists
+    const char *save_logits, *kl_base; // ppl: logits files
     int trials, key_digits, prompts_only;
     long seed;
     RopeConfig rope; // overrides of the checkpoint's RoPE settings; NAN / -1 = not given
@@ -2292,7 +2495,8 @@ static const Flag FLAGS[] = {
     {"--repeat-penalty", NULL, REAL, 1e-3, 1e3, FIELD(repeat_penalty), NULL, "<float>", "default 1.0 = off"},
     {"--repeat-last-n", NULL, INT, 0, NO_MAX, FIELD(repeat_last_n), NULL, "<int>",
      "tokens the penalty looks back over, default 64"},
-    {"-s", NULL, LONG, 0, NO_MAX, FIELD(seed), NULL, "<int>", "seed, default: the time (passkey: 0); the same seed, the same text"},
+    {"-s", NULL, LONG, 0, NO_MAX, FIELD(seed), NULL, "<int>",
+     "seed, default: the time (passkey: 0); the same seed, the same text"},
     {"-n", NULL, INT, 0, NO_MAX, FIELD(steps), NULL, "<int>", "maximum NEW tokens, default 256 (the prompt does not count)"},
     {"-i", NULL, TEXT, 0, 0, FIELD(prompt), NULL, "<text>", "prompt"},
     {"-f", NULL, TEXT, 0, 0, FIELD(prompt_file), NULL, "<file>", "prompt (or ppl text) read from a file"},
@@ -2310,6 +2514,10 @@ static const Flag FLAGS[] = {
      "context length; default the training context; may exceed it"},
     {"--stride", NULL, INT, 1, MAX_CTX, FIELD(stride), NULL, "<int>", "ppl: text tokens between window starts, "
      "default ctx - 1"},
+    {"--save-logits", NULL, TEXT, 0, 0, FIELD(save_logits), NULL, "<file>",
+     "ppl: save every scored token's logits (4 bytes x vocab each) as a baseline"},
+    {"--kl-base", NULL, TEXT, 0, 0, FIELD(kl_base), NULL, "<file>",
+     "ppl: compare with a saved baseline: KL divergence, delta NLL, top-1 agreement"},
     {"--rope-scaling", NULL, CHOICE, 0, 0, FIELD(rope.scaling), SCALING_NAMES, "<method>",
      "RoPE scaling, default the checkpoint's"},
     {"--rope-factor", NULL, REAL, 1, 1e6, FIELD(rope.factor), NULL, "<float>",
@@ -2495,6 +2703,8 @@ int main(int argc, char **argv) {
     if (o.prompt && o.prompt_file) die(EXIT_USAGE, "-i and -f: give the prompt one way, not both");
     if (o.mode == PPL && !o.prompt_file) die(EXIT_USAGE, "-m ppl: needs -f <text file> to score");
     if (o.stride && o.mode != PPL) die(EXIT_USAGE, "--stride: only used by -m ppl");
+    if ((o.save_logits || o.kl_base) && o.mode != PPL)
+        die(EXIT_USAGE, "%s: only used by -m ppl", o.save_logits ? "--save-logits" : "--kl-base");
     if (o.per_position && !(o.mode == PPL && o.json)) die(EXIT_USAGE, "--per-position: only used by -m ppl --json");
     if (o.ignore_eos && o.mode != GENERATE && o.mode != CHAT)
         die(EXIT_USAGE, "--ignore-eos: only used by -m generate and -m chat");
@@ -2506,7 +2716,8 @@ int main(int argc, char **argv) {
         die(EXIT_USAGE, "--chat-template: only used by -m chat and -m tokenize --chat");
     if (o.system && o.mode != CHAT) die(EXIT_USAGE, "-y: only used by -m chat");
     if ((o.lengths || o.depths || o.prompts_only) && o.mode != PASSKEY)
-        die(EXIT_USAGE, "%s: only used by -m passkey", o.lengths ? "--lengths" : o.depths ? "--depths" : "--prompts-only");
+        die(EXIT_USAGE, "%s: only used by -m passkey",
+            o.lengths ? "--lengths" : o.depths ? "--depths" : "--prompts-only");
     if (o.seed < 0) o.seed = o.mode == PASSKEY ? 0 : (long)time(NULL); // passkey's keys repeat unless -s says
     // passkey: the lists first, since the longest prompt sets the default context.
     PasskeyPlan plan = {.trials = o.trials, .digits = o.key_digits, .seed = (uint64_t)o.seed,
@@ -2621,7 +2832,10 @@ int main(int argc, char **argv) {
         chat(&t, &tok, &ct, &sampler, conv, o.steps, o.ignore_eos, summary);
         break;
     }
-    case PPL: ppl_mode(&t, &tok, o.prompt_file, input, text_len, o.stride, o.json, o.per_position, summary); break;
+    case PPL:
+        ppl_mode(&t, &tok, o.prompt_file, input, text_len, o.stride, o.json, o.per_position, o.save_logits, o.kl_base,
+                 summary);
+        break;
     case PASSKEY:
         if (plan.n_lengths == 0) { // default: prompt and answer fill the training context (or --ctx)
             plan.n_lengths = 1;

@@ -856,24 +856,24 @@ static void test_ppl_score_arguments(void) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         ids[30] = cases[c].bad_token ? 50 : 30;
         err[0] = '\0';
-        int rc = ppl_score(&t, ids, cases[c].n_ids, 1, cases[c].stride, &score, NULL, err, sizeof err);
+        int rc = ppl_score(&t, ids, cases[c].n_ids, 1, cases[c].stride, &score, NULL, NULL, err, sizeof err);
         CHECK(rc == -1 && strstr(err, cases[c].expect) && !strchr(err, '\n') && !score.pos_sum,
               "ppl_score, %s: expected -1 and \"%s\", got %d \"%s\"", cases[c].name, cases[c].expect, rc, err);
     }
     ids[30] = 30;
-    int rc = ppl_score(&t, ids, 40, 1, 10, &score, NULL, err, sizeof err);
+    int rc = ppl_score(&t, ids, 40, 1, 10, &score, NULL, NULL, err, sizeof err);
     CHECK(rc == 0 && score.n_scored == 40 && score.n_windows == 4, "ppl_score of 40 tokens, ctx 16, stride 10: "
           "rc %d, %ld scored in %d windows (expected 40 in 4)", rc, score.n_scored, score.n_windows);
     free_ppl_score(&score);
     // Without BOS: spans of 16 tokens from 0, 10, 20, 30 (the last ends the text); the first token is
     // context only, and a window's first token was scored by the one before, so 39 scored.
-    rc = ppl_score(&t, ids, 40, 0, 10, &score, NULL, err, sizeof err);
+    rc = ppl_score(&t, ids, 40, 0, 10, &score, NULL, NULL, err, sizeof err);
     CHECK(rc == 0 && score.n_scored == 39 && score.n_windows == 4 && score.pos_count[0] == 0 &&
               score.pos_count[1] == 1 && score.pos_count[15] == 3,
           "ppl_score without BOS, 40 tokens, ctx 16, stride 10: rc %d, %ld scored in %d windows (expected 39 in 4)",
           rc, score.n_scored, score.n_windows);
     free_ppl_score(&score);
-    rc = ppl_score(&t, ids, 1, 0, 10, &score, NULL, err, sizeof err);
+    rc = ppl_score(&t, ids, 1, 0, 10, &score, NULL, NULL, err, sizeof err);
     CHECK(rc == -1 && strstr(err, "no tokens"), "ppl_score without BOS of one token: %d \"%s\"", rc, err);
     free_transformer(&t);
     remove(path);
