@@ -233,6 +233,8 @@ typedef struct {
                         // 1 = exact (pre-RoPE key cache, every key re-rotated with the current base)
     int se_group;       // Self-Extend group size G (0 = off); se_window must follow it
     int se_window;      // Self-Extend neighbour window W, in tokens
+    int sinks;          // attention sinks S (StreamingLLM): -1 = off; S >= 0 = a rolling cache that
+                        // keeps its first S tokens and evicts the oldest of the rest when full
 } RopeConfig;
 
 /* A weight matrix (rows, cols) in the mapping, float32 or q8_0. kernels.c's

@@ -513,6 +513,9 @@ static int validate_rope(const RopeConfig *r, int head_size, char *err, size_t e
     if (r->se_group > 0 && r->scaling == ROPE_DYNAMIC)
         return fail(err, err_len, "--self-extend with --rope-scaling dynamic: choose one (both re-assign how "
                     "cached keys are rotated)");
+    if (r->sinks >= 0 && r->se_group > 0)
+        return fail(err, err_len, "--sinks with --self-extend: choose one (both re-assign the positions of "
+                    "cached keys)");
     return 0;
 }
 
@@ -585,17 +588,38 @@ void rope(float *vec, const float *cos, const float *sin, int B, int n_heads, in
     }
 }
 
-/* Pre-RoPE key cache: rotate each cached key t in 0..pos into key_rot at
- * the position it has for the query at pos: its own, or with Self-Extend,
+/* Attention sinks (--sinks S, StreamingLLM; docs/rope.md §13): the cache
+ * holds n_ctx tokens. Once it is full, the token at position pos >= n_ctx
+ * takes the slot of the oldest token after the S sinks,
+ *   slot(pos)  = S + (pos - S) mod R,   R = n_ctx - S,
+ * and positions become places in the cache: the newest token is at n_ctx - 1
+ * and the one in slot p at
+ *   place(p)   = p                                  (p < S: a sink)
+ *              = n_ctx - 1 - (slot(pos) - p) mod R  (the rest, oldest first).
+ * Before the cache is full (and without sinks) slot and place are pos. */
+int cache_slot(const Transformer *t, int pos) {
+    int S = t->rope.sinks, R = t->n_ctx - S;
+    return S < 0 || pos < t->n_ctx ? pos : S + (pos - S) % R;
+}
+
+int cache_place(const Transformer *t, int slot, int pos) {
+    int S = t->rope.sinks, R = t->n_ctx - S;
+    if (S < 0 || pos < t->n_ctx || slot < S) return slot;
+    return t->n_ctx - 1 - ((cache_slot(t, pos) - slot) % R + R) % R;
+}
+
+/* Pre-RoPE key cache: rotate each cached key (slots 0..pos, or the whole
+ * cache once sinks have wrapped it) into key_rot at the position it has for
+ * the query at pos: its own (its place, with sinks), or with Self-Extend,
  * when it is W or more tokens back, its group position floor(t / G).
  * keys: one layer's (n_ctx, kv_dim) of t->kv_type; key_rot: (n_ctx, kv_dim) float32. */
 void rotate_cached_keys(float *key_rot, const void *keys, int pos, const Transformer *t) {
     const Config *c = &t->config;
     int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, n_pairs = t->rope.rot_dim / 2;
-    int G = t->rope.se_group, W = t->rope.se_window, i;
-#pragma omp parallel for private(i) if ((long)(pos + 1) * kv_dim >= PARALLEL_MIN_WORK)
-    for (i = 0; i <= pos; i++) {
-        int key_pos = G > 0 && pos - i >= W ? i / G : i;
+    int G = t->rope.se_group, W = t->rope.se_window, n = pos < t->n_ctx ? pos + 1 : t->n_ctx, i;
+#pragma omp parallel for private(i) if ((long)n * kv_dim >= PARALLEL_MIN_WORK)
+    for (i = 0; i < n; i++) {
+        int key_pos = G > 0 && pos - i >= W ? i / G : cache_place(t, i, pos);
         float *k = key_rot + (size_t)i * kv_dim;
         kv_load(k, keys, t->kv_type, (size_t)i * kv_dim, kv_dim);
         rope(k, t->state.rope_cos + (size_t)key_pos * n_pairs, t->state.rope_sin + (size_t)key_pos * n_pairs, 1,
@@ -612,7 +636,7 @@ typedef struct {
 } RotatedKeys;
 
 /* The RoPE stage of one layer: give the block's queries and keys their
- * positions, and put the keys into the layer's cache. Which of three
+ * positions, and put the keys into the layer's cache. Which of four
  * strategies runs follows from the RoPE settings; the caller never knows:
  *   (a) rotate once (every method, the default): q and k are rotated by the
  *      table rows of their positions; keys enter the cache rotated and keep
@@ -624,8 +648,11 @@ typedef struct {
  *      unrotated too; a key W or more tokens back is rotated at its group
  *      position floor(t/G) and scored against a second query rotated at
  *      floor(pos/G) + W - floor(W/G); nearer keys keep their own positions.
- * (b) and (c) go one token at a time (block_limit). docs/rope.md §11 has
- * the details, and §10 Self-Extend's position map.
+ *   (d) attention sinks (--sinks S): keys enter unrotated; once the cache is
+ *      full each new token overwrites the oldest after the S sinks, and every
+ *      key is rotated at its place in the cache (cache_slot, cache_place).
+ * (b), (c) and (d) go one token at a time (block_limit). docs/rope.md §11
+ * has the details, §10 Self-Extend's position map and §13 the sinks.
  * In: s->q (B, n_heads, head_size) and s->k (B, kv_dim) from the projections.
  * Out: s->q rotated in place; the B keys written into key_cache (one layer's
  * (n_ctx, kv_dim)) at pos0..; returns the keys attention reads. */
@@ -634,9 +661,10 @@ static RotatedKeys rope_stage(Transformer *t, void *key_cache, int B, int pos0) 
     const RopeConfig *r = &t->rope;
     RunState *s = &t->state;
     int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, n_pairs = r->rot_dim / 2;
-    rope_sync_dynamic(t, pos0); // (b): table rows for length pos0 + 1 (once per token)
-    const float *cos_rows = s->rope_cos + (size_t)pos0 * n_pairs; // (B, n_pairs): the B positions' rows
-    const float *sin_rows = s->rope_sin + (size_t)pos0 * n_pairs;
+    int place = cache_place(t, cache_slot(t, pos0), pos0);   // pos0, or with sinks its place in the cache
+    rope_sync_dynamic(t, place); // (b): table rows for length place + 1 (once per token)
+    const float *cos_rows = s->rope_cos + (size_t)place * n_pairs; // (B, n_pairs): the B positions' rows
+    const float *sin_rows = s->rope_sin + (size_t)place * n_pairs;
     int G = r->se_group, W = r->se_window;
     int n_grouped = G > 0 && pos0 >= W ? pos0 - W + 1 : 0; // keys W or more tokens back
     if (n_grouped) { // (c): the query at its group position
@@ -650,7 +678,7 @@ static RotatedKeys rope_stage(Transformer *t, void *key_cache, int B, int pos0) 
         kv_store(key_cache, t->kv_type, (size_t)pos0 * kv_dim, s->k, B * kv_dim);
         return (RotatedKeys){key_cache, t->kv_type, NULL, 0};
     }
-    kv_store(key_cache, t->kv_type, (size_t)pos0 * kv_dim, s->k, B * kv_dim); // (b), (c): unrotated
+    kv_store(key_cache, t->kv_type, (size_t)cache_slot(t, pos0) * kv_dim, s->k, B * kv_dim); // (b)-(d): unrotated
     rotate_cached_keys(s->key_rot, key_cache, pos0, t);
     return (RotatedKeys){s->key_rot, KV_F32, s->q_grouped, n_grouped};
 }
@@ -717,6 +745,7 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
                       char *err, size_t err_len) {
     if (load_checkpoint(t, path, err, err_len) != 0) return -1;
     t->kv_type = kv_type;
+    t->rope.sinks = -1; // a run-time choice, never in a checkpoint
     if (rope_override) {
         const RopeConfig *o = rope_override;
         RopeConfig *r = &t->rope;
@@ -735,6 +764,7 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
         if (!isnan(o->high_freq)) r->high_freq = o->high_freq;
         if (o->dynamic_exact >= 0) r->dynamic_exact = o->dynamic_exact;
         if (o->se_group > 0) r->se_group = o->se_group, r->se_window = o->se_window;
+        r->sinks = o->sinks;
     }
     // Defaults for parameters the checkpoint leaves at 0 (legacy files, or no scaling stored).
     if (t->rope.beta_fast == 0) t->rope.beta_fast = 32;
@@ -742,7 +772,13 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
     if (t->rope.low_freq == 0) t->rope.low_freq = 1;
     if (t->rope.high_freq == 0) t->rope.high_freq = 4;
     t->n_ctx = n_ctx > 0 ? n_ctx : t->config.train_ctx;
-    t->prerope = t->rope.se_group > 0 || (t->rope.scaling == ROPE_DYNAMIC && t->rope.dynamic_exact);
+    t->prerope = t->rope.se_group > 0 || t->rope.sinks >= 0 ||
+                 (t->rope.scaling == ROPE_DYNAMIC && t->rope.dynamic_exact);
+    if (t->rope.sinks >= t->n_ctx) {
+        fail(err, err_len, "--sinks %d: expected fewer than the %d tokens of the cache (--ctx)", t->rope.sinks,
+             t->n_ctx);
+        return -2;
+    }
     if (validate_rope(&t->rope, t->config.dim / t->config.n_heads, err, err_len) != 0) return -2;
     if (build_run_state(t, err, err_len) != 0) return -1;
     return 0;
@@ -903,10 +939,13 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
     const Config *c = &t->config;
     const Weights *w = &t->weights;
     RunState *s = &t->state;
-    if (B < 1 || B > block_limit(t) || pos0 < 0 || pos0 + B > t->n_ctx) return -1;
+    if (B < 1 || B > block_limit(t) || pos0 < 0 || (pos0 + B > t->n_ctx && t->rope.sinks < 0)) return -1;
     for (int b = 0; b < B; b++)
         if (tokens[b] < 0 || tokens[b] >= c->vocab_size) return -1;
     int dim = c->dim, hidden_dim = c->hidden_dim, kv_dim = dim / c->n_heads * c->n_kv_heads;
+    // Where the block sits in the cache: slot pos0 and place pos0, unless
+    // attention sinks have wrapped it (then B = 1: slot and place of §13).
+    int slot = cache_slot(t, pos0), place = cache_place(t, slot, pos0);
 
     // x = token_embedding[tokens]                                  (B, dim)
     for (int b = 0; b < B; b++) matrix_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
@@ -923,8 +962,8 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
         project(s, s->k, s->xb, w->wk, l, B, dim, kv_dim);                 // k (B, n_kv_heads, head_size)
         project(s, s->v, s->xb, w->wv, l, B, dim, kv_dim);                 // v (B, n_kv_heads, head_size)
         RotatedKeys keys = rope_stage(t, key_cache, B, pos0);              // q rotated; k into the cache
-        kv_store(value_cache, t->kv_type, (size_t)pos0 * kv_dim, s->v, B * kv_dim); // v into the cache
-        attention(s->xb, s->q, &keys, value_cache, B, pos0, t);            // (B, dim)
+        kv_store(value_cache, t->kv_type, (size_t)slot * kv_dim, s->v, B * kv_dim); // v into the cache
+        attention(s->xb, s->q, &keys, value_cache, B, place, t);           // (B, dim)
         project(s, s->xb2, s->xb, w->wo, l, B, dim, dim);                  // (B, dim)
         residual_add(s->x, s->xb2, B * dim);
 
@@ -1201,11 +1240,21 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     for (int i = 0; i < tok->n_stop; i++) stops[n_stop++] = tok->stop_ids[i];
     if (tok->add_bos) stops[n_stop++] = tok->bos_id; // BOS starts the next text (llama2.c's stories)
     if (ignore_eos) n_stop = 0;
-    while (n_new < max_new) {
+    for (int pos = n_prompt; n_new < max_new; pos++) { // pos: where the sampled token goes
         n_new++;
+        if (d.n == t->n_ctx + 1) { // attention sinks went past the cache: history keeps the last n_ctx
+            memmove(d.history, d.history + 1, (size_t)t->n_ctx * sizeof(int));
+            d.n--;
+        }
         int next = decode_step(&d, logits, stops, n_stop);
-        if (next < 0 || d.n > t->n_ctx) break; // an end token, or no room to feed it back
-        logits = forward(t, next, d.n - 1);
+        if (next < 0) break; // a stop token
+        if (pos == t->n_ctx && t->rope.sinks < 0) {
+            if (n_new < max_new)
+                fprintf(stderr, "generate: the context of %d tokens is full after %d new tokens; raise --ctx, or "
+                        "go on past it with attention sinks (--sinks 4)\n", t->n_ctx, n_new);
+            break;
+        }
+        logits = forward(t, next, pos);
     }
     end_text(&d);
     double end = now_seconds(), prefill_s = prefill_end - start, decode_s = end - prefill_end;
@@ -1702,8 +1751,10 @@ typedef struct {
     int n_windows;
     Bucket buckets[64]; // NLL by in-window position range (ppl_buckets)
     int n_buckets;
-    double *pos_sum;    // (n_ctx) NLL summed per in-window position
-    long *pos_count;    // (n_ctx) tokens scored per in-window position
+    double *pos_sum;    // (n_positions) NLL summed per in-window position (streaming: absolute position)
+    long *pos_count;    // (n_positions) tokens scored per position
+    int n_positions;    // n_ctx, or with streaming the text's length
+    int streaming;      // 1: scored by ppl_stream_score (positions are absolute)
 } PplScore;
 
 void free_ppl_score(PplScore *score) {
@@ -1779,6 +1830,7 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
     if (stride < 1 || stride > t->n_ctx - 1)
         return fail(err, err_len, "--stride %d: expected 1..%d (ctx - 1)", stride, t->n_ctx - 1);
     int n_windows = n_ids <= span ? 1 : 1 + (n_ids - span + stride - 1) / stride;
+    out->n_positions = t->n_ctx;
     out->pos_sum = calloc((size_t)t->n_ctx, sizeof(double));
     out->pos_count = calloc((size_t)t->n_ctx, sizeof(long));
     out->win_sum = calloc((size_t)n_windows, sizeof(double));
@@ -1838,6 +1890,57 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
     free(input);
     if (rc != 0) free_ppl_score(out);
     return rc;
+}
+
+/* Teacher-forced NLL of ids[0..n_ids) in one pass through the rolling cache
+ * of attention sinks (--sinks S; StreamingLLM's long-text evaluation): BOS
+ * first when add_bos, then token by token, each text token scored given
+ * what the cache holds when it comes (the first one only after BOS). Fills
+ * *out as ppl_score does, as one window, with buckets and per-position sums
+ * by absolute position. Returns 0, or -1 with a message in err. */
+int ppl_stream_score(Transformer *t, const int *ids, int n_ids, int add_bos, PplScore *out, PplProgress progress,
+                     const TokenHook *hook, char *err, size_t err_len) {
+    int bos = add_bos ? 1 : 0, n = n_ids + bos, V = t->config.vocab_size; // n: tokens fed, BOS included
+    memset(out, 0, sizeof *out);
+    if (t->rope.sinks < 0) return fail(err, err_len, "--streaming: needs a rolling cache (--sinks S)");
+    if (n < 2) return fail(err, err_len, "no tokens to score (%d text tokens%s)", n_ids, bos ? "" : " and no BOS");
+    out->n_positions = n;
+    out->pos_sum = calloc((size_t)n, sizeof(double));
+    out->pos_count = calloc((size_t)n, sizeof(long));
+    out->win_sum = calloc(1, sizeof(double));
+    out->win_count = calloc(1, sizeof(long));
+    out->n_buckets = ppl_buckets(out->buckets, t->rope.orig_ctx, n);
+    if (!out->pos_sum || !out->pos_count || !out->win_sum || !out->win_count) {
+        free_ppl_score(out);
+        return fail(err, err_len, "ppl: out of memory for %d positions", n);
+    }
+    for (int p = 0; p + 1 < n; p++) { // feed token p, score token p + 1
+        int token = p < bos ? t->config.bos_id : ids[p - bos], target = ids[p + 1 - bos];
+        const float *logits = forward(t, token, p);
+        if (!logits || target < 0 || target >= V) {
+            free_ppl_score(out);
+            return fail(err, err_len, "ppl: a token near %d is outside the vocabulary (0..%d)", p, V - 1);
+        }
+        if (hook && hook->fn(hook->ctx, logits, V, target, err, err_len) != 0) {
+            free_ppl_score(out);
+            return -1;
+        }
+        double nll = token_nll(logits, V, target);
+        out->nll_sum += nll, out->nll_sq += nll * nll, out->n_scored++;
+        out->win_sum[0] += nll, out->win_count[0]++;
+        out->pos_sum[p + 1] += nll, out->pos_count[p + 1]++;
+        for (int k = 0; k < out->n_buckets; k++)
+            if (p + 1 >= out->buckets[k].start && p + 1 < out->buckets[k].end) {
+                out->buckets[k].tokens++;
+                out->buckets[k].nll_sum += nll;
+                out->buckets[k].nll_sq += nll * nll;
+            }
+        if (progress && (p + 2) % 256 == 0) progress(p + 2, n);
+    }
+    out->n_windows = 1;
+    out->streaming = 1;
+    if (progress) progress(n, n);
+    return 0;
 }
 
 /* ---- Comparing a run with a saved baseline (ppl --save-logits, --kl-base) --
@@ -1973,8 +2076,10 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
         print_json_field("nll_se_windows", se_win);
         print_json_field("ppl_lo", exp(nll - 1.96 * se)); // 95% interval under nll_se
         print_json_field("ppl_hi", exp(nll + 1.96 * se));
-        printf("\"ctx\": %d, \"stride\": %d, \"windows\": %d, \"orig_ctx\": %d, \"scaling\": \"%s\", \"buckets\": [",
-               t->n_ctx, stride, n_windows, t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
+        printf("\"ctx\": %d, \"stride\": %d, \"windows\": %d, \"orig_ctx\": %d, \"scaling\": \"%s\", ",
+               t->n_ctx, score->streaming ? 0 : stride, n_windows, t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
+        if (t->rope.sinks >= 0) printf("\"sinks\": %d, ", t->rope.sinks);
+        printf("\"streaming\": %s, \"buckets\": [", score->streaming ? "true" : "false");
         int first = 1;
         for (int b = 0; b < n_buckets; b++) {
             if (!buckets[b].tokens) continue;
@@ -1988,7 +2093,7 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
         printf("]");
         if (per_position) { // mean NLL at in-window positions 0..ctx-1 (null: nothing scored there)
             printf(", \"per_position\": [");
-            for (int p = 0; p < t->n_ctx; p++) {
+            for (int p = 0; p < score->n_positions; p++) {
                 if (pos_count[p]) printf(p ? ", %.5f" : "%.5f", pos_sum[p] / pos_count[p]);
                 else printf(p ? ", null" : "null");
             }
@@ -2006,12 +2111,19 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
         }
         printf("}\n");
     } else {
-        printf("%s: %ld tokens, %d windows of ctx %d (stride %d), scaling %s\n", path, n_scored, n_windows, t->n_ctx,
-               stride, SCALING_NAMES[t->rope.scaling]);
+        if (score->streaming)
+            printf("%s: %ld tokens, streamed through a cache of %d tokens (%d sinks), scaling %s; positions are "
+                   "absolute\n", path, n_scored, t->n_ctx, t->rope.sinks, SCALING_NAMES[t->rope.scaling]);
+        else
+            printf("%s: %ld tokens, %d windows of ctx %d (stride %d), scaling %s\n", path, n_scored, n_windows,
+                   t->n_ctx, stride, SCALING_NAMES[t->rope.scaling]);
         printf("nll %.4f +- %.4f  ppl %.3f [%.3f, %.3f]\n", nll, se, exp(nll), exp(nll - 1.96 * se),
                exp(nll + 1.96 * se));
-        printf("(+- one standard error, [95%% interval], counting tokens as independent; with windows as the\n"
-               " independent units the standard error is %.4f)\n", se_win);
+        if (isnan(se_win))
+            printf("(+- one standard error, [95%% interval], counting tokens as independent)\n");
+        else
+            printf("(+- one standard error, [95%% interval], counting tokens as independent; with windows as the\n"
+                   " independent units the standard error is %.4f)\n", se_win);
         printf("%-18s %8s %8s %8s %10s\n", "positions", "tokens", "nll", "+-", "ppl");
         for (int b = 0; b < n_buckets; b++) {
             if (!buckets[b].tokens) continue;
@@ -2029,7 +2141,7 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
 }
 
 /* ppl's progress line, on a terminal only, at most every 2 seconds. */
-static void ppl_progress(int done, int total) {
+static void progress_line(const char *unit, int done, int total) {
     static double last = 0; // when the line was last written; 0 = never
     if (!isatty(STDERR_FILENO)) return;
     if (done == total) { // clear the line, if there is one
@@ -2038,8 +2150,10 @@ static void ppl_progress(int done, int total) {
     }
     if (now_seconds() - last < 2.0) return;
     last = now_seconds();
-    fprintf(stderr, "\rppl: window %d of %d", done, total);
+    fprintf(stderr, "\rppl: %s %d of %d", unit, done, total);
 }
+static void ppl_progress(int done, int total) { progress_line("window", done, total); }
+static void stream_progress(int done, int total) { progress_line("token", done, total); }
 
 /* ppl: the NLL of a text file under teacher forcing (ppl_score), reported by
  * ppl_report. The text is encoded once, without BOS. */
@@ -2058,8 +2172,8 @@ static int ppl_hooks(void *ctx, const float *logits, int vocab, int target, char
 }
 
 static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, const char *text, size_t len,
-                     int stride, int json, int per_position, const char *save_path, const char *kl_path,
-                     const char *summary) {
+                     int stride, int json, int per_position, int streaming, const char *save_path,
+                     const char *kl_path, const char *summary) {
     int n_ids;
     int *ids = encode_or_die(tok, text, len, 0, &n_ids);
     if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", path);
@@ -2091,8 +2205,9 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
     PplScore score;
     char err[512];
     double start_time = now_seconds();
-    int rc = ppl_score(t, ids, n_ids, tok->add_bos, stride, &score, ppl_progress, save_path || kl_path ? &hook : NULL,
-                       err, sizeof err);
+    const TokenHook *h = save_path || kl_path ? &hook : NULL;
+    int rc = streaming ? ppl_stream_score(t, ids, n_ids, tok->add_bos, &score, stream_progress, h, err, sizeof err)
+                       : ppl_score(t, ids, n_ids, tok->add_bos, stride, &score, ppl_progress, h, err, sizeof err);
     if (rc == 0 && kl_path && kl.n != kl.n_total)
         rc = fail(err, sizeof err, "--kl-base %s: holds %ld tokens, this run scored %ld", kl_path, kl.n_total, kl.n);
     if (rc == 0 && save_path) { // the header, now that the count is known; then the file under its name
@@ -2288,24 +2403,27 @@ static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan
     int n_bare;
     free(encode_or_die(tok, bare, bare_len, tok->add_bos, &n_bare));
     free(bare);
+    int longest = 0;
     for (int li = 0; li < plan->n_lengths; li++) {
         int length = (int)plan->lengths[li];
-        if (length + n_new > t->n_ctx)
-            die(EXIT_USAGE, "--lengths %d: a prompt of %d tokens and its %d answer tokens need --ctx %d, got %d",
-                length, length, n_new, length + n_new, t->n_ctx);
+        longest = length > longest ? length : longest;
+        if (length + n_new > t->n_ctx && t->rope.sinks < 0) // attention sinks roll past the cache
+            die(EXIT_USAGE, "--lengths %d: a prompt of %d tokens and its %d answer tokens need --ctx %d, got %d "
+                "(or a rolling cache, --sinks S)", length, length, n_new, length + n_new, t->n_ctx);
         if (length < n_bare)
             die(EXIT_USAGE, "--lengths %d: the prompt without filler already has %d tokens", length, n_bare);
     }
     if (!plan->prompts_only) fputs(summary, stderr);
     uint64_t rng = plan->seed * 0x9E3779B97F4A7C15ull + 1; // never 0: xorshift's fixed point
-    int *history = malloc(((size_t)t->n_ctx + 1) * sizeof(int));
+    int *history = malloc(((size_t)longest + n_new + 1) * sizeof(int));
     if (!history) die(EXIT_BAD_INPUT, "out of memory");
     if (plan->json) printf("{\"mode\": \"passkey\", \"filler\": %s", plan->filler_path ? "" : "\"fixed\"");
     if (plan->json && plan->filler_path) print_json_string(plan->filler_path);
     if (plan->json)
         printf(", \"key_digits\": %d, \"trials_per_cell\": %d, \"seed\": %llu, \"ctx\": %d, \"orig_ctx\": %d, "
-               "\"scaling\": \"%s\", \"cells\": [", plan->digits, plan->trials, (unsigned long long)plan->seed,
-               t->n_ctx, t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
+               "\"scaling\": \"%s\", \"sinks\": %d, \"cells\": [", plan->digits, plan->trials,
+               (unsigned long long)plan->seed, t->n_ctx, t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling],
+               t->rope.sinks);
     else if (!plan->prompts_only) {
         printf("passkey: %d trials per cell, %d-digit keys, filler %s, ctx %d, scaling %s\n%8s", plan->trials,
                plan->digits, plan->filler_path ? plan->filler_path : "fixed", t->n_ctx,
@@ -2448,6 +2566,7 @@ typedef struct {
     int json, per_position, ignore_eos, help, chat_template, conversation_input;
     const char *lengths, *depths; // passkey: comma-separated lists
     const char *save_logits, *kl_base; // ppl: logits files
+    int streaming;                     // ppl: token by token through the rolling cache
     int trials, key_digits, prompts_only;
     long seed;
     RopeConfig rope; // overrides of the checkpoint's RoPE settings; NAN / -1 = not given
@@ -2549,6 +2668,13 @@ static const Flag FLAGS[] = {
     {"--key-digits", NULL, INT, 1, 18, FIELD(key_digits), NULL, "<int>", "passkey: digits of a key, default 5"},
     {"--prompts-only", NULL, SWITCH, 0, 0, FIELD(prompts_only), NULL, "",
      "passkey: print the prompts and their token counts; run nothing"},
+    {"--sinks", NULL, INT, 0, MAX_CTX - 1, FIELD(rope.sinks), NULL, "<S>",
+     "attention sinks (StreamingLLM): a rolling cache of --ctx tokens that keeps\n"
+     "the first S and evicts the oldest of the rest, positions by place in the\n"
+     "cache; generation goes on past --ctx; 0 = a plain sliding window"},
+    {"--streaming", NULL, SWITCH, 0, 0, FIELD(streaming), NULL, "",
+     "ppl: score the text token by token through the rolling cache of --sinks,\n"
+     "NLL by absolute position"},
     {"--json", NULL, SWITCH, 0, 0, FIELD(json), NULL, "", "machine-readable output for ppl, rope and passkey"},
     {"--per-position", NULL, SWITCH, 0, 0, FIELD(per_position), NULL, "",
      "ppl --json: add the mean NLL at every in-window position"},
@@ -2694,7 +2820,7 @@ int main(int argc, char **argv) {
                  .mode = GENERATE, .kv_type = KV_F32, .seed = -1, .chat_template = -1, .trials = 5, .key_digits = 5,
                  .rope = {.base = NAN, .layout = -1, .rot_dim = -1, .scaling = -1, .factor = NAN, .orig_ctx = -1,
                           .beta_fast = NAN, .beta_slow = NAN, .attn_factor = NAN, .low_freq = NAN,
-                          .high_freq = NAN, .dynamic_exact = -1}};
+                          .high_freq = NAN, .dynamic_exact = -1, .sinks = -1}};
     const char *checkpoint = parse_args(argc, argv, &o);
     if (!checkpoint) {
         usage(stderr);
@@ -2703,6 +2829,9 @@ int main(int argc, char **argv) {
     if (o.prompt && o.prompt_file) die(EXIT_USAGE, "-i and -f: give the prompt one way, not both");
     if (o.mode == PPL && !o.prompt_file) die(EXIT_USAGE, "-m ppl: needs -f <text file> to score");
     if (o.stride && o.mode != PPL) die(EXIT_USAGE, "--stride: only used by -m ppl");
+    if (o.streaming && (o.mode != PPL || o.rope.sinks < 0))
+        die(EXIT_USAGE, "--streaming: only used by -m ppl, with a rolling cache (--sinks S)");
+    if (o.streaming && o.stride) die(EXIT_USAGE, "--stride: windows are not used with --streaming");
     if ((o.save_logits || o.kl_base) && o.mode != PPL)
         die(EXIT_USAGE, "%s: only used by -m ppl", o.save_logits ? "--save-logits" : "--kl-base");
     if (o.per_position && !(o.mode == PPL && o.json)) die(EXIT_USAGE, "--per-position: only used by -m ppl --json");
@@ -2833,8 +2962,8 @@ int main(int argc, char **argv) {
         break;
     }
     case PPL:
-        ppl_mode(&t, &tok, o.prompt_file, input, text_len, o.stride, o.json, o.per_position, o.save_logits, o.kl_base,
-                 summary);
+        ppl_mode(&t, &tok, o.prompt_file, input, text_len, o.stride, o.json, o.per_position, o.streaming,
+                 o.save_logits, o.kl_base, summary);
         break;
     case PASSKEY:
         if (plan.n_lengths == 0) { // default: prompt and answer fill the training context (or --ctx)

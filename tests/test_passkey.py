@@ -163,3 +163,13 @@ def test_empty_filler_file(tmp_path):
     f = tmp_path / "empty.txt"
     f.write_text(" \n\t\n")
     check_error(run(MODEL, "-m", "passkey", "-f", f), 1, [str(f), "no filler sentences"])
+
+
+def test_prompts_longer_than_the_cache_with_sinks():
+    """With a rolling cache (--sinks) a prompt may be longer than --ctx: it
+    streams through the cache and the answer still comes."""
+    r = json.loads(run_ok(MODEL, "-m", "passkey", "--lengths", "150", "--depths", "0.5", "--trials", "1",
+                          "--ctx", "64", "--sinks", "4", "--json").stdout)
+    assert r["ctx"] == 64 and r["sinks"] == 4
+    t = r["cells"][0]["trials"][0]
+    assert 140 <= t["prompt_tokens"] <= 150 and t["text"]
