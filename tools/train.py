@@ -33,10 +33,34 @@ Pipeline (each stage is a function below, in this order):
                is a pure function of its flags (and of --threads, which changes
                float summation order: the same seed and thread count give the
                same weights).
+    passkey   --passkey-mix P (default 0: off, the training above bit for bit) makes
+               round(P * batch) windows of each batch passkey samples, the text
+               `run -m passkey` builds (docs/passkey.md) with its answer: BOS, TASK,
+               filler sentences of the TRAINING books (each book split by the
+               specification's sentence rule) with the KEY line at a uniformly random
+               depth, QUESTION, then " {key}.". The prompt has at most L tokens, L
+               uniform from the prompt without filler up to what leaves room for the
+               answer, and k filler sentences as run chooses them (the most that fit).
+               Keys have --passkey-digits (default 3..7, uniform) digits, the first
+               not 0: varied so that the model learns to copy a digit run up to its
+               "." rather than to count to 5, and sees every `run --key-digits` from 3
+               to 7. The rest of the window is BOS and book text from a random offset:
+               a new document, as between the books of the stream, so no position is
+               padding and the rest still trains the language model. Every position
+               is scored, as in a book window (--passkey-answer-weight W weights the
+               answer's tokens W times as much as the others). Samples come from
+               rng([seed, step, PASSKEY_TAG]), so a batch is still a pure function of
+               (seed, step).
  5. evaluate   held-out NLL every --eval-every steps on a fixed, evenly spaced
                subset of the held-out windows; at the end on all of them (the
                number `run -m ppl --ctx 256` reproduces). Also reported per
-               UTF-8 byte, so runs with different vocabularies compare.
+               UTF-8 byte, so runs with different vocabularies compare. With
+               --passkey-mix, also passkey accuracy (every --passkey-eval-every steps,
+               default --eval-every, and at the end) on --passkey-eval (50) fixed
+               prompts of seq_len - (5 + 4) tokens, `run -m passkey`'s default length
+               at this context, spread over depths 0, 0.25, 0.5, 0.75, 1, with
+               sentences of the HELD-OUT moby_dick as filler: greedy decoding of
+               key digits + 4 tokens, correct when the first digit run is the key.
  6. export     the torch checkpoint (.pt, written every --ckpt-every steps and at
                the end, enough to --resume) and, through export.py (the only
                writer of our format), model.bin and tokenizer.bin.
@@ -50,12 +74,21 @@ Example (the command that trained models/model.bin is in models/README.md):
 
   .venv/bin/python tools/train.py --threads 1 --out-dir /tmp/train/final --export-dir models
 
+A retrieval-trained model with the bundled model's vocabulary (--tokenizer reuses
+its sentencepiece model: a tokenizer trained by another sentencepiece version would
+differ) written to models/retrieval/:
+
+  .venv/bin/python tools/train.py --threads 1 --tokenizer models/tokenizer.model \
+      --passkey-mix 0.25 --max-steps 1500 --passkey-eval-every 250 \
+      --out-dir /tmp/train/retrieval --export-dir models/retrieval
+
 The defaults are the bundled model's settings; --help lists every flag.
 """
 import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -162,15 +195,28 @@ def load_data(args):
     import sentencepiece as spm
     cache = Path(args.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    tag = f"v{args.vocab_size}" + "".join(f"+{e}" for e in args.extra)
-    tok_path = cache / f"tok_{tag}.model"
+    extra = "".join(f"+{e}" for e in args.extra)
+    if getattr(args, "tokenizer", ""):
+        # A given sentencepiece model (e.g. models/tokenizer.model, so that a second model
+        # shares the bundled one's vocabulary whatever sentencepiece version is installed:
+        # training a tokenizer is deterministic only for one version). Its streams are
+        # cached under the hash of its bytes, apart from those of a trained tokenizer.
+        import hashlib
+        tok_path = Path(args.tokenizer)
+        if not tok_path.is_file():
+            raise SystemExit(f"--tokenizer {tok_path}: no such file")
+        tag = "sp" + hashlib.sha256(tok_path.read_bytes()).hexdigest()[:12] + extra
+    else:
+        tag = f"v{args.vocab_size}" + extra
+        tok_path = cache / f"tok_{tag}.model"
     train_npy, held_npy = cache / f"train_{tag}.npy", cache / f"heldout_{tag}.npy"
     docs = None
     if not tok_path.exists() or not train_npy.exists():
         docs = training_documents(Path(args.shared), args.extra)
         train_tokenizer(docs, args.vocab_size, tok_path.with_suffix(""), args.threads)
     sp = spm.SentencePieceProcessor(model_file=str(tok_path))
-    assert sp.vocab_size() == args.vocab_size
+    if sp.vocab_size() != args.vocab_size:
+        raise SystemExit(f"tokenizer {tok_path}: {sp.vocab_size()} pieces, but --vocab-size {args.vocab_size}")
     if not train_npy.exists():
         t0 = time.time()
         np.save(train_npy, encode_stream(sp, docs))
@@ -332,6 +378,226 @@ def evaluate(model, windows, tok_bytes, batch=32):
     return nll, ntok, nbytes
 
 
+# --------------------------------------------------------------------------
+# passkey retrieval: training samples and their evaluation (docs/passkey.md)
+# --------------------------------------------------------------------------
+
+PASSKEY_TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
+                "memorize them. I will quiz you about the important information there.")
+PASSKEY_KEY = "The pass key is {key}. Remember it. {key} is the pass key."
+PASSKEY_QUESTION = "What is the pass key? The pass key is"
+PASSKEY_EVAL_BOOK = "moby_dick.txt"  # held out (prepare_data.HELDOUT_BOOKS): the evaluation's filler
+PASSKEY_EVAL_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+PASSKEY_TAG = 0x9A55  # a seed word that keeps the passkey generators apart from get_batch's
+
+_SPACE_RUN = re.compile("[ \t\n\r\x0b\x0c]+")  # ASCII white space only (not NBSP etc.)
+_SENTENCE_END = re.compile("(?<=[.!?]) ")
+_DIGIT_RUN = re.compile("[0-9]+")
+
+
+def split_sentences(text: str) -> list:
+    """A filler file's sentences (docs/passkey.md section 1): every run of ASCII white space
+    becomes one space, none at the ends; a sentence ends after ".", "!" or "?" followed by a
+    space, which belongs to neither sentence. No sentence is empty."""
+    text = _SPACE_RUN.sub(" ", text).strip(" ")
+    return _SENTENCE_END.split(text) if text else []
+
+
+def round_half_away(x: float) -> int:
+    """C's lround for x >= 0 (halves round up; Python's round() would go to even)."""
+    f = math.floor(x)
+    return int(f) + (1 if x - f >= 0.5 else 0)
+
+
+def passkey_prompt(filler: list, start: int, k: int, i: int, key: str) -> str:
+    """TASK, k filler sentences from index start (wrapping around) with the KEY line after the
+    first i of them, and the QUESTION, joined by single spaces (docs/passkey.md section 1)."""
+    picked = [filler[(start + j) % len(filler)] for j in range(k)]
+    return " ".join([PASSKEY_TASK] + picked[:i] + [PASSKEY_KEY.format(key=key)] + picked[i:]
+                    + [PASSKEY_QUESTION])
+
+
+def prompt_ids(sp, text: str) -> list:
+    """A prompt's ids as `run` encodes it with this tokenizer: BOS, then the text's pieces."""
+    return [BOS_ID] + sp.encode(text)
+
+
+def passkey_prompt_ids(sp, filler: list, start: int, depth: float, key: str, length: int):
+    """The prompt with the most filler sentences k that has at most `length` tokens (BOS
+    included), the key after i = round(depth * k) of them: (ids, k, i). The search is run's:
+    k = 0, 1, 2, 4, ... until a prompt is too long, then bisection. ValueError when even the
+    prompt without filler is longer than `length`."""
+    if not filler:
+        raise ValueError("passkey: no filler sentences")
+
+    def ids_for(k):
+        return prompt_ids(sp, passkey_prompt(filler, start, k, round_half_away(depth * k), key))
+
+    best = ids_for(0)
+    if len(best) > length:
+        raise ValueError(f"passkey: length {length} is below the prompt without filler ({len(best)} tokens)")
+    lo, hi = 0, 1  # lo fits; hi is the next to try, then the first known not to fit
+    while True:
+        ids = ids_for(hi)
+        if len(ids) > length:
+            break
+        best, lo, hi = ids, hi, 2 * hi
+    while hi - lo > 1:
+        k = lo + (hi - lo) // 2
+        ids = ids_for(k)
+        if len(ids) <= length:
+            best, lo = ids, k
+        else:
+            hi = k
+    return best, lo, round_half_away(depth * lo)
+
+
+def passkey_key(rng, digits: int) -> str:
+    """A decimal key of `digits` digits whose first digit is not 0 (docs/passkey.md section 2)."""
+    return str(int(rng.integers(1, 10))) + "".join(str(int(d)) for d in rng.integers(0, 10, size=digits - 1))
+
+
+def passkey_answer_ids(sp, key: str) -> list:
+    """The ids of the answer " {key}." after the QUESTION. No piece spans a space, so they are
+    the tail of the whole sample's ids (passkey_sample checks it on every sample)."""
+    q = sp.encode(PASSKEY_QUESTION)
+    full = sp.encode(f"{PASSKEY_QUESTION} {key}.")
+    assert full[:len(q)] == q, "the QUESTION's pieces change when the answer follows"
+    return full[len(q):]
+
+
+def passkey_sample(sp, filler: list, rng, seq_len: int, digits=(3, 7)):
+    """One training sample: the ids of BOS + prompt + " {key}." (the prompt as `run -m passkey`
+    builds it, at most L tokens with BOS) and the index where the answer starts, and the drawn
+    values. Drawn from rng in this order: the key's digit count (uniform in digits[0]..digits[1]),
+    the key, start (uniform over the filler), depth (uniform in [0, 1)), and L (uniform from the
+    prompt without filler to seq_len - answer tokens, so the sample leaves at least one position
+    of a seq_len + 1 token window free)."""
+    n_digits = int(rng.integers(digits[0], digits[1] + 1))
+    key = passkey_key(rng, n_digits)
+    start = int(rng.integers(len(filler)))
+    depth = float(rng.random())
+    answer = passkey_answer_ids(sp, key)
+    n_bare = len(prompt_ids(sp, passkey_prompt(filler, start, 0, 0, key)))
+    if n_bare + len(answer) > seq_len:
+        raise ValueError(f"passkey: --seq-len {seq_len} is too short for a {n_digits}-digit sample "
+                         f"({n_bare} + {len(answer)} tokens without filler)")
+    length = int(rng.integers(n_bare, seq_len - len(answer) + 1))
+    ids, k, i = passkey_prompt_ids(sp, filler, start, depth, key, length)
+    full = prompt_ids(sp, passkey_prompt(filler, start, k, i, key) + f" {key}.")
+    if full != ids + answer:  # the prompt's ids are a prefix of the sample's: what run sees
+        raise AssertionError(f"passkey: key {key}: the answer changes the prompt's pieces")
+    return full, len(ids), dict(key=key, start=start, depth=depth, length=length, k=k, i=i)
+
+
+def passkey_train_filler(shared: Path) -> list:
+    """The training samples' filler: the sentences of each cleaned TRAINING book in turn (the
+    held-out books never appear), each book split as a filler file (docs/passkey.md section 1)."""
+    train_paths, _ = prepare_data.book_paths(shared)
+    return [s for p in train_paths for s in split_sentences(prepare_data.clean_book(p))]
+
+
+def passkey_eval_filler(shared: Path) -> list:
+    """The evaluation's filler: the sentences of the cleaned held-out PASSKEY_EVAL_BOOK."""
+    assert PASSKEY_EVAL_BOOK in prepare_data.HELDOUT_BOOKS
+    return split_sentences(prepare_data.clean_book(shared / "data" / "books" / PASSKEY_EVAL_BOOK))
+
+
+def passkey_mix_count(mix: float, batch: int) -> int:
+    """Passkey windows per batch: round(mix * batch), halves up."""
+    return round_half_away(mix * batch)
+
+
+def get_mixed_batch(stream: np.ndarray, seed: int, step: int, batch: int, seq_len: int, mix: float,
+                    sp=None, filler=None, digits=(3, 7)):
+    """get_batch's windows with the last passkey_mix_count(mix, batch) of them replaced by
+    passkey windows: BOS + prompt + " {key}." (passkey_sample), then BOS and book text from a
+    random offset of the stream to the end of the window (a new document, as the stream's BOS
+    between books). Samples and offsets come from rng([seed, step, PASSKEY_TAG]), so the batch is
+    a pure function of (seed, step). Returns x, y and a bool mask of the answer's targets in y
+    (None, with get_batch's x and y bit for bit, when no window is a passkey one)."""
+    x, y = get_batch(stream, seed, step, batch, seq_len)
+    n_pk = passkey_mix_count(mix, batch)
+    if n_pk == 0:
+        return x, y, None
+    rng = np.random.default_rng([seed, step, PASSKEY_TAG])
+    mask = torch.zeros((batch, seq_len), dtype=torch.bool)
+    for b in range(batch - n_pk, batch):
+        ids, a, _ = passkey_sample(sp, filler, rng, seq_len, digits)
+        rest = seq_len + 1 - len(ids)  # >= 1: BOS, then rest - 1 book tokens
+        o = int(rng.integers(0, len(stream) - rest + 2))
+        seq = np.concatenate([np.array(ids, dtype=np.int64), [BOS_ID], stream[o:o + rest - 1]]).astype(np.int64)
+        assert len(seq) == seq_len + 1
+        x[b] = torch.from_numpy(seq[:-1])
+        y[b] = torch.from_numpy(seq[1:])
+        mask[b, a - 1:len(ids) - 1] = True  # y[j] is seq[j + 1]: the answer is seq[a:len(ids)]
+    return x, y, mask
+
+
+def passkey_eval_set(sp, filler: list, seq_len: int, trials: int, digits: int = 5,
+                     depths=PASSKEY_EVAL_DEPTHS, seed: int = 0) -> list:
+    """`trials` fixed prompts for passkey_accuracy, depth by depth in turn (trial t has
+    depths[t % len(depths)]), each of at most seq_len - (digits + 4) tokens: `run -m passkey`'s
+    default length, where the prompt and its answer fill the training context. Key and start of
+    each trial come from rng([PASSKEY_TAG, PASSKEY_TAG, seed]), not from the training seed, so
+    that runs compare on the same prompts."""
+    length = seq_len - (digits + 4)
+    rng = np.random.default_rng([PASSKEY_TAG, PASSKEY_TAG, seed])
+    items = []
+    for t in range(trials):
+        depth = depths[t % len(depths)]
+        key = passkey_key(rng, digits)
+        start = int(rng.integers(len(filler)))
+        ids, k, i = passkey_prompt_ids(sp, filler, start, depth, key, length)
+        items.append(dict(ids=ids, key=key, depth=depth, start=start, k=k, i=i))
+    return items
+
+
+@torch.no_grad()
+def passkey_accuracy(model, sp, items: list, n_new: int, batch: int = 64):
+    """Greedy answers to the prompts of passkey_eval_set, scored as `run -m passkey` scores them:
+    at most n_new new tokens (stopping at EOS), and the first run of ASCII digits of their text
+    must equal the key. A row stops early once a character follows its first digit run (the
+    answer cannot change after that). Returns (accuracy, {depth: accuracy}, answers)."""
+    model.eval()
+    answers = []
+    for b0 in range(0, len(items), batch):
+        group = items[b0:b0 + batch]
+        lens = np.array([len(it["ids"]) for it in group])
+        x = torch.full((len(group), int(lens.max()) + n_new), BOS_ID, dtype=torch.long)
+        for r, it in enumerate(group):
+            x[r, :lens[r]] = torch.tensor(it["ids"])
+        gen = [[] for _ in group]
+        live = list(range(len(group)))  # rows still decoding; each has s new tokens at step s
+        for s in range(n_new):
+            if not live:
+                break
+            pos = lens[live] + s - 1  # the last token of each live row
+            logits = model(x[live, :int(pos.max()) + 1])
+            nxt = logits[torch.arange(len(live)), torch.from_numpy(pos)].argmax(-1).tolist()
+            still = []
+            for r, t in zip(live, nxt):
+                if t == EOS_ID:
+                    continue
+                x[r, lens[r] + s] = t
+                gen[r].append(t)
+                text = sp.decode(gen[r])
+                m = _DIGIT_RUN.search(text)
+                if not (m and m.end() < len(text)):
+                    still.append(r)
+            live = still
+        for g in gen:
+            m = _DIGIT_RUN.search(sp.decode(g))
+            answers.append(m.group(0) if m else "")
+    model.train()
+    ok = [a == it["key"] for a, it in zip(answers, items)]
+    by_depth = {}
+    for d in sorted({it["depth"] for it in items}):
+        hits = [o for o, it in zip(ok, items) if it["depth"] == d]
+        by_depth[d] = sum(hits) / len(hits)
+    return sum(ok) / max(1, len(ok)), by_depth, answers
+
+
 def lr_at(step, args):
     """Linear warmup for --warmup steps, then cosine from --lr to --lr * --min-lr-ratio."""
     if step < args.warmup:
@@ -399,6 +665,9 @@ def parse_args(argv=None):
                    help="extra corpora mixed into training (default: none, books only)")
     g.add_argument("--cache-dir", default="/tmp/train/cache", help="tokenizer and token streams cache")
     g.add_argument("--vocab-size", type=int, default=4096, help="sentencepiece BPE vocabulary")
+    g.add_argument("--tokenizer", default="",
+                   help="use this sentencepiece .model (e.g. models/tokenizer.model) instead of training "
+                        "one; its token streams are cached under the hash of the file")
     g = ap.add_argument_group("model")
     g.add_argument("--dim", type=int, default=128)
     g.add_argument("--n-layers", type=int, default=6)
@@ -417,6 +686,20 @@ def parse_args(argv=None):
     g.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
     g.add_argument("--seed", type=int, default=1337)
     g.add_argument("--threads", type=int, default=2, help="torch threads (CPU cores to use)")
+    g = ap.add_argument_group("passkey retrieval (docs/passkey.md)")
+    g.add_argument("--passkey-mix", type=float, default=0.0,
+                   help="fraction of each batch's windows that are passkey samples, round(P * batch) of "
+                        "them (default 0: book windows only, the bundled model's training)")
+    g.add_argument("--passkey-digits", type=int, nargs=2, default=[3, 7], metavar=("MIN", "MAX"),
+                   help="digits of a training key, drawn uniformly in MIN..MAX (default 3 7)")
+    g.add_argument("--passkey-answer-weight", type=float, default=1.0,
+                   help="loss weight of the answer's tokens against 1 for every other token "
+                        "(default 1: the plain mean over all positions)")
+    g.add_argument("--passkey-eval", type=int, default=50,
+                   help="held-out passkey prompts per evaluation, with --passkey-mix > 0 (0: none)")
+    g.add_argument("--passkey-eval-digits", type=int, default=5, help="digits of an evaluation key")
+    g.add_argument("--passkey-eval-every", type=int, default=0,
+                   help="passkey evaluation interval in steps (default 0: --eval-every)")
     g = ap.add_argument_group("evaluation and output")
     g.add_argument("--eval-every", type=int, default=100, help="held-out eval interval (steps)")
     g.add_argument("--eval-windows", type=int, default=64, help="held-out windows per periodic eval")
@@ -425,10 +708,20 @@ def parse_args(argv=None):
     g.add_argument("--out-dir", default="/tmp/train/run", help="ckpt.pt and log.jsonl go here")
     g.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
     g.add_argument("--no-final-eval", action="store_true", help="skip the full held-out eval")
-    g.add_argument("--export-dir", default="", help="write model.bin + tokenizer here at the end")
+    g.add_argument("--export-dir", default="",
+                   help="write model.bin, tokenizer.bin and tokenizer.model here at the end "
+                        "(e.g. models/retrieval)")
     g.add_argument("--export-only", action="store_true",
                    help="no training: export OUT/ckpt.pt to --export-dir and stop")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if not 0.0 <= args.passkey_mix <= 1.0:
+        ap.error(f"--passkey-mix {args.passkey_mix}: expected a fraction in [0, 1]")
+    lo, hi = args.passkey_digits
+    if not 1 <= lo <= hi <= 18 or not 1 <= args.passkey_eval_digits <= 18:
+        ap.error("--passkey-digits MIN MAX and --passkey-eval-digits: 1 <= MIN <= MAX <= 18")
+    if args.passkey_answer_weight <= 0 or args.passkey_eval < 0 or args.passkey_eval_every < 0:
+        ap.error("--passkey-answer-weight must be > 0, --passkey-eval and --passkey-eval-every >= 0")
+    return args
 
 
 def main(argv=None):
@@ -443,8 +736,8 @@ def main(argv=None):
         if not args.export_dir:
             raise SystemExit("--export-only needs --export-dir")
         st = torch.load(out / "ckpt.pt")
-        for k in ("vocab_size", "extra", "shared"):
-            setattr(args, k, st["args"][k])
+        for k in ("vocab_size", "extra", "shared", "tokenizer"):
+            setattr(args, k, st["args"].get(k, ""))
         model = Llama(st["cfg"])
         model.load_state_dict(st["model"])
         log(f"export-only: {out / 'ckpt.pt'} at step {st['step']}")
@@ -476,6 +769,22 @@ def main(argv=None):
         step, history = st["step"], st["history"]
         log(f"resume: from step {step}")
 
+    pk_filler, pk_items = None, None
+    pk_digits = tuple(args.passkey_digits)
+    pk_new = args.passkey_eval_digits + 4  # answer tokens decoded, as run -m passkey
+    if args.passkey_mix > 0:
+        pk_filler = passkey_train_filler(Path(args.shared))
+        log(f"passkey: {passkey_mix_count(args.passkey_mix, args.batch_size)} of {args.batch_size} windows "
+            f"per batch, {pk_digits[0]}-{pk_digits[1]} digit keys, filler {len(pk_filler):,} sentences "
+            f"of the training books")
+        if args.passkey_eval > 0:
+            pk_items = passkey_eval_set(sp, passkey_eval_filler(Path(args.shared)), args.seq_len,
+                                        args.passkey_eval, args.passkey_eval_digits)
+            log(f"passkey: evaluation of {len(pk_items)} prompts of at most {args.seq_len - pk_new} tokens, "
+                f"{args.passkey_eval_digits}-digit keys, depths {list(PASSKEY_EVAL_DEPTHS)}, "
+                f"filler {PASSKEY_EVAL_BOOK} (held out)")
+    pk_every = args.passkey_eval_every or args.eval_every
+
     windows = heldout_windows(held, args.seq_len)
     full = [w for w in windows if len(w) == args.seq_len - 1]
     idx = np.linspace(0, len(full) - 1, min(args.eval_windows, len(full))).round().astype(int)
@@ -486,6 +795,21 @@ def main(argv=None):
         return nll / n, nll / nb / math.log(2)
 
     logf = open(out / "log.jsonl", "a" if step else "w")  # a resumed run appends
+
+    def passkey_eval_log(step):
+        t0 = time.time()
+        acc, by_depth, _ = passkey_accuracy(model, sp, pk_items, pk_new)
+        rec = dict(step=step, passkey_acc=acc, passkey_acc_by_depth={f"{d:g}": a for d, a in by_depth.items()},
+                   passkey_trials=len(pk_items), passkey_length=args.seq_len - pk_new,
+                   passkey_eval_s=time.time() - t0, elapsed=time.time() - t_start,
+                   cpu=time.process_time() - cpu_start)
+        history.append(rec)
+        logf.write(json.dumps(rec) + "\n")
+        logf.flush()
+        log(f"eval  step {step:5d} | passkey {acc:.0%} of {len(pk_items)} at length {args.seq_len - pk_new} ("
+            + ", ".join(f"d={d:g} {a:.0%}" for d, a in by_depth.items()) + f") in {time.time() - t0:.0f}s")
+        return acc, by_depth
+
     tokens_per_step = args.batch_size * args.seq_len
     # Wall time and this process's CPU time (the machine may be shared: CPU time
     # divided by --threads is what the run would take on idle cores).
@@ -493,7 +817,7 @@ def main(argv=None):
     if history:  # resumed: keep counting from the saved totals
         t_start -= history[-1]["elapsed"]
         cpu_start -= history[-1].get("cpu", 0.0)
-    ema = None
+    ema = ans_ema = None
     model.train()
     while step < args.max_steps:
         if step % args.eval_every == 0:
@@ -504,13 +828,31 @@ def main(argv=None):
             logf.write(json.dumps(rec) + "\n")
             logf.flush()
             log(f"eval  step {step:5d} | held-out loss {hl:.4f} nats/token, {hb:.4f} bits/byte")
+        if pk_items and step % pk_every == 0:
+            passkey_eval_log(step)
         t0 = time.time()
         lr = lr_at(step, args)
         for group in opt.param_groups:
             group["lr"] = lr
-        x, y = get_batch(train, args.seed, step, args.batch_size, args.seq_len)
+        if args.passkey_mix > 0:
+            x, y, amask = get_mixed_batch(train, args.seed, step, args.batch_size, args.seq_len,
+                                          args.passkey_mix, sp, pk_filler, pk_digits)
+        else:
+            x, y = get_batch(train, args.seed, step, args.batch_size, args.seq_len)
+            amask = None
         logits = model(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        if amask is None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+            shown, answer_nll = loss, None
+        else:  # per-token NLL: the answer's share is logged, and weighted if asked
+            nll = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), reduction="none").view(y.shape)
+            shown = nll.mean()
+            if args.passkey_answer_weight == 1.0:
+                loss = shown
+            else:
+                w = 1.0 + (args.passkey_answer_weight - 1.0) * amask.float()
+                loss = (nll * w).sum() / w.sum()
+            answer_nll = nll.detach()[amask].mean().item()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
@@ -518,17 +860,23 @@ def main(argv=None):
         step += 1
         dt = time.time() - t0
         steps_timed, t_timed = steps_timed + 1, t_timed + dt
-        lv = loss.item()
+        lv = shown.item()  # the plain mean over all positions, whatever the answer weight
         ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+        if answer_nll is not None:
+            ans_ema = answer_nll if ans_ema is None else 0.95 * ans_ema + 0.05 * answer_nll
         if step % args.log_every == 0 or step == args.max_steps:
             tps = steps_timed * tokens_per_step / t_timed
             left = (args.max_steps - step) * t_timed / steps_timed
             rec = dict(step=step, loss=lv, loss_ema=ema, lr=lr, grad_norm=gnorm, tok_per_s=tps,
                        elapsed=time.time() - t_start, cpu=time.process_time() - cpu_start)
+            if answer_nll is not None:
+                rec.update(answer_nll=answer_nll, answer_nll_ema=ans_ema)
             history.append(rec)
             logf.write(json.dumps(rec) + "\n")
             logf.flush()
-            log(f"step {step:5d}/{args.max_steps} | loss {lv:.4f} (ema {ema:.4f}) | lr {lr:.2e} | "
+            log(f"step {step:5d}/{args.max_steps} | loss {lv:.4f} (ema {ema:.4f}) | "
+                + (f"answer nll {ans_ema:.3f} | " if answer_nll is not None else "")
+                + f"lr {lr:.2e} | "
                 f"gnorm {gnorm:.2f} | {tps:,.0f} tok/s | elapsed {fmt_time(time.time() - t_start)} "
                 f"(cpu {fmt_time(time.process_time() - cpu_start)}) | "
                 f"left {fmt_time(left)}")
@@ -545,6 +893,10 @@ def main(argv=None):
     summary = dict(train_wall_s=train_wall, train_cpu_s=train_cpu, threads=args.threads,
                    n_params=n_params, cfg=cfg, final_train_loss_ema=ema,
                    subset_heldout_loss=hl, subset_heldout_bpb=hb)
+    if pk_items:
+        acc, by_depth = passkey_eval_log(step)
+        summary.update(passkey_acc=acc, passkey_acc_by_depth={f"{d:g}": a for d, a in by_depth.items()},
+                       passkey_trials=len(pk_items), final_answer_nll_ema=ans_ema)
     if not args.no_final_eval:
         t0 = time.time()
         nll, n, nb = evaluate(model, windows, tok_bytes)
