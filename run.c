@@ -1159,14 +1159,15 @@ typedef struct {
     Transformer *t;
     const Tokenizer *tok;
     Sampler *sampler;
-    int *history;   // (n_ctx + 1) every token in the context, and the last one sampled
+    int *history;   // (capacity + 1) the tokens so far (the context's, or with sinks the last ones), and
+                    // the last one sampled
     int n;          // tokens in history
     DecodeState ds; // bytes of a UTF-8 character not yet complete
     char *buf;      // (tokenizer_decode_bound) one token's text
 } Decoder;
 
-static void decoder_init(Decoder *d, Transformer *t, const Tokenizer *tok, Sampler *sampler) {
-    *d = (Decoder){t, tok, sampler, malloc(((size_t)t->n_ctx + 1) * sizeof(int)), 0, {{0}, 0},
+static void decoder_init(Decoder *d, Transformer *t, const Tokenizer *tok, Sampler *sampler, int capacity) {
+    *d = (Decoder){t, tok, sampler, malloc(((size_t)capacity + 1) * sizeof(int)), 0, {{0}, 0},
                    malloc(tokenizer_decode_bound(tok))};
     if (!d->history || !d->buf) die(EXIT_BAD_INPUT, "out of memory");
 }
@@ -1211,7 +1212,8 @@ static int decode_step(Decoder *d, float *logits, const int *end, int n_end) {
  * (llama2.c prints the same). The prompt (after BOS, when the tokenizer adds
  * one) goes through in blocks; sampling starts at its last token and stops at
  * max_new new tokens, a stop token (the tokenizer's stop ids, and BOS when it
- * adds one; not with ignore_eos, for benchmarks), or a full context.
+ * adds one; not with ignore_eos, for benchmarks), or a full context (never,
+ * with attention sinks: the cache rolls).
  * Statistics go to stderr. */
 static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *prompt, size_t prompt_len,
                      int max_new, int ignore_eos, const char *summary) {
@@ -1219,12 +1221,13 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     int *prompt_ids = encode_or_die(tok, prompt, prompt_len, tok->add_bos, &n_prompt);
     if (n_prompt == 0)
         die(EXIT_BAD_INPUT, "prompt: empty, and this tokenizer adds no BOS to start from (give one with -i or -f)");
-    if (n_prompt > t->n_ctx)
-        die(EXIT_BAD_INPUT, "prompt: %d tokens (BOS included) do not fit in the context of %d tokens (raise --ctx)",
-            n_prompt, t->n_ctx);
+    if (n_prompt > t->n_ctx && t->rope.sinks < 0) // a rolling cache takes any length
+        die(EXIT_BAD_INPUT, "prompt: %d tokens (BOS included) do not fit in the context of %d tokens (raise --ctx, "
+            "or roll the cache with --sinks S)", n_prompt, t->n_ctx);
     fputs(summary, stderr); // every input check has passed
     Decoder d;
-    decoder_init(&d, t, tok, sampler);
+    int capacity = n_prompt > t->n_ctx ? n_prompt : t->n_ctx;
+    decoder_init(&d, t, tok, sampler, capacity);
     // The prompt's text, as the tokenizer reads it back.
     for (int i = 0; i < n_prompt; i++) {
         if (i > 0 || !tok->add_bos) emit(&d, prompt_ids[i]); // the BOS it added prints nothing
@@ -1242,8 +1245,8 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     if (ignore_eos) n_stop = 0;
     for (int pos = n_prompt; n_new < max_new; pos++) { // pos: where the sampled token goes
         n_new++;
-        if (d.n == t->n_ctx + 1) { // attention sinks went past the cache: history keeps the last n_ctx
-            memmove(d.history, d.history + 1, (size_t)t->n_ctx * sizeof(int));
+        if (d.n == capacity + 1) { // attention sinks went past the cache: history keeps the last ones
+            memmove(d.history, d.history + 1, (size_t)capacity * sizeof(int));
             d.n--;
         }
         int next = decode_step(&d, logits, stops, n_stop);
@@ -1569,7 +1572,7 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
         if (ends[k] >= 0) stops[n_stop++] = ends[k];
     if (ignore_eos) n_stop = 0;
     Decoder d;
-    decoder_init(&d, t, tok, sampler);
+    decoder_init(&d, t, tok, sampler, t->n_ctx);
     Rendering r = {.tok = tok};
     int summary_shown = 0;
     for (;;) {
@@ -1725,6 +1728,13 @@ int ppl_buckets(Bucket *b, int L, int n_ctx) {
     return n;
 }
 
+/* v as a JSON number (6 digits after the point), or null when it is not
+ * finite (JSON has no inf or nan). */
+static void print_json_number(double v) {
+    if (isfinite(v)) printf("%.6f", v);
+    else printf("null");
+}
+
 /* "key": v, and a ", " after it; null when v is not finite. */
 static void print_json_field(const char *key, double v) {
     if (isfinite(v)) printf("\"%s\": %.6g, ", key, v);
@@ -1772,7 +1782,7 @@ void free_ppl_score(PplScore *score) {
 double nll_se(double sum, double sq, long n) {
     if (n < 2) return NAN;
     double var = (sq - sum * sum / n) / (n - 1);
-    return sqrt(var > 0 ? var / n : 0);
+    return isnan(var) ? NAN : sqrt(var > 0 ? var / n : 0); // var < 0: rounding of a zero spread
 }
 
 /* The same standard error with the windows as the independent units (tokens
@@ -1952,7 +1962,8 @@ int ppl_stream_score(Transformer *t, const int *ids, int n_ids, int add_bos, Ppl
  *   8   i32  vocab_size
  *  12   i32  ctx, 16 i32 stride, 20 i32 add_bos: the windowing that scored them
  *  24   i64  n_tokens
- *  32..63    zero
+ *  32   i32  streaming (1: ppl --streaming), 36 i32 sinks (-1: none)
+ *  40..63    zero
  *  then n_tokens records: i32 the token predicted, vocab_size f32 logits */
 #define LOGITS_MAGIC 0x474f4c4cu
 #define LOGITS_HEADER_BYTES 64
@@ -2018,7 +2029,7 @@ static int compare_logits(void *ctx, const float *logits, int vocab, int target,
  * exactly its n_tokens records, and those predict the same tokens. Exits
  * with a message naming the file and what differs otherwise. */
 static void open_kl_base(KlCompare *c, const char *path, const Transformer *t, int stride, int add_bos,
-                         const int *targets, int n_targets) {
+                         int streaming, const int *targets, int n_targets) {
     *c = (KlCompare){.f = fopen(path, "rb"), .path = path};
     c->base = malloc((size_t)t->config.vocab_size * sizeof(float));
     if (!c->f) die(EXIT_BAD_INPUT, "--kl-base %s: %s", path, strerror(errno));
@@ -2028,19 +2039,21 @@ static void open_kl_base(KlCompare *c, const char *path, const Transformer *t, i
         die(EXIT_BAD_INPUT, "--kl-base %s: shorter than the %d-byte header", path, LOGITS_HEADER_BYTES);
     if ((uint32_t)read_le_i32(h) != LOGITS_MAGIC || read_le_i32(h + 4) != 1)
         die(EXIT_BAD_INPUT, "--kl-base %s: not a logits file of version 1 (written by -m ppl --save-logits)", path);
-    const char *names[4] = {"vocab_size", "ctx", "stride", "add_bos"};
-    int want[4] = {t->config.vocab_size, t->n_ctx, stride, add_bos};
-    for (int k = 0; k < 4; k++)
-        if (read_le_i32(h + 8 + 4 * k) != want[k])
+    const char *names[6] = {"vocab_size", "ctx", "stride", "add_bos", "streaming", "sinks"};
+    int want[6] = {t->config.vocab_size, t->n_ctx, stride, add_bos, streaming, t->rope.sinks};
+    const int at[6] = {8, 12, 16, 20, 32, 36};
+    for (int k = 0; k < 6; k++)
+        if (read_le_i32(h + at[k]) != want[k])
             die(EXIT_BAD_INPUT, "--kl-base %s: saved with %s %d, this run has %d", path, names[k],
-                read_le_i32(h + 8 + 4 * k), want[k]);
-    int64_t n;
-    memcpy(&n, h + 24, 8);
+                read_le_i32(h + at[k]), want[k]);
+    int64_t n = (int64_t)((uint64_t)(uint32_t)read_le_i32(h + 24) | (uint64_t)(uint32_t)read_le_i32(h + 28) << 32);
     struct stat st;
     size_t record = 4 + 4 * (size_t)t->config.vocab_size;
-    if (fstat(fileno(c->f), &st) != 0 || n < 0 || (uint64_t)st.st_size != LOGITS_HEADER_BYTES + (uint64_t)n * record)
+    if (fstat(fileno(c->f), &st) != 0 || n < 0 || (uint64_t)n > (UINT64_MAX - LOGITS_HEADER_BYTES) / record ||
+        (uint64_t)st.st_size != LOGITS_HEADER_BYTES + (uint64_t)n * record)
         die(EXIT_BAD_INPUT, "--kl-base %s: %lld bytes, expected %llu for its %lld tokens", path,
-            (long long)st.st_size, (unsigned long long)(LOGITS_HEADER_BYTES + (uint64_t)(n < 0 ? 0 : n) * record),
+            (long long)st.st_size,
+            (unsigned long long)(n < 0 || (uint64_t)n > (UINT64_MAX - 64) / record ? 0 : 64 + (uint64_t)n * record),
             (long long)n);
     c->n_total = (long)n;
     if (n != n_targets)
@@ -2071,7 +2084,9 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
     if (json) {
         printf("{\"file\": ");
         print_json_string(path);
-        printf(", \"tokens\": %ld, \"nll\": %.6f, \"ppl\": %.6f, ", n_scored, nll, exp(nll));
+        printf(", \"tokens\": %ld, ", n_scored);
+        print_json_field("nll", nll);
+        print_json_field("ppl", exp(nll));
         print_json_field("nll_se", se);
         print_json_field("nll_se_windows", se_win);
         print_json_field("ppl_lo", exp(nll - 1.96 * se)); // 95% interval under nll_se
@@ -2087,15 +2102,20 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
             printf("%s{\"start\": %d, \"end\": %d, \"tokens\": %ld, ", first ? "" : ", ", buckets[b].start,
                    buckets[b].end, buckets[b].tokens);
             print_json_field("nll_se", nll_se(buckets[b].nll_sum, buckets[b].nll_sq, buckets[b].tokens));
-            printf("\"nll\": %.6f, \"ppl\": %.6f}", bn, exp(bn));
+            printf("\"nll\": ");
+            print_json_number(bn);
+            printf(", \"ppl\": ");
+            print_json_number(exp(bn));
+            printf("}");
             first = 0;
         }
         printf("]");
         if (per_position) { // mean NLL at in-window positions 0..ctx-1 (null: nothing scored there)
             printf(", \"per_position\": [");
             for (int p = 0; p < score->n_positions; p++) {
-                if (pos_count[p]) printf(p ? ", %.5f" : "%.5f", pos_sum[p] / pos_count[p]);
-                else printf(p ? ", null" : "null");
+                if (p) printf(", ");
+                if (pos_count[p]) print_json_number(pos_sum[p] / pos_count[p]);
+                else printf("null");
             }
             printf("]");
         }
@@ -2185,7 +2205,7 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
     // a temporary name, renamed when complete: never a half-written file).
     KlCompare kl = {0};
     if (kl_path) // every text token is scored once, in order; the first only after BOS
-        open_kl_base(&kl, kl_path, t, stride, tok->add_bos, ids + !tok->add_bos, n_ids - !tok->add_bos);
+        open_kl_base(&kl, kl_path, t, stride, tok->add_bos, streaming, ids + !tok->add_bos, n_ids - !tok->add_bos);
     LogitsWriter saver = {NULL, save_path, 0};
     char *tmp_path = NULL;
     if (save_path) {
@@ -2194,8 +2214,11 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
         sprintf(tmp_path, "%s.tmp", save_path);
         unsigned char zeros[LOGITS_HEADER_BYTES] = {0};
         saver.f = fopen(tmp_path, "wb");
-        if (!saver.f || fwrite(zeros, 1, sizeof zeros, saver.f) != sizeof zeros)
-            die(EXIT_BAD_INPUT, "--save-logits %s: %s", tmp_path, strerror(errno));
+        if (!saver.f || fwrite(zeros, 1, sizeof zeros, saver.f) != sizeof zeros) {
+            int e = errno;
+            if (saver.f) fclose(saver.f), remove(tmp_path);
+            die(EXIT_BAD_INPUT, "--save-logits %s: %s", save_path, strerror(e));
+        }
         fprintf(stderr, "ppl: saving %.1f MiB of logits (%zu bytes per token)\n",
                 (double)n_ids * (4 + 4.0 * t->config.vocab_size) / 1048576, 4 + 4 * (size_t)t->config.vocab_size);
     }
@@ -2212,10 +2235,11 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
         rc = fail(err, sizeof err, "--kl-base %s: holds %ld tokens, this run scored %ld", kl_path, kl.n_total, kl.n);
     if (rc == 0 && save_path) { // the header, now that the count is known; then the file under its name
         unsigned char h[LOGITS_HEADER_BYTES] = {0};
-        int32_t fields[6] = {(int32_t)LOGITS_MAGIC, 1, t->config.vocab_size, t->n_ctx, stride, tok->add_bos};
-        int64_t n = saver.n;
-        memcpy(h, fields, sizeof fields);
-        memcpy(h + 24, &n, 8);
+        int32_t fields[10] = {(int32_t)LOGITS_MAGIC, 1, t->config.vocab_size, t->n_ctx, stride, tok->add_bos,
+                              (int32_t)((uint64_t)saver.n & 0xffffffffu), (int32_t)((uint64_t)saver.n >> 32), streaming,
+                              t->rope.sinks};
+        for (int k = 0; k < 10; k++) // little-endian whatever the machine
+            for (int b = 0; b < 4; b++) h[4 * k + b] = (unsigned char)((uint32_t)fields[k] >> (8 * b));
         if (fseek(saver.f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, saver.f) != sizeof h || fclose(saver.f) != 0 ||
             rename(tmp_path, save_path) != 0)
             rc = fail(err, sizeof err, "--save-logits %s: %s", save_path, strerror(errno));
@@ -2227,8 +2251,11 @@ static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, con
         if (!strncmp(err, "--", 2)) die(EXIT_BAD_INPUT, "%s", err); // names its flag and file
         die(EXIT_BAD_INPUT, "-f %s: %s", path, err);
     }
-    fprintf(stderr, "ppl: %ld tokens scored in %d windows, %.1f s\n", score.n_scored, score.n_windows,
-            now_seconds() - start_time);
+    if (streaming)
+        fprintf(stderr, "ppl: %ld tokens scored, streamed, %.1f s\n", score.n_scored, now_seconds() - start_time);
+    else
+        fprintf(stderr, "ppl: %ld tokens scored in %d windows, %.1f s\n", score.n_scored, score.n_windows,
+                now_seconds() - start_time);
     ppl_report(t, &score, path, stride, json, per_position, kl_path ? &kl : NULL);
     if (kl.f) fclose(kl.f);
     free(kl.base);
@@ -2355,6 +2382,13 @@ const char *passkey_answer(const char *text, size_t *n_digits) {
     return digits;
 }
 
+/* Whether a continuation's text answers key: its first digit run is key. */
+int passkey_correct(const char *text, const char *key) {
+    size_t n;
+    const char *digits = passkey_answer(text, &n);
+    return n == strlen(key) && !memcmp(digits, key, n);
+}
+
 /* Comma-separated numbers of flag (integers when integer), each in [lo, hi];
  * exits with a usage error naming the flag otherwise. Returns the count. */
 static int parse_list(const char *flag, const char *text, int integer, double lo, double hi, double *out, int max) {
@@ -2373,6 +2407,16 @@ static int parse_list(const char *flag, const char *text, int integer, double lo
         if (*end == '\0') return n;
         p = end + 1;
     }
+}
+
+/* One trial's draws, in this order: the key (digits decimal digits, the
+ * first not 0) into key, then the first filler sentence, which it returns
+ * (0 for the fixed filler, whose sentences all repeat). */
+static int passkey_draw(uint64_t *rng, int digits, int n_sentences, int from_file, char *key) {
+    key[0] = (char)('1' + random_u32(rng) % 9);
+    for (int d = 1; d < digits; d++) key[d] = (char)('0' + random_u32(rng) % 10);
+    key[digits] = '\0';
+    return from_file ? (int)(random_u32(rng) % (uint32_t)n_sentences) : 0;
 }
 
 /* What -m passkey was asked to do. */
@@ -2394,36 +2438,42 @@ static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan
     if (!plan->filler_path) filler = PASSKEY_FILLER, filler_len = strlen(PASSKEY_FILLER);
     split_sentences(&f, filler, filler_len);
     if (f.n == 0) die(EXIT_BAD_INPUT, "-f %s: no filler sentences (empty text)", plan->filler_path);
-    int n_new = plan->digits + 4;
-    char some_key[24]; // the prompt without filler, with a key of the right size, for the checks
-    memset(some_key, '5', (size_t)plan->digits);
-    some_key[plan->digits] = '\0';
-    size_t bare_len;
-    char *bare = passkey_prompt(&f, 0, 0, 0, some_key, &bare_len);
-    int n_bare;
-    free(encode_or_die(tok, bare, bare_len, tok->add_bos, &n_bare));
-    free(bare);
-    int longest = 0;
+    int n_new = plan->digits + 4, longest = 0;
+    uint64_t seed_state = plan->seed * 0x9E3779B97F4A7C15ull + 1;
+    if (seed_state == 0) seed_state = 1; // xorshift's fixed point
+    uint64_t rng = seed_state;
+    // Check every cell before printing anything: the context, and that each
+    // trial's prompt without filler fits its length (keys differ in tokens).
     for (int li = 0; li < plan->n_lengths; li++) {
         int length = (int)plan->lengths[li];
         longest = length > longest ? length : longest;
         if (length + n_new > t->n_ctx && t->rope.sinks < 0) // attention sinks roll past the cache
             die(EXIT_USAGE, "--lengths %d: a prompt of %d tokens and its %d answer tokens need --ctx %d, got %d "
                 "(or a rolling cache, --sinks S)", length, length, n_new, length + n_new, t->n_ctx);
-        if (length < n_bare)
-            die(EXIT_USAGE, "--lengths %d: the prompt without filler already has %d tokens", length, n_bare);
+        for (int k = 0; k < plan->n_depths * plan->trials; k++) {
+            char key[24];
+            passkey_draw(&rng, plan->digits, f.n, plan->filler_path != NULL, key);
+            size_t bare_len;
+            char *bare = passkey_prompt(&f, 0, 0, 0, key, &bare_len);
+            int n_bare;
+            free(encode_or_die(tok, bare, bare_len, tok->add_bos, &n_bare));
+            free(bare);
+            if (n_bare > length)
+                die(EXIT_USAGE, "--lengths %d: the prompt without filler has %d tokens (key %s)", length, n_bare, key);
+        }
     }
+    rng = seed_state; // the same draws again, for the run
     if (!plan->prompts_only) fputs(summary, stderr);
-    uint64_t rng = plan->seed * 0x9E3779B97F4A7C15ull + 1; // never 0: xorshift's fixed point
     int *history = malloc(((size_t)longest + n_new + 1) * sizeof(int));
     if (!history) die(EXIT_BAD_INPUT, "out of memory");
     if (plan->json) printf("{\"mode\": \"passkey\", \"filler\": %s", plan->filler_path ? "" : "\"fixed\"");
     if (plan->json && plan->filler_path) print_json_string(plan->filler_path);
     if (plan->json)
         printf(", \"key_digits\": %d, \"trials_per_cell\": %d, \"seed\": %llu, \"ctx\": %d, \"orig_ctx\": %d, "
-               "\"scaling\": \"%s\", \"sinks\": %d, \"cells\": [", plan->digits, plan->trials,
-               (unsigned long long)plan->seed, t->n_ctx, t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling],
-               t->rope.sinks);
+               "\"scaling\": \"%s\", ", plan->digits, plan->trials, (unsigned long long)plan->seed, t->n_ctx,
+               t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
+    if (plan->json && t->rope.sinks >= 0) printf("\"sinks\": %d, ", t->rope.sinks);
+    if (plan->json) printf("\"cells\": [");
     else if (!plan->prompts_only) {
         printf("passkey: %d trials per cell, %d-digit keys, filler %s, ctx %d, scaling %s\n%8s", plan->trials,
                plan->digits, plan->filler_path ? plan->filler_path : "fixed", t->n_ctx,
@@ -2442,15 +2492,10 @@ static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan
                 printf("%s{\"length\": %d, \"depth\": %g, \"trials\": [", li + di ? ", " : "", length, depth);
             for (int trial = 0; trial < plan->trials; trial++) {
                 char key[24];
-                key[0] = (char)('1' + random_u32(&rng) % 9);
-                for (int d = 1; d < plan->digits; d++) key[d] = (char)('0' + random_u32(&rng) % 10);
-                key[plan->digits] = '\0';
-                int start = plan->filler_path ? (int)(random_u32(&rng) % (uint32_t)f.n) : 0;
+                int start = passkey_draw(&rng, plan->digits, f.n, plan->filler_path != NULL, key);
                 int n_ids, k, i;
                 int *ids = passkey_ids(tok, &f, start, depth, key, length, &n_ids, &k, &i);
-                if (!ids) // this key made the bare prompt longer than the one checked above
-                    die(EXIT_USAGE, "--lengths %d: the prompt without filler, with key %s, has more tokens", length,
-                        key);
+                if (!ids) die(EXIT_BAD_INPUT, "passkey: a prompt checked to fit no longer does (a bug)");
                 if (plan->prompts_only) {
                     size_t len;
                     char *text = passkey_prompt(&f, start, k, i, key, &len);
@@ -2483,7 +2528,7 @@ static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan
                 char *answer = tokens_text(tok, history + n_ids, n - n_ids, history[n_ids - 1], &answer_len);
                 size_t n_digits;
                 const char *digits = passkey_answer(answer, &n_digits);
-                int ok = n_digits == strlen(key) && !memcmp(digits, key, n_digits);
+                int ok = passkey_correct(answer, key);
                 correct += ok;
                 if (plan->json) {
                     printf("%s{\"key\": \"%s\", \"start\": %d, \"sentences\": %d, \"key_after\": %d, "
@@ -2495,7 +2540,9 @@ static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan
                 free(answer);
             }
             row_correct += correct;
-            if (plan->json) printf("], \"correct\": %d, \"accuracy\": %.4f}", correct, (double)correct / plan->trials);
+            if (plan->json && plan->prompts_only) printf("]}");
+            else if (plan->json)
+                printf("], \"correct\": %d, \"accuracy\": %.4f}", correct, (double)correct / plan->trials);
             else if (!plan->prompts_only) printf("  %6.0f%%", 100.0 * correct / plan->trials), fflush(stdout);
             if (!plan->prompts_only)
                 fprintf(stderr, "passkey: length %d depth %.2f: %d of %d correct (%.1f s)\n", length, depth, correct,
@@ -2832,6 +2879,8 @@ int main(int argc, char **argv) {
     if (o.streaming && (o.mode != PPL || o.rope.sinks < 0))
         die(EXIT_USAGE, "--streaming: only used by -m ppl, with a rolling cache (--sinks S)");
     if (o.streaming && o.stride) die(EXIT_USAGE, "--stride: windows are not used with --streaming");
+    if (o.rope.sinks >= 0 && o.mode != GENERATE && o.mode != PASSKEY && !(o.mode == PPL && o.streaming))
+        die(EXIT_USAGE, "--sinks: only used by -m generate, -m passkey and -m ppl --streaming");
     if ((o.save_logits || o.kl_base) && o.mode != PPL)
         die(EXIT_USAGE, "%s: only used by -m ppl", o.save_logits ? "--save-logits" : "--kl-base");
     if (o.per_position && !(o.mode == PPL && o.json)) die(EXIT_USAGE, "--per-position: only used by -m ppl --json");

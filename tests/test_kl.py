@@ -82,7 +82,8 @@ def test_file_layout(setup, syn_tokenizer):
     magic, version, vocab, ctx, stride, add_bos, n = struct.unpack_from("<4siiiiiq", data)
     assert (magic, version, vocab, ctx, stride, add_bos) == (b"LLOG", 1, cfg["vocab_size"], 256, 255, 1)
     assert n == r["tokens"] and len(data) == 64 + n * (4 + 4 * vocab)
-    assert data[32:64] == bytes(32)
+    assert struct.unpack_from("<ii", data, 32) == (0, -1)  # not streaming, no sinks
+    assert data[40:64] == bytes(24)
     ids = tokenize(a, syn_tokenizer, TEXT[:300])
     first = struct.unpack_from("<i", data, 64)[0]
     assert first == ids[1]  # the first record predicts the first text token
@@ -115,3 +116,12 @@ def test_bad_baselines(setup, syn_tokenizer, tmp_path):
     assert not out.exists() and not (tmp_path / "new.logits.tmp").exists()
     check_error(run(*args, "--save-logits", tmp_path / "no" / "dir.logits"), 1, ["--save-logits"])
     check_error(run(a, "-z", syn_tokenizer, "-i", "x", "--kl-base", base), 2, ["--kl-base", "-m ppl"])
+    # a baseline scored another way (streamed through a rolling cache) is refused
+    check_error(run(*args, "--ctx", "256", "--sinks", "4", "--streaming", "--kl-base", base), 1,
+                ["saved with streaming 0, this run has 1"])
+    streamed = tmp_path / "streamed.logits"
+    run_ok(*args, "--ctx", "256", "--sinks", "4", "--streaming", "--save-logits", streamed)
+    check_error(run(*args, "--ctx", "256", "--kl-base", streamed), 1, ["saved with streaming 1, this run has 0"])
+    r = json.loads(run_ok(*args, "--ctx", "256", "--sinks", "4", "--streaming", "--json", "--kl-base",
+                          streamed).stdout)
+    assert r["kl_base"]["kl"] == 0 and r["kl_base"]["top1"] == 1

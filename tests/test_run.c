@@ -915,6 +915,13 @@ static void test_passkey_text(void) {
         CHECK(n == strlen(answers[k].answer) && !memcmp(a, answers[k].answer, n), "passkey_answer(\"%s\"): \"%.*s\"",
               answers[k].text, (int)n, a);
     }
+    struct { const char *text, *key; int correct; } scores[] = {
+        {" 12345.", "12345", 1}, {" 12345", "12345", 1}, {" 123456.", "12345", 0}, {" 1234.", "12345", 0},
+        {" is 12345 or 9", "12345", 1}, {" 9 or 12345", "12345", 0}, {"", "1", 0}, {"x1y", "1", 1},
+    };
+    for (size_t k = 0; k < sizeof scores / sizeof scores[0]; k++)
+        CHECK(passkey_correct(scores[k].text, scores[k].key) == scores[k].correct, "passkey_correct(\"%s\", %s)",
+              scores[k].text, scores[k].key);
 }
 
 int main(void) {

@@ -126,6 +126,9 @@ def test_generation_runs_past_the_cache(tmp_path, syn_tokenizer):
     (["-m", "ppl", "--streaming"], ["--streaming", "--sinks"]),
     (["--sinks", "2", "--streaming", "-n", "1"], ["--streaming", "-m ppl"]),
     (["--sinks", "-1"], ["--sinks -1"]),
+    (["-m", "ppl", "--sinks", "4"], ["--sinks", "--streaming"]),
+    (["-m", "chat", "--sinks", "4"], ["--sinks"]),
+    (["-m", "tokenize", "--sinks", "4"], ["--sinks"]),
 ])
 def test_bad_flags(args, needles, tmp_path, syn_tokenizer):
     ckpt, _, _ = make_model(tmp_path, seed=8, seq_len=32)
