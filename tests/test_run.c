@@ -879,6 +879,36 @@ static void test_ppl_score_arguments(void) {
     remove(path);
 }
 
+/* Attention sinks' cache map (docs/rope.md §13), checked by its properties
+ * rather than by its formula: for every position, the slots in use get the
+ * places 0..n-1 once each; the S sinks keep slot = place; the token just
+ * written is at the newest place; a token keeps its slot while it stays, and
+ * each step moves every other non-sink token one place older. */
+static void test_cache_map(void) {
+    Transformer t;
+    memset(&t, 0, sizeof t);
+    const int sinks[] = {0, 1, 3, 9};
+    for (size_t k = 0; k < sizeof sinks / sizeof sinks[0]; k++) {
+        t.n_ctx = 10, t.rope.sinks = sinks[k];
+        int S = sinks[k], ok = 1, prev_place[10];
+        for (int pos = 0; pos < 60 && ok; pos++) {
+            int n = pos < t.n_ctx ? pos + 1 : t.n_ctx, seen[10] = {0}, slot = cache_slot(&t, pos);
+            ok = slot >= 0 && slot < t.n_ctx && (pos >= t.n_ctx || slot == pos);
+            ok = ok && cache_place(&t, slot, pos) == n - 1; // the newest token
+            for (int p = 0; p < n && ok; p++) {
+                int place = cache_place(&t, p, pos);
+                ok = place >= 0 && place < n && !seen[place]++;
+                if (p < S || pos < t.n_ctx) ok = ok && place == p;
+                else if (p != slot) ok = ok && place == prev_place[p] - 1; // one step older
+            }
+            for (int p = 0; p < n; p++) prev_place[p] = cache_place(&t, p, pos);
+            CHECK(ok, "cache map, %d sinks, position %d: slot %d", S, pos, slot);
+        }
+    }
+    t.rope.sinks = -1; // no sinks: slot and place are the position
+    CHECK(cache_slot(&t, 7) == 7 && cache_place(&t, 7, 7) == 7, "cache map without sinks");
+}
+
 /* Passkey: filler sentences (white space runs made one space, cut after
  * ".", "!" or "?" before a space), the prompt's layout, and the answer (the
  * first run of digits). docs/passkey.md is the specification. */
@@ -941,6 +971,7 @@ int main(void) {
     test_block_prefill();
     test_ppl_score_arguments();
     test_passkey_text();
+    test_cache_map();
     printf("run: %d passed, %d failed (SIMD kernels %s)\n", n_pass, n_fail,
            HAVE_SIMD ? "compared with the portable ones" : "not built: portable kernels only");
     return n_fail ? 1 : 0;
