@@ -1801,6 +1801,21 @@ double nll_se_windows(const double *win_sum, const long *win_count, int W) {
     return sqrt((double)W / (W - 1) * dev) / N;
 }
 
+/* Count one scored token's nll, scored by window w at position p (in-window,
+ * or absolute when streaming), into the totals, its window's and its
+ * position's sums, and its bucket. */
+static void ppl_add(PplScore *out, int w, int p, double nll) {
+    out->nll_sum += nll, out->nll_sq += nll * nll, out->n_scored++;
+    out->win_sum[w] += nll, out->win_count[w]++;
+    out->pos_sum[p] += nll, out->pos_count[p]++;
+    for (int k = 0; k < out->n_buckets; k++)
+        if (p >= out->buckets[k].start && p < out->buckets[k].end) {
+            out->buckets[k].tokens++;
+            out->buckets[k].nll_sum += nll;
+            out->buckets[k].nll_sq += nll * nll;
+        }
+}
+
 /* Called after each window with the windows done and their total. */
 typedef void (*PplProgress)(int done, int total);
 
@@ -1875,20 +1890,7 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
                     rc = -1;
                     break;
                 }
-                double nll = token_nll(logits, V, ids[j]);
-                out->nll_sum += nll;
-                out->nll_sq += nll * nll;
-                out->n_scored++;
-                out->win_sum[out->n_windows] += nll;
-                out->win_count[out->n_windows]++;
-                out->pos_sum[p] += nll;
-                out->pos_count[p]++;
-                for (int k = 0; k < out->n_buckets; k++)
-                    if (p >= out->buckets[k].start && p < out->buckets[k].end) {
-                        out->buckets[k].tokens++;
-                        out->buckets[k].nll_sum += nll;
-                        out->buckets[k].nll_sq += nll * nll;
-                    }
+                ppl_add(out, out->n_windows, p, token_nll(logits, V, ids[j]));
             }
         }
         if (rc != 0) break;
@@ -1935,16 +1937,7 @@ int ppl_stream_score(Transformer *t, const int *ids, int n_ids, int add_bos, Ppl
             free_ppl_score(out);
             return -1;
         }
-        double nll = token_nll(logits, V, target);
-        out->nll_sum += nll, out->nll_sq += nll * nll, out->n_scored++;
-        out->win_sum[0] += nll, out->win_count[0]++;
-        out->pos_sum[p + 1] += nll, out->pos_count[p + 1]++;
-        for (int k = 0; k < out->n_buckets; k++)
-            if (p + 1 >= out->buckets[k].start && p + 1 < out->buckets[k].end) {
-                out->buckets[k].tokens++;
-                out->buckets[k].nll_sum += nll;
-                out->buckets[k].nll_sq += nll * nll;
-            }
+        ppl_add(out, 0, p + 1, token_nll(logits, V, target));
         if (progress && (p + 2) % 256 == 0) progress(p + 2, n);
     }
     out->n_windows = 1;
@@ -2336,6 +2329,16 @@ static char *passkey_prompt(const Sentences *f, int start, int k, int i, const c
     return p;
 }
 
+/* The ids of the prompt with k filler sentences, the key after round(depth * k). */
+static int *passkey_encode(const Tokenizer *tok, const Sentences *f, int start, double depth, const char *key, int k,
+                           int *n_ids) {
+    size_t len;
+    char *text = passkey_prompt(f, start, k, (int)lround(depth * k), key, &len);
+    int *ids = encode_or_die(tok, text, len, tok->add_bos, n_ids);
+    free(text);
+    return ids;
+}
+
 /* One trial's prompt: the most filler sentences k whose prompt (BOS first
  * when the tokenizer adds one) has at most `length` tokens, the key after
  * i = round(depth * k) of them. Returns the ids (n_ids of them), or NULL when
@@ -2345,10 +2348,7 @@ static int *passkey_ids(const Tokenizer *tok, const Sentences *f, int start, dou
     int lo = 0, hi = 1, *best = NULL, n_best = 0;
     for (int step = 0;; step++) { // exponential search for an upper bound, then bisection: lo fits, hi does not
         int k = step == 0 ? 0 : hi, n;
-        size_t len;
-        char *text = passkey_prompt(f, start, k, (int)lround(depth * k), key, &len);
-        int *ids = encode_or_die(tok, text, len, tok->add_bos, &n);
-        free(text);
+        int *ids = passkey_encode(tok, f, start, depth, key, k, &n);
         if (n > length) {
             free(ids);
             if (step == 0) return NULL;
@@ -2363,10 +2363,7 @@ static int *passkey_ids(const Tokenizer *tok, const Sentences *f, int start, dou
     }
     while (hi - lo > 1) {
         int k = lo + (hi - lo) / 2, n;
-        size_t len;
-        char *text = passkey_prompt(f, start, k, (int)lround(depth * k), key, &len);
-        int *ids = encode_or_die(tok, text, len, tok->add_bos, &n);
-        free(text);
+        int *ids = passkey_encode(tok, f, start, depth, key, k, &n);
         if (n <= length) free(best), best = ids, n_best = n, lo = k;
         else free(ids), hi = k;
     }
@@ -2453,11 +2450,8 @@ static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan
         for (int k = 0; k < plan->n_depths * plan->trials; k++) {
             char key[24];
             passkey_draw(&rng, plan->digits, f.n, plan->filler_path != NULL, key);
-            size_t bare_len;
-            char *bare = passkey_prompt(&f, 0, 0, 0, key, &bare_len);
             int n_bare;
-            free(encode_or_die(tok, bare, bare_len, tok->add_bos, &n_bare));
-            free(bare);
+            free(passkey_encode(tok, &f, 0, 0, key, 0, &n_bare));
             if (n_bare > length)
                 die(EXIT_USAGE, "--lengths %d: the prompt without filler has %d tokens (key %s)", length, n_bare, key);
         }
