@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """export.py: the only writer of checkpoints and tokenizers for `run`.
 
-The checkpoint format (version 1, magic "LRPE") is documented field by field in
-the top comment of model.h. In short:
+The checkpoint format (versions 1 and 2, magic "LRPE") is documented field by
+field in the top comment of model.h. In short:
 
     256-byte header  magic, version, dimensions, shared-classifier flag, BOS/EOS,
-                     weight type, norm eps and every RoPE parameter; the rest zero
+                     weight type, norm eps and every RoPE parameter; version 2 also
+                     which projections have biases and the sliding window; the
+                     rest zero. Version 1 is written whenever a file needs none of
+                     version 2's fields (no biases, no window, no LongRoPE)
     tensors          float32, little-endian, row-major, in TENSOR_TABLE order,
                      each starting at a file offset that is a multiple of 64
                      (zero padding in between); the file ends where the last
@@ -39,17 +42,18 @@ Python API (numpy only; torch for Meta .pth files, gguf for GGUF files):
     read_tokenizer_source(path, vocab_size) -> ("v1" | "ltok", ..., notes)   any tokenizer file
     fit_llama3_rope_freqs(where, freqs, base, rot_dim, orig_ctx) -> header fields | None
     read_llama2c(path) -> (cfg, tensors)   tensors are read-only memory maps
-    read_hf(dir, layout) -> (cfg, tensors, notes)     Hugging Face Llama, lazy tensors
+    read_hf(dir, layout) -> (cfg, tensors, notes)     Hugging Face Llama, Mistral, Qwen2,
+                                                      Phi-3; lazy tensors
     read_meta(dir, layout, seq_len) -> (cfg, tensors, notes)   Meta consolidated.*.pth
     hf_config(config_dict) -> (cfg, notes) config.json -> our header fields
     read_safetensors_header(path) -> {name: lazy tensor}
     permute_heads(w, n_heads, rot_dim, to_interleaved)  the q/k row permutation
     random_tensors(cfg, seed) -> tensors   small random models for tests
-    read_header(path) -> dict              the header of a version-1 file
+    read_header(path) -> dict              the header of a version-1 or -2 file
 
 Command line (docs/convert.md is the user's guide to the conversions):
-    python3 export.py OUT --hf DIR                Hugging Face Llama directory
-                                                  (config.json + safetensors)
+    python3 export.py OUT --hf DIR                Hugging Face directory (config.json +
+                                                  safetensors): Llama, Mistral, Qwen2, Phi-3
     python3 export.py OUT --meta-llama DIR        Meta params.json + consolidated.*.pth
         [--rope-layout neox|interleaved]          q/k layout to write (default: the
                                                   source's: neox for HF, interleaved for Meta)
@@ -96,7 +100,7 @@ import time
 import numpy as np
 
 MAGIC = 0x4550524C  # the bytes "LRPE" read as a little-endian u32
-VERSION = 1
+VERSION = 2       # the newest version; write_checkpoint writes 1 when that is enough
 HEADER_BYTES = 256
 ALIGN = 64
 LEGACY_HEADER_BYTES = 28  # llama2.c: 7 int32
@@ -105,7 +109,9 @@ WEIGHT_TYPES = ("f32", "q8_0")  # index = weight_type in the header
 Q8_DEFAULT_GROUP = 32
 
 ROPE_LAYOUTS = ("interleaved", "neox")  # index = value in the header
-ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
+ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+BIAS_QKV, BIAS_O, BIAS_MLP = 1, 2, 4  # bias_flags bits (model.h)
+MAX_CTX = 1 << 24  # run.c's limit on any context length
 
 # The header, in model.h's order. Each entry: (name, struct code). Fields that
 # are not in the user-facing config (magic, version, weight_type, group_size)
@@ -134,12 +140,16 @@ HEADER_FIELDS = [
     ("rope_orig_ctx", "i"),
     ("yarn_beta_fast", "f"),
     ("yarn_beta_slow", "f"),
-    ("yarn_attn_factor", "f"),
+    ("rope_attn_factor", "f"),
     ("llama3_low_freq", "f"),
     ("llama3_high_freq", "f"),
+    ("bias_flags", "i"),          # version 2 from here
+    ("sliding_window", "i"),
+    ("window_first_layer", "i"),
 ]
 HEADER_STRUCT = struct.Struct("<" + "".join(code for _, code in HEADER_FIELDS))
-assert HEADER_STRUCT.size == 104  # fields end at offset 104; 104..255 reserved, zero
+assert HEADER_STRUCT.size == 116  # fields end at offset 116; 116..255 reserved, zero
+V1_HEADER_END = 104               # version 1's fields end here; its 104..255 are zero
 
 # Required config keys, then the optional ones with their defaults.
 CONFIG_REQUIRED = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads",
@@ -157,12 +167,17 @@ CONFIG_DEFAULTS = {
     "rope_orig_ctx": 0,          # 0 = seq_len
     "yarn_beta_fast": 32.0,
     "yarn_beta_slow": 1.0,
-    "yarn_attn_factor": 0.0,     # 0 = derive 0.1 ln s + 1
+    "rope_attn_factor": 0.0,     # YaRN's and LongRoPE's mscale; 0 = derive it from the factor
     "llama3_low_freq": 1.0,
     "llama3_high_freq": 4.0,
     "weight_type": "f32",        # f32 | q8_0 (or the header's 0 | 1)
     "group_size": 0,             # q8_0: values per scale; 0 = the default (Q8_DEFAULT_GROUP,
                                  # or the largest power of two below it dividing dim and hidden_dim)
+    "qkv_bias": False,           # tensors bq, bk, bv (Qwen2)
+    "o_bias": False,             # tensor bo
+    "mlp_bias": False,           # tensors b1, b2, b3
+    "sliding_window": 0,         # W: a query sees the W most recent positions; 0 = all
+    "window_first_layer": 0,     # layers l >= this use the window (Qwen2's max_window_layers)
 }
 
 # The tensor order of the format. run.c's `weight_table` walks the same list to
@@ -183,7 +198,24 @@ TENSOR_TABLE = [
     ("w3",               lambda c: (c["n_layers"], c["hidden_dim"], c["dim"]), True),  # up
     ("rms_final_weight", lambda c: (c["dim"],), False),
     ("wcls",             lambda c: (c["vocab_size"], c["dim"]), True),  # only when not shared
+    ("bq",               lambda c: (c["n_layers"], c["dim"]), False),
+    ("bk",               lambda c: (c["n_layers"], _kv_dim(c)), False),
+    ("bv",               lambda c: (c["n_layers"], _kv_dim(c)), False),
+    ("bo",               lambda c: (c["n_layers"], c["dim"]), False),
+    ("b1",               lambda c: (c["n_layers"], c["hidden_dim"]), False),
+    ("b2",               lambda c: (c["n_layers"], c["dim"]), False),
+    ("b3",               lambda c: (c["n_layers"], c["hidden_dim"]), False),
+    ("rope_short_factor", lambda c: (c["rot_dim"] // 2,), False),
+    ("rope_long_factor", lambda c: (c["rot_dim"] // 2,), False),
 ]
+# The tensors only some checkpoints hold, and which ones.
+OPTIONAL_TENSORS = {
+    "wcls": lambda c: not c["shared_classifier"],
+    **{n: lambda c: c["qkv_bias"] for n in ("bq", "bk", "bv")},
+    "bo": lambda c: c["o_bias"],
+    **{n: lambda c: c["mlp_bias"] for n in ("b1", "b2", "b3")},
+    **{n: lambda c: c["rope_scaling"] == "longrope" for n in ("rope_short_factor", "rope_long_factor")},
+}
 
 INT32_MAX = 2**31 - 1
 
@@ -197,9 +229,9 @@ def _kv_dim(c):
 
 
 def tensor_names(cfg):
-    """The tensor names a checkpoint with this config holds, in file order."""
+    """The tensor names a checkpoint with this config (normalized) holds, in file order."""
     return [name for name, _, _ in TENSOR_TABLE
-            if name != "wcls" or not cfg["shared_classifier"]]
+            if name not in OPTIONAL_TENSORS or OPTIONAL_TENSORS[name](cfg)]
 
 
 def _align(offset):
@@ -296,7 +328,7 @@ def normalize_config(cfg):
     c["rope_scaling"] = scaling
 
     for k in ("norm_eps", "rope_theta", "rope_factor", "yarn_beta_fast", "yarn_beta_slow",
-              "yarn_attn_factor", "llama3_low_freq", "llama3_high_freq"):
+              "rope_attn_factor", "llama3_low_freq", "llama3_high_freq"):
         try:
             v = float(c[k])
         except (TypeError, ValueError):
@@ -317,9 +349,18 @@ def normalize_config(cfg):
     if c["rope_scaling"] == "llama3" and not c["llama3_high_freq"] > c["llama3_low_freq"] > 0:
         raise ExportError(f"config llama3_low_freq={c['llama3_low_freq']}, llama3_high_freq="
                           f"{c['llama3_high_freq']}: expected high > low > 0")
-    if c["yarn_attn_factor"] < 0:
-        raise ExportError(f"config yarn_attn_factor={c['yarn_attn_factor']} must be >= 0 "
+    if c["rope_attn_factor"] < 0:
+        raise ExportError(f"config rope_attn_factor={c['rope_attn_factor']} must be >= 0 "
                           "(0 = derive from the factor)")
+    for k in ("qkv_bias", "o_bias", "mlp_bias"):
+        if not isinstance(c[k], (bool, np.bool_)):
+            raise ExportError(f"config {k}={c[k]!r} is not true or false")
+        c[k] = bool(c[k])
+    for k, hi in (("sliding_window", MAX_CTX), ("window_first_layer", c["n_layers"])):
+        v = c[k]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= hi:
+            raise ExportError(f"config {k}={v!r} must be an integer in 0..{hi}")
+        c[k] = int(v)
 
     wt = c["weight_type"]
     if isinstance(wt, (int, np.integer)) and not isinstance(wt, bool) and 0 <= wt < len(WEIGHT_TYPES):
@@ -345,12 +386,26 @@ def normalize_config(cfg):
     return c
 
 
+def bias_flags(c):
+    """The header's bias_flags of a normalized config."""
+    return BIAS_QKV * c["qkv_bias"] | BIAS_O * c["o_bias"] | BIAS_MLP * c["mlp_bias"]
+
+
+def format_version(c):
+    """The oldest format version that holds a checkpoint with this (normalized)
+    config: 2 for biases, a sliding window or LongRoPE, else 1."""
+    needs_2 = bias_flags(c) or c["sliding_window"] or c["window_first_layer"] \
+        or c["rope_scaling"] == "longrope"
+    return 2 if needs_2 else 1
+
+
 def _pack_header(c):
     values = dict(c)
-    values.update(magic=MAGIC, version=VERSION, weight_type=WEIGHT_TYPES.index(c["weight_type"]),
+    values.update(magic=MAGIC, version=format_version(c),
+                  weight_type=WEIGHT_TYPES.index(c["weight_type"]),
                   shared_classifier=int(c["shared_classifier"]),
                   rope_layout=ROPE_LAYOUTS.index(c["rope_layout"]),
-                  rope_scaling=ROPE_SCALINGS.index(c["rope_scaling"]))
+                  rope_scaling=ROPE_SCALINGS.index(c["rope_scaling"]), bias_flags=bias_flags(c))
     packed = HEADER_STRUCT.pack(*(values[name] for name, _ in HEADER_FIELDS))
     return packed + bytes(HEADER_BYTES - len(packed))
 
@@ -358,13 +413,14 @@ def _pack_header(c):
 def read_header(path):
     """Read the header of a version-1 checkpoint back into a dict (every
     HEADER_FIELDS entry, rope_layout/rope_scaling as integers, plus
-    'reserved_zero': whether bytes 104..255 are all zero). No validation."""
+    'reserved_zero': whether the bytes after the version's fields (version 1:
+    104..255, version 2: 116..255) are all zero). No validation."""
     with open(path, "rb") as f:
         raw = f.read(HEADER_BYTES)
     if len(raw) < HEADER_BYTES:
         raise ExportError(f"{path}: {len(raw)} bytes, shorter than the {HEADER_BYTES}-byte header")
     h = dict(zip((name for name, _ in HEADER_FIELDS), HEADER_STRUCT.unpack_from(raw)))
-    h["reserved_zero"] = not any(raw[HEADER_STRUCT.size:])
+    h["reserved_zero"] = not any(raw[V1_HEADER_END if h["version"] == 1 else HEADER_STRUCT.size:])
     return h
 
 
@@ -598,7 +654,8 @@ def _write_q8_tensor(f, name, t, group_size, scales_offset, on_block=None):
 
 
 def write_checkpoint(path, cfg, tensors):
-    """Write a version-1 checkpoint.
+    """Write a checkpoint: version 1, or 2 when it has biases, a sliding window
+    or LongRoPE (format_version).
 
     cfg: dict with dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
     seq_len, and optionally the keys of CONFIG_DEFAULTS.
@@ -643,18 +700,24 @@ def write_checkpoint(path, cfg, tensors):
 
 
 def read_checkpoint(path):
-    """Read a version-1 checkpoint written by write_checkpoint: (cfg, tensors),
+    """Read a checkpoint written by write_checkpoint: (cfg, tensors),
     tensors as read-only float32 memory maps (q8_0 matrices: dequantized
     float32 arrays). Checks magic, version and size
     (for tests and round trips; run.c is the real loader)."""
     path = os.fspath(path)
     h = read_header(path)
-    if h["magic"] != MAGIC or h["version"] != VERSION:
-        raise ExportError(f"{path}: not a version-{VERSION} checkpoint")
+    if h["magic"] != MAGIC or h["version"] not in (1, VERSION):
+        raise ExportError(f"{path}: not a version-1 or -{VERSION} checkpoint")
     cfg = {k: h[k] for k in CONFIG_REQUIRED}
     for k in CONFIG_DEFAULTS:
-        cfg[k] = h[k]
+        if k in h:
+            cfg[k] = h[k]
     cfg["shared_classifier"] = bool(h["shared_classifier"])
+    flags = h["bias_flags"] if h["version"] >= 2 else 0
+    cfg.update(qkv_bias=bool(flags & BIAS_QKV), o_bias=bool(flags & BIAS_O),
+               mlp_bias=bool(flags & BIAS_MLP))
+    if h["version"] == 1:
+        cfg.update(sliding_window=0, window_first_layer=0)
     c = normalize_config(cfg)
     layout, size = tensor_layout(c)
     actual = os.path.getsize(path)
@@ -687,7 +750,9 @@ def random_tensors(cfg, seed=0):
         shape = shapes[name]
         if name.startswith("rms_"):
             out[name] = rng.uniform(0.5, 1.5, size=shape).astype(np.float32)
-        elif name in ("token_embedding", "wcls"):
+        elif name.startswith("rope_"):  # LongRoPE's divisors of the frequencies
+            out[name] = rng.uniform(1.0, 4.0, size=shape).astype(np.float32)
+        elif name in ("token_embedding", "wcls") or name in ("bq", "bk", "bv", "bo", "b1", "b2", "b3"):
             out[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5)
         else:
             fan_in = shape[-1]
@@ -738,7 +803,8 @@ def read_llama2c(path):
     with open(path, "rb") as f:
         head = f.read(LEGACY_HEADER_BYTES)
     if struct.unpack_from("<I", head)[0] == MAGIC:
-        raise ExportError(f"{path}: already a version-{VERSION} (LRPE) checkpoint, "
+        version = struct.unpack_from("<i", head, 4)[0]
+        raise ExportError(f"{path}: already a version-{version} (LRPE) checkpoint, "
                           "not a llama2.c one")
     dims = struct.unpack("<7i", head)
     names = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
@@ -925,8 +991,23 @@ def read_hf_weights(directory):
 #     yarn     factor, original_max_position_embeddings, beta_fast, beta_slow,
 #              attention_factor (or the mscale/mscale_all_dim ratio)
 #     llama3   factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
+#     longrope short_factor, long_factor (tensors rope_short_factor, rope_long_factor),
+#              original_max_position_embeddings, factor (default max_position_embeddings /
+#              original), attention_factor; the old type name "su" (and Phi-3's "yarn")
+#   For llama3, yarn and longrope a top-level original_max_position_embeddings wins
+#   over the one inside rope_scaling, as transformers v5's standardize_rope_params
+#   decides (Phi-3's config class defaults it to 4096).
+# The families differ in what their attention and MLP carry:
+#   llama    attention_bias (q, k, v and o biases), mlp_bias (gate, up, down biases)
+#   mistral  sliding_window on every layer (absent: 4096, MistralConfig's default)
+#   qwen2    q, k, v biases always; with use_sliding_window, sliding_window on the
+#            layers from max_window_layers on (or as layer_types lists them)
+#   phi3     fused qkv_proj and gate_up_proj (split on export), sliding_window on every
+#            layer, longrope
 
-HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+HF_FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "qwen2": "Qwen2ForCausalLM", "phi3": "Phi3ForCausalLM"}
+HF_ARCHITECTURES = tuple(HF_FAMILIES.values())
 HF_SCALING_KEYS = {
     "linear": {"factor"},
     "dynamic": {"factor"},
@@ -934,7 +1015,10 @@ HF_SCALING_KEYS = {
              "attention_factor", "mscale", "mscale_all_dim", "truncate"},
     "llama3": {"factor", "low_freq_factor", "high_freq_factor",
                "original_max_position_embeddings"},
+    "longrope": {"short_factor", "long_factor", "factor", "attention_factor",
+                 "original_max_position_embeddings"},
 }
+PHI3_DEFAULT_ORIGINAL = 4096  # Phi3Config's original_max_position_embeddings
 
 
 def _js(v):
@@ -987,9 +1071,10 @@ def _hf_token_id(where, config, key, default, notes):
     return _integer(where, key, v, minimum=0)
 
 
-def _hf_rope_scaling(where, config, seq_len, notes):
+def _hf_rope_scaling(where, config, seq_len, notes, family="llama", rot=None):
     """The RoPE scaling fields of our header from rope_scaling (or the v5
-    rope_parameters), as a dict of CONFIG_DEFAULTS keys."""
+    rope_parameters), as a dict of CONFIG_DEFAULTS keys, and LongRoPE's factor
+    arrays as tensors ({} for every other type). rot: the rotated dims per head."""
     rs, rp = config.get("rope_scaling"), config.get("rope_parameters")
     for key, d in (("rope_scaling", rs), ("rope_parameters", rp)):
         if d is not None and not isinstance(d, dict):
@@ -1020,7 +1105,11 @@ def _hf_rope_scaling(where, config, seq_len, notes):
                           "disagree; remove one")
     t, d = (t_rs, rs) if t_rs else (t_rp, rp)
     if t is None:
-        return {"rope_scaling": "none"}
+        return {"rope_scaling": "none"}, {}
+    if t == "su" or (family == "phi3" and t == "yarn"):
+        notes.append(f"rope type {_js(t)} is LongRoPE (transformers reads it as \"longrope\""
+                     + (" for Phi-3)" if t == "yarn" else ")"))
+        t = "longrope"
     if t not in HF_SCALING_KEYS:
         raise ExportError(f"{where}: rope scaling type {_js(t)} is not supported "
                           f"(supported: {', '.join(HF_SCALING_KEYS)}, or none)")
@@ -1031,14 +1120,28 @@ def _hf_rope_scaling(where, config, seq_len, notes):
     key = "rope_scaling" if d is rs else "rope_parameters"
     what = f"{where}: {key}"
     out = {"rope_scaling": t}
+    top = config.get("original_max_position_embeddings")
+    if top is None and family == "phi3" and t == "longrope":
+        top = PHI3_DEFAULT_ORIGINAL
+        notes.append(f"original_max_position_embeddings absent: using {top}, Phi3Config's default")
+    has_orig = top is not None or d.get("original_max_position_embeddings") is not None
 
     def orig_ctx():
-        v = d.get("original_max_position_embeddings")
-        if v is None:
+        """L: for llama3, yarn and longrope transformers v5 gives a top-level
+        original_max_position_embeddings priority over the one in rope_scaling."""
+        inner = d.get("original_max_position_embeddings")
+        if top is not None:
+            L = _integer(where, "original_max_position_embeddings", top)
+            if inner is not None and inner != top:
+                notes.append(f"{t}: original_max_position_embeddings is {_js(top)} at the top level "
+                             f"and {_js(inner)} in {key}: using the top-level {L}, as transformers "
+                             "v5 does")
+            return L
+        if inner is None:
             notes.append(f"{t}: original_max_position_embeddings absent: using "
                          f"max_position_embeddings={seq_len}, as transformers v5 does")
             return seq_len
-        return _integer(what, "original_max_position_embeddings", v)
+        return _integer(what, "original_max_position_embeddings", inner)
 
     def factor(required=True):
         if "factor" not in d or d["factor"] is None:
@@ -1062,7 +1165,7 @@ def _hf_rope_scaling(where, config, seq_len, notes):
         L = orig_ctx()
         s = factor(required=False)
         if s is None:
-            if "original_max_position_embeddings" not in d:
+            if not has_orig:
                 raise ExportError(f"{what}: yarn scaling needs a factor")
             s = seq_len / L
             notes.append(f"yarn: factor absent: using max_position_embeddings / "
@@ -1070,7 +1173,7 @@ def _hf_rope_scaling(where, config, seq_len, notes):
             if s < 1:
                 raise ExportError(f"{what}: yarn factor max_position_embeddings / "
                                   f"original_max_position_embeddings = {s:g} < 1")
-        elif "original_max_position_embeddings" in d and not math.isclose(s, seq_len / L):
+        elif has_orig and not math.isclose(s, seq_len / L):
             notes.append(f"yarn: factor {s:g} differs from max_position_embeddings / "
                          f"original_max_position_embeddings = {seq_len / L:g}; using factor, "
                          "as current transformers does (some 4.4x/4.5x used the ratio)")
@@ -1092,7 +1195,30 @@ def _hf_rope_scaling(where, config, seq_len, notes):
                 return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
             att = mscale(ms) / mscale(ms_all)
             notes.append(f"yarn: attention factor from mscale/mscale_all_dim: {att:.6g}")
-        out["yarn_attn_factor"] = att if att is not None else 0.0  # 0: run uses 0.1 ln s + 1
+        out["rope_attn_factor"] = att if att is not None else 0.0  # 0: run uses 0.1 ln s + 1
+    elif t == "longrope":
+        L, n = orig_ctx(), (rot or 0) // 2
+        arrays = {}
+        for k in ("short_factor", "long_factor"):
+            v = d.get(k)
+            if not isinstance(v, list) or len(v) != n:
+                got = f"a list of {len(v)}" if isinstance(v, list) else _js(v)
+                raise ExportError(f"{what}: longrope {k} must be a list of {n} numbers (one per "
+                                  f"rotated pair), got {got}")
+            arrays["rope_" + k] = np.array([_number(what, f"{k}[{i}]", x) for i, x in enumerate(v)],
+                                           dtype=np.float32)
+        s = factor(required=False)
+        if s is None:
+            s = seq_len / L
+            if s < 1:
+                notes.append(f"longrope: max_position_embeddings / original_max_position_embeddings "
+                             f"= {s:g} < 1: storing factor 1 (the factor only sets the attention "
+                             "factor, which is 1 for any factor <= 1)")
+                s = 1.0
+        att = d.get("attention_factor")
+        out.update(rope_factor=s, rope_orig_ctx=L,
+                   rope_attn_factor=_number(what, "attention_factor", att) if att is not None else 0.0)
+        return out, arrays
     else:  # llama3
         for k in ("low_freq_factor", "high_freq_factor"):
             if d.get(k) is None:
@@ -1103,30 +1229,90 @@ def _hf_rope_scaling(where, config, seq_len, notes):
         if not out["llama3_high_freq"] > out["llama3_low_freq"]:
             raise ExportError(f"{what}: llama3 high_freq_factor must be greater than "
                               "low_freq_factor")
-    return out
+    return out, {}
 
 
-def hf_config(config, where="config.json"):
-    """Map a Hugging Face Llama config.json (a dict) to our config. Returns
-    (cfg, notes): cfg for write_checkpoint (rope_layout "neox": the weights as
-    Hugging Face stores them), notes: lines worth telling the user (defaults
-    used, values ignored). Raises ExportError for anything that is not exactly
-    the Llama architecture or that run cannot reproduce."""
-    notes = []
+def hf_family(config, where="config.json"):
+    """The family of a config.json (a key of HF_FAMILIES) from model_type and
+    architectures, which must agree. Raises ExportError for any other model."""
     mt, archs = config.get("model_type"), config.get("architectures") or []
     if not isinstance(archs, list):
         archs = [archs]
-    if mt not in ("llama", "mistral", None) or any(a not in HF_ARCHITECTURES for a in archs) \
-            or (mt is None and not archs):
+    families = {f for f, a in HF_FAMILIES.items() if a in archs}
+    family = mt if mt is not None else (families.pop() if len(families) == 1 else None)
+    if family not in HF_FAMILIES or any(a != HF_FAMILIES[family] for a in archs):
         name = ", ".join(map(str, archs)) or f"model_type {_js(mt)}"
-        raise ExportError(f"{where}: {name} is not supported: only the Llama architecture "
-                          "(LlamaForCausalLM) is")
-    if config.get("sliding_window") is not None:
-        raise ExportError(f"{where}: sliding_window={_js(config['sliding_window'])} "
-                          "(sliding-window attention) is not supported")
-    for key, what in (("attention_bias", "biases on q/k/v/o_proj"),
-                      ("mlp_bias", "biases on the MLP"),
-                      ("qk_norm", "RMSNorm on q and k"), ("use_qk_norm", "RMSNorm on q and k")):
+        raise ExportError(f"{where}: {name} is not supported (supported: "
+                          f"{', '.join(HF_ARCHITECTURES)})")
+    return family
+
+
+def _hf_biases(where, config, family, notes):
+    """(qkv_bias, o_bias, mlp_bias) as the family's modeling code builds its layers."""
+    if family == "qwen2":  # Qwen2Attention: q, k, v with bias=True, o without, whatever the config
+        return True, False, False
+    if family == "llama":
+        att, mlp = config.get("attention_bias", False), config.get("mlp_bias", False)
+        for key, v in (("attention_bias", att), ("mlp_bias", mlp)):
+            if not isinstance(v, bool):
+                raise ExportError(f"{where}: {key}={_js(v)} is not true or false")
+        return att, att, mlp
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key):
+            notes.append(f"ignoring {key}={_js(config[key])}: {HF_FAMILIES[family]} has no biases")
+    return False, False, False
+
+
+def _hf_window(where, config, family, n_layers, notes):
+    """(sliding_window, window_first_layer) as the family's attention applies it."""
+    if family == "llama":
+        if config.get("sliding_window") is not None:
+            notes.append(f"ignoring sliding_window={_js(config['sliding_window'])}: Llama attends "
+                         "to every position")
+        return 0, 0
+    if family == "mistral" and "sliding_window" not in config:
+        notes.append("sliding_window absent: using 4096, MistralConfig's default")
+        w = 4096
+    elif family == "qwen2" and not config.get("use_sliding_window", False):
+        return 0, 0  # Qwen2Config drops sliding_window unless use_sliding_window is true
+    else:
+        w = config.get("sliding_window", 4096 if family == "qwen2" else None)
+    if w is None:
+        return 0, 0
+    if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= MAX_CTX:
+        raise ExportError(f"{where}: sliding_window={_js(w)} is not an integer in 1..{MAX_CTX}")
+    if family != "qwen2":
+        return w, 0
+    types = config.get("layer_types")
+    if types is None:  # Qwen2Config: layers from max_window_layers on slide
+        first = _integer(where, "max_window_layers", config.get("max_window_layers", 28), minimum=0)
+        first = min(first, n_layers)
+    else:
+        if not isinstance(types, list) or len(types) != n_layers or \
+                any(x not in ("full_attention", "sliding_attention") for x in types):
+            raise ExportError(f"{where}: layer_types must list \"full_attention\" or "
+                              f"\"sliding_attention\" for each of the {n_layers} layers")
+        first = types.index("sliding_attention") if "sliding_attention" in types else n_layers
+        if any(x != "sliding_attention" for x in types[first:]):
+            raise ExportError(f"{where}: layer_types has full-attention layers after sliding ones "
+                              "(supported: the sliding layers are the last ones)")
+    if first == n_layers:
+        notes.append("use_sliding_window is true but no layer slides (max_window_layers >= "
+                     "num_hidden_layers)")
+        return 0, 0
+    return w, first
+
+
+def hf_config(config, where="config.json"):
+    """Map a Hugging Face config.json (a dict) of a supported family (HF_FAMILIES)
+    to our config. Returns (cfg, rope_tensors, notes): cfg for write_checkpoint
+    (rope_layout "neox": the weights as Hugging Face stores them), rope_tensors:
+    LongRoPE's factor arrays ({} for other scalings), notes: lines worth telling
+    the user (defaults used, values ignored). Raises ExportError for anything
+    that run cannot reproduce."""
+    notes = []
+    family = hf_family(config, where)
+    for key, what in (("qk_norm", "RMSNorm on q and k"), ("use_qk_norm", "RMSNorm on q and k")):
         if config.get(key):
             raise ExportError(f"{where}: {key}={_js(config[key])} ({what}) is not supported")
     act = config.get("hidden_act", "silu")
@@ -1183,13 +1369,18 @@ def hf_config(config, where="config.json"):
     tie = config.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise ExportError(f"{where}: tie_word_embeddings={_js(tie)} is not true or false")
+    qkv_bias, o_bias, mlp_bias = _hf_biases(where, config, family, notes)
+    window, first = _hf_window(where, config, family, config["num_hidden_layers"], notes)
     cfg = dict(dim=dim, hidden_dim=config["intermediate_size"],
                n_layers=config["num_hidden_layers"], n_heads=heads, n_kv_heads=kv,
                vocab_size=config["vocab_size"], seq_len=seq_len, shared_classifier=tie,
                bos_id=_hf_token_id(where, config, "bos_token_id", 1, notes),
                eos_id=_hf_token_id(where, config, "eos_token_id", 2, notes),
-               norm_eps=eps, rope_theta=theta, rope_layout="neox", rot_dim=rot)
-    cfg.update(_hf_rope_scaling(where, config, seq_len, notes))
+               norm_eps=eps, rope_theta=theta, rope_layout="neox", rot_dim=rot,
+               qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias,
+               sliding_window=window, window_first_layer=first)
+    scaling, rope_tensors = _hf_rope_scaling(where, config, seq_len, notes, family, rot)
+    cfg.update(scaling)
     for k in ("bos_id", "eos_id"):
         if cfg[k] >= cfg["vocab_size"]:
             raise ExportError(f"{where}: {k.replace('_id', '_token_id')}={cfg[k]} is outside the "
@@ -1198,7 +1389,7 @@ def hf_config(config, where="config.json"):
         normalize_config(cfg)
     except ExportError as e:
         raise ExportError(f"{where}: {e}") from None
-    return cfg, notes
+    return cfg, rope_tensors, notes
 
 
 # ---------------------------------------------------------------------------
@@ -1214,13 +1405,34 @@ def _hf_layer_names(i):
             "w3": p + "mlp.up_proj.weight"}
 
 
-def _unexpected_tensor(name, where):
+def _hf_bias_names(i):
+    """Our bias tensors and the HF names of layer i's parts."""
+    p = f"model.layers.{i}."
+    return {"bq": p + "self_attn.q_proj.bias", "bk": p + "self_attn.k_proj.bias",
+            "bv": p + "self_attn.v_proj.bias", "bo": p + "self_attn.o_proj.bias",
+            "b1": p + "mlp.gate_proj.bias", "b2": p + "mlp.down_proj.bias",
+            "b3": p + "mlp.up_proj.bias"}
+
+
+class _RowSlice:
+    """Rows start..start+n-1 of a 2-D lazy tensor: one part of a fused projection
+    (Phi-3's qkv_proj holds q, k and v; gate_up_proj holds gate and up)."""
+
+    def __init__(self, src, start, n):
+        self.src, self.start, self.shape = src, start, (n, src.shape[1])
+
+    def rows(self, a, b):
+        return self.src.rows(self.start + a, self.start + b)
+
+
+def _unexpected_tensor(name, where, family="llama"):
+    arch = HF_FAMILIES.get(family, "Llama")
     if name.endswith(".bias"):
-        why = "biases are not part of the Llama architecture"
+        why = f"biases are not part of {arch} as configured"
     elif "q_norm" in name or "k_norm" in name:
-        why = "RMSNorm on q/k is not part of the Llama architecture"
+        why = f"RMSNorm on q/k is not part of {arch}"
     else:
-        why = "not part of the Llama architecture"
+        why = f"not part of {arch}"
     return ExportError(f"{where}: unexpected tensor {name} ({why})")
 
 
@@ -1245,19 +1457,24 @@ def _source_file(directory, layout, name, expected_dir, expected_in):
 
 
 def read_hf(directory, layout="neox"):
-    """A Hugging Face Llama model directory (config.json + safetensors) as
-    (cfg, tensors, notes): tensors are lazy (see "Lazy tensors"), nothing is
-    read until write_checkpoint streams them.
+    """A Hugging Face model directory (config.json + safetensors) of a family in
+    HF_FAMILIES as (cfg, tensors, notes): tensors are lazy (see "Lazy tensors"),
+    nothing is read until write_checkpoint streams them; biases and LongRoPE's
+    factors, which are small, are arrays. Phi-3's fused qkv_proj and
+    gate_up_proj are split by rows into wq, wk, wv and w1 (gate), w3 (up).
 
     layout "neox" keeps the q/k rows as Hugging Face stores them (and marks the
     checkpoint neox: run rotates halves, like rotate_half); "interleaved"
-    un-permutes them per head (k with the KEY/VALUE head count) and marks the
-    checkpoint interleaved. Both give the same logits."""
+    un-permutes them per head (k with the KEY/VALUE head count; the q and k
+    biases with them) and marks the checkpoint interleaved. Both give the same
+    logits."""
     directory = os.fspath(directory)
     config_path = _source_file(directory, layout, "config.json",
                                "a Hugging Face model directory with config.json",
                                "a Hugging Face model directory")
-    cfg, notes = hf_config(_read_json(config_path, "a model config"), config_path)
+    config = _read_json(config_path, "a model config")
+    cfg, rope_tensors, notes = hf_config(config, config_path)
+    family = hf_family(config)
     source, listing = read_hf_weights(directory)
     c = normalize_config(cfg)
     shapes = dict((name, fn(c)) for name, fn, _ in TENSOR_TABLE)
@@ -1275,15 +1492,38 @@ def read_hf(directory, layout="neox"):
 
     tensors = {"token_embedding": take("model.embed_tokens.weight", shapes["token_embedding"])}
     per_layer = {k: [] for k in _hf_layer_names(0)}
+    dim, kv_dim, hidden = c["dim"], _kv_dim(c), c["hidden_dim"]
     for i in range(c["n_layers"]):
-        for ours, theirs in _hf_layer_names(i).items():
-            per_layer[ours].append(take(theirs, shapes[ours][1:]))
+        names = _hf_layer_names(i)
+        if family == "phi3":  # fused projections, split by rows: q | k | v and gate | up
+            p = f"model.layers.{i}."
+            qkv = take(p + "self_attn.qkv_proj.weight", (dim + 2 * kv_dim, dim))
+            gate_up = take(p + "mlp.gate_up_proj.weight", (2 * hidden, dim))
+            fused = {"wq": _RowSlice(qkv, 0, dim), "wk": _RowSlice(qkv, dim, kv_dim),
+                     "wv": _RowSlice(qkv, dim + kv_dim, kv_dim),
+                     "w1": _RowSlice(gate_up, 0, hidden), "w3": _RowSlice(gate_up, hidden, hidden)}
+        else:
+            fused = {}
+        for ours, theirs in names.items():
+            per_layer[ours].append(fused[ours] if ours in fused else take(theirs, shapes[ours][1:]))
     if layout == "interleaved":
         rot = c["rot_dim"]
         per_layer["wq"] = [_HeadPermuted(t, c["n_heads"], rot, True) for t in per_layer["wq"]]
         per_layer["wk"] = [_HeadPermuted(t, c["n_kv_heads"], rot, True) for t in per_layer["wk"]]
     for k, parts in per_layer.items():
         tensors[k] = _Stacked(parts)
+    for ours in tensor_names(c):  # biases: small, read whole; q and k follow their rows' order
+        if not ours.startswith("b") or ours not in _hf_bias_names(0):
+            continue
+        parts = []
+        for i in range(c["n_layers"]):
+            v = take(_hf_bias_names(i)[ours], shapes[ours][1:]).rows(0, 1)[0]
+            if layout == "interleaved" and ours in ("bq", "bk"):
+                heads = c["n_heads"] if ours == "bq" else c["n_kv_heads"]
+                v = v[head_permutation(heads, dim // c["n_heads"], c["rot_dim"], True)]
+            parts.append(v)
+        tensors[ours] = np.stack(parts)
+    tensors.update(rope_tensors)
     tensors["rms_final_weight"] = take("model.norm.weight", shapes["rms_final_weight"])
     if "lm_head.weight" in source:
         if cfg["shared_classifier"]:
@@ -1298,7 +1538,7 @@ def read_hf(directory, layout="neox"):
     for name in sorted(set(source) - used):
         if name.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints saved; recomputed
             continue
-        raise _unexpected_tensor(name, source[name].path)
+        raise _unexpected_tensor(name, source[name].path, family)
     cfg["rope_layout"] = layout
     return cfg, tensors, notes
 
@@ -3360,7 +3600,7 @@ def _gguf_rope_scaling(meta, have, layout_table, gguf, theta, rot, used, notes):
                 * meta.get("llama.rope.scaling.yarn_attn_factor", "float", 1.0))
         # llama.cpp multiplies YaRN's own 0.1 ln s + 1 by these; 0 in our header means
         # "derive 0.1 ln s + 1"
-        out["yarn_attn_factor"] = 0.0 if mult == 1.0 else mult * (0.1 * math.log(factor) + 1.0)
+        out["rope_attn_factor"] = 0.0 if mult == 1.0 else mult * (0.1 * math.log(factor) + 1.0)
     elif kind in (None, "none") and factor not in (None, 1.0):
         notes.append(f"ignoring llama.rope.scaling.factor={factor:g}: no scaling type")
     freqs = have.get("rope_freqs.weight")

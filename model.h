@@ -30,17 +30,20 @@
 #include <sys/stat.h>
 
 /* ------------------------------------------------------------------------
- * Checkpoint format, version 1 ("LRPE")
+ * Checkpoint format, versions 1 and 2 ("LRPE")
  *
  * All values little-endian. A fixed 256-byte header, then the tensors as
  * float32, each starting at a file offset that is a multiple of 64 bytes
  * (zero padding between them). export.py (write_checkpoint, TENSOR_TABLE) is
  * the only writer; run.c (weight_table) walks the same ordered table. Keep the
  * two in step: reordering one without the other is a format change.
+ * Version 2 adds the fields at 104..115 and the LongRoPE scaling (6); export.py
+ * writes version 1 whenever a file uses none of them, so older programs still
+ * read it.
  *
  *  offset type    field             meaning
  *    0    u32     magic             0x4550524c, the bytes "LRPE"
- *    4    i32     version           1
+ *    4    i32     version           1 or 2
  *    8    i32     dim
  *   12    i32     hidden_dim
  *   16    i32     n_layers
@@ -58,15 +61,25 @@
  *   60    f32     rope_theta        RoPE base b, e.g. 10000
  *   64    i32     rope_layout       0 = interleaved pairs (2i, 2i+1), 1 = neox halves (i, i+rot/2)
  *   68    i32     rot_dim           even, 2..head_size (partial rotary when < head_size)
- *   72    i32     rope_scaling      0 none, 1 linear, 2 ntk, 3 dynamic, 4 yarn, 5 llama3
+ *   72    i32     rope_scaling      0 none, 1 linear, 2 ntk, 3 dynamic, 4 yarn, 5 llama3,
+ *                                   6 longrope (version 2)
  *   76    f32     rope_factor       scale s (1 = no scaling)
  *   80    i32     rope_orig_ctx     original context L for the scaling; 0 = seq_len
  *   84    f32     yarn_beta_fast    default 32
  *   88    f32     yarn_beta_slow    default 1
- *   92    f32     yarn_attn_factor  YaRN's magnitude mscale; 0 = derive 0.1 ln s + 1
+ *   92    f32     rope_attn_factor  YaRN's and LongRoPE's magnitude mscale; 0 = derive it
+ *                                   from s (YaRN 0.1 ln s + 1, LongRoPE sqrt(1 + ln s / ln L))
  *   96    f32     llama3_low_freq   default 1
  *  100    f32     llama3_high_freq  default 4
- *  104..255       reserved, must be zero
+ *  104    i32     bias_flags        version 2: which projections add a bias, BIAS_QKV (1:
+ *                                   q, k, v; Qwen2), BIAS_O (2: the attention output),
+ *                                   BIAS_MLP (4: gate, up, down); 0 = none (Llama)
+ *  108    i32     sliding_window    version 2: W >= 1, a query attends only to the W most
+ *                                   recent positions, itself included (Mistral); 0 = none
+ *  112    i32     window_first_layer version 2: layers l >= this one use the window, the
+ *                                   ones before attend to everything (Qwen2's
+ *                                   max_window_layers); 0 = every layer
+ *  116..255       reserved, must be zero (version 1: 104..255)
  *
  * Tensors, in this order (shapes row-major; "n_layers" stacks the layers):
  *   token_embedding  (vocab_size, dim)
@@ -81,6 +94,13 @@
  *   w3               (n_layers, hidden_dim, dim)    up
  *   rms_final_weight (dim)
  *   wcls             (vocab_size, dim)       only when shared_classifier == 0
+ *   bq, bk, bv       (n_layers, dim), (n_layers, kv_dim) twice    with BIAS_QKV
+ *   bo               (n_layers, dim)                              with BIAS_O
+ *   b1, b2, b3       (n_layers, hidden_dim), (n_layers, dim), (n_layers, hidden_dim)
+ *                                                                 with BIAS_MLP
+ *   rope_short_factor (n_pairs)  LongRoPE's per-pair divisors of the frequencies up to
+ *   rope_long_factor  (n_pairs)  L tokens and beyond: only when rope_scaling == 6
+ * Biases and factors are float32 whatever weight_type says.
  * The file size must equal the end of the last tensor exactly.
  *
  * q8_0 tensors (weight_type 1). The matrices token_embedding, wq, wk, wv, wo,
@@ -188,7 +208,7 @@ static inline char *read_file(const char *path, const char *what, size_t *n_out,
 }
 
 #define CKPT_MAGIC 0x4550524cu /* "LRPE" read as a little-endian u32 */
-#define CKPT_VERSION 1
+#define CKPT_VERSION 2 /* the newest this program reads; it reads 1 too */
 #define CKPT_HEADER_BYTES 256
 #define CKPT_ALIGN 64
 #define LEGACY_HEADER_BYTES 28
@@ -196,7 +216,8 @@ static inline char *read_file(const char *path, const char *what, size_t *n_out,
 enum { WEIGHT_F32 = 0, WEIGHT_Q8_0 = 1, WEIGHT_N_TYPES };
 enum { ROPE_INTERLEAVED = 0, ROPE_NEOX = 1 };
 enum { KV_F32 = 0, KV_F16 = 1 }; /* KV cache element type (run --kv) */
-enum { ROPE_NONE = 0, ROPE_LINEAR, ROPE_NTK, ROPE_DYNAMIC, ROPE_YARN, ROPE_LLAMA3, ROPE_N_SCALINGS };
+enum { ROPE_NONE = 0, ROPE_LINEAR, ROPE_NTK, ROPE_DYNAMIC, ROPE_YARN, ROPE_LLAMA3, ROPE_LONGROPE, ROPE_N_SCALINGS };
+enum { BIAS_QKV = 1, BIAS_O = 2, BIAS_MLP = 4, BIAS_ALL = 7 };
 
 typedef struct {
     int dim;               // model width, e.g. 288
@@ -209,9 +230,12 @@ typedef struct {
     int shared_classifier; // 1 = logits reuse token_embedding
     int bos_id, eos_id;    // e.g. 1, 2
     float norm_eps;        // RMSNorm epsilon, e.g. 1e-5
-    int version;           // 0 = legacy llama2.c file, 1 = ours
+    int version;           // 0 = legacy llama2.c file, 1 or 2 = ours
     int weight_type;       // WEIGHT_F32 | WEIGHT_Q8_0
     int group_size;        // q8_0: values per scale, e.g. 32; 0 for float32
+    int bias_flags;        // BIAS_QKV | BIAS_O | BIAS_MLP: which projections add a bias; 0 = none
+    int sliding_window;    // W: a query sees the W most recent positions (itself included); 0 = all
+    int window_first_layer; // layers l >= this use sliding_window; 0 = every layer
 } Config;
 
 /* RoPE parameters: the checkpoint's, then overridden by command-line flags.
@@ -220,21 +244,27 @@ typedef struct {
     double base;        // b, e.g. 10000
     int layout;         // ROPE_INTERLEAVED | ROPE_NEOX
     int rot_dim;        // d, rotated dims per head, even, <= head_size
-    int scaling;        // ROPE_NONE .. ROPE_LLAMA3
+    int scaling;        // ROPE_NONE .. ROPE_LONGROPE
     double factor;      // s, 1 = unscaled
     int orig_ctx;       // L, the original context the scaling uses, e.g. train_ctx
     double beta_fast;   // YaRN, default 32
     double beta_slow;   // YaRN, default 1
-    double attn_factor; // YaRN's magnitude mscale (Hugging Face's attention_factor); 0 = 0.1 ln s + 1
+    double attn_factor; // YaRN's and LongRoPE's magnitude mscale (Hugging Face's attention_factor);
+                        // 0 = derive it from s (YaRN 0.1 ln s + 1, LongRoPE sqrt(1 + ln s / ln L))
     double low_freq;    // Llama 3 low_freq_factor, default 1
     double high_freq;   // Llama 3 high_freq_factor, default 4
+    const float *short_factor; // LongRoPE (n_pairs): divisors of f_i while the sequence fits in L,
+    const float *long_factor;  // and once it is longer; in the mapping; NULL when the checkpoint has none
     // Run-time choices (command line only, never stored in a checkpoint):
-    int dynamic_exact;  // dynamic NTK: 0 = Hugging Face (cached keys keep the rotation they got),
-                        // 1 = exact (pre-RoPE key cache, every key re-rotated with the current base)
+    int dynamic_exact;  // dynamic NTK and LongRoPE: 0 = Hugging Face (cached keys keep the rotation
+                        // they got), 1 = exact (pre-RoPE key cache, every key re-rotated for the
+                        // current length)
     int se_group;       // Self-Extend group size G (0 = off); se_window must follow it
     int se_window;      // Self-Extend neighbour window W, in tokens
     int sinks;          // attention sinks S (StreamingLLM): -1 = off; S >= 0 = a rolling cache that
                         // keeps its first S tokens and evicts the oldest of the rest when full
+    int window;         // --window W: -1 = the checkpoint's sliding window; 0 = none; W > 0 = every
+                        // layer attends to the W most recent positions
 } RopeConfig;
 
 /* A weight matrix (rows, cols) in the mapping, float32 or q8_0. kernels.c's
@@ -262,6 +292,12 @@ typedef struct {
     Matrix w3;                     // (n_layers, hidden_dim, dim)
     const float *rms_final_weight; // (dim)
     Matrix wcls;                   // (vocab_size, dim); == token_embedding when shared
+    // Biases (bias_flags), NULL when the checkpoint has none:
+    const float *bq;               // (n_layers, dim)
+    const float *bk, *bv;          // (n_layers, kv_dim)
+    const float *bo;               // (n_layers, dim)
+    const float *b1, *b3;          // (n_layers, hidden_dim) gate, up
+    const float *b2;               // (n_layers, dim) down
 } Weights;
 
 /* ------------------------------------------------------------------------

@@ -118,6 +118,9 @@ typedef struct {
                         //    (exact dynamic NTK and Self-Extend need this)
     int table_len;      // exact dynamic NTK: the sequence length the table rows were built for
     int kv_type;        // KV_F32 | KV_F16: what key_cache and value_cache hold (--kv)
+    int window;         // sliding window W in effect (the checkpoint's, or --window); 0 = none.
+                        // The cache still holds n_ctx positions: older keys stay, unread
+    int window_first_layer; // layers l >= this one use the window
     Weights weights;
     RunState state;
     void *mapping;      // the whole checkpoint file, mmap'd read-only
@@ -141,8 +144,11 @@ typedef struct {
     size_t n_values;   // all layers together; neither pointer: skipped (legacy freq_cis)
 } TensorSpec;
 
-/* Fill `table` with the checkpoint's tensors in file order; returns the count. */
-static int weight_table(const Config *c, Weights *w, TensorSpec table[16]) {
+#define MAX_TENSORS 32
+
+/* Fill `table` with the checkpoint's tensors in file order; returns the count.
+ * r receives the LongRoPE factor pointers (RopeConfig holds them). */
+static int weight_table(const Config *c, RopeConfig *r, Weights *w, TensorSpec table[MAX_TENSORS]) {
     size_t dim = (size_t)c->dim, hidden = (size_t)c->hidden_dim, layers = (size_t)c->n_layers;
     size_t head_size = dim / (size_t)c->n_heads;
     size_t kv_dim = head_size * (size_t)c->n_kv_heads;
@@ -164,6 +170,22 @@ static int weight_table(const Config *c, Weights *w, TensorSpec table[16]) {
         table[n++] = (TensorSpec){"freq_cis_imag", NULL, NULL, (size_t)c->train_ctx * head_size / 2};
     }
     if (!c->shared_classifier) table[n++] = (TensorSpec){"wcls", NULL, &w->wcls, vocab * dim};
+    if (c->bias_flags & BIAS_QKV) {
+        table[n++] = (TensorSpec){"bq", &w->bq, NULL, layers * dim};
+        table[n++] = (TensorSpec){"bk", &w->bk, NULL, layers * kv_dim};
+        table[n++] = (TensorSpec){"bv", &w->bv, NULL, layers * kv_dim};
+    }
+    if (c->bias_flags & BIAS_O) table[n++] = (TensorSpec){"bo", &w->bo, NULL, layers * dim};
+    if (c->bias_flags & BIAS_MLP) {
+        table[n++] = (TensorSpec){"b1", &w->b1, NULL, layers * hidden};
+        table[n++] = (TensorSpec){"b2", &w->b2, NULL, layers * dim};
+        table[n++] = (TensorSpec){"b3", &w->b3, NULL, layers * hidden};
+    }
+    if (r->scaling == ROPE_LONGROPE) {
+        size_t n_pairs = (size_t)r->rot_dim / 2;
+        table[n++] = (TensorSpec){"rope_short_factor", &r->short_factor, NULL, n_pairs};
+        table[n++] = (TensorSpec){"rope_long_factor", &r->long_factor, NULL, n_pairs};
+    }
     return n;
 }
 
@@ -177,9 +199,9 @@ static size_t tensor_start(const Config *c, size_t offset) {
  * implies. With map != NULL, also point each table entry into the mapping.
  * A float32 tensor is one part; a q8_0 matrix is int8 values, then float32
  * scales (model.h, "q8_0 tensors"). */
-static size_t place_tensors(const Config *c, Weights *w, const char *map) {
-    TensorSpec table[16];
-    int n = weight_table(c, w, table);
+static size_t place_tensors(const Config *c, RopeConfig *r, Weights *w, const char *map) {
+    TensorSpec table[MAX_TENSORS];
+    int n = weight_table(c, r, w, table);
     size_t offset = c->version == 0 ? LEGACY_HEADER_BYTES : CKPT_HEADER_BYTES;
     for (int i = 0; i < n; i++) {
         int q8 = table[i].mat && c->weight_type == WEIGHT_Q8_0;
@@ -200,14 +222,15 @@ static size_t place_tensors(const Config *c, Weights *w, const char *map) {
 }
 
 /* Total bytes a checkpoint with this header must have. */
-static size_t expected_file_size(const Config *c) {
-    Weights unused;
-    return place_tensors(c, &unused, NULL);
+static size_t expected_file_size(const Config *c, const RopeConfig *r) {
+    Weights unused_w;
+    RopeConfig unused_r = *r;
+    return place_tensors(c, &unused_r, &unused_w, NULL);
 }
 
 /* Names of the RoPE settings, as the command line and the outputs spell them
  * (index = ROPE_NONE .., ROPE_INTERLEAVED ..; NULL ends a list of choices). */
-static const char *const SCALING_NAMES[] = {"none", "linear", "ntk", "dynamic", "yarn", "llama3", NULL};
+static const char *const SCALING_NAMES[] = {"none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", NULL};
 static const char *const LAYOUT_NAMES[2] = {"interleaved", "neox"};
 
 /* Parse the header bytes (n_read of them) into c and r. Values are only
@@ -221,9 +244,9 @@ static int parse_header(const char *path, const unsigned char *h, size_t n_read,
             return fail(err, err_len, "%s: truncated header: expected %d bytes, file has %zu", path,
                         CKPT_HEADER_BYTES, n_read);
         c->version = read_le_i32(h + 4);
-        if (c->version != CKPT_VERSION)
-            return fail(err, err_len, "%s: unsupported format version %d (this program reads version %d)", path,
-                        c->version, CKPT_VERSION);
+        if (c->version < 1 || c->version > CKPT_VERSION)
+            return fail(err, err_len, "%s: unsupported format version %d (this program reads versions 1 to %d)",
+                        path, c->version, CKPT_VERSION);
         c->dim = read_le_i32(h + 8);
         c->hidden_dim = read_le_i32(h + 12);
         c->n_layers = read_le_i32(h + 16);
@@ -247,6 +270,13 @@ static int parse_header(const char *path, const unsigned char *h, size_t n_read,
         r->attn_factor = read_le_f32(h + 92);
         r->low_freq = read_le_f32(h + 96);
         r->high_freq = read_le_f32(h + 100);
+        int reserved_from = 104; // version 1 ends its fields here
+        if (c->version >= 2) {
+            c->bias_flags = read_le_i32(h + 104);
+            c->sliding_window = read_le_i32(h + 108);
+            c->window_first_layer = read_le_i32(h + 112);
+            reserved_from = 116;
+        }
         c->weight_type = weight_type;
         c->group_size = group_size;
         if (weight_type < 0 || weight_type >= WEIGHT_N_TYPES)
@@ -256,7 +286,7 @@ static int parse_header(const char *path, const unsigned char *h, size_t n_read,
             return fail(err, err_len, "%s: group_size %d given for float32 weights (expected 0)", path, group_size);
         if (c->shared_classifier != 0 && c->shared_classifier != 1)
             return fail(err, err_len, "%s: shared_classifier=%d (expected 0 or 1)", path, c->shared_classifier);
-        for (int i = 104; i < CKPT_HEADER_BYTES; i++)
+        for (int i = reserved_from; i < CKPT_HEADER_BYTES; i++)
             if (h[i] != 0)
                 return fail(err, err_len, "%s: reserved header byte %d is %d (expected 0; written by a newer export.py?)",
                             path, i, h[i]);
@@ -328,21 +358,32 @@ static int validate_config(const char *path, const Config *c, const RopeConfig *
     if (r->rot_dim < 2 || r->rot_dim > head_size || r->rot_dim % 2 != 0)
         return fail(err, err_len, "%s: rot_dim=%d (expected an even number in 2..head_size=%d)", path, r->rot_dim,
                     head_size);
-    if (r->scaling < 0 || r->scaling >= ROPE_N_SCALINGS)
-        return fail(err, err_len, "%s: rope_scaling=%d (expected 0..%d)", path, r->scaling, ROPE_N_SCALINGS - 1);
+    int n_scalings = c->version >= 2 ? ROPE_N_SCALINGS : ROPE_LONGROPE; // longrope came with version 2
+    if (r->scaling < 0 || r->scaling >= n_scalings)
+        return fail(err, err_len, "%s: rope_scaling=%d (expected 0..%d in format version %d)", path, r->scaling,
+                    n_scalings - 1, c->version);
     if (!(r->factor >= 1.0 && isfinite(r->factor)))
         return fail(err, err_len, "%s: rope_factor=%g (expected a finite value >= 1)", path, r->factor);
     if (r->orig_ctx < 0 || r->orig_ctx > MAX_CTX)
         return fail(err, err_len, "%s: rope_orig_ctx=%d (expected 0..%d)", path, r->orig_ctx, MAX_CTX);
     struct { const char *name; double value, max; } params[] = { // 0 = the default
         {"yarn_beta_fast", r->beta_fast, 1e6}, {"yarn_beta_slow", r->beta_slow, 1e6},
-        {"yarn_attn_factor", r->attn_factor, 1e3}, {"llama3_low_freq", r->low_freq, 1e6},
+        {"rope_attn_factor", r->attn_factor, 1e3}, {"llama3_low_freq", r->low_freq, 1e6},
         {"llama3_high_freq", r->high_freq, 1e6},
     };
     for (size_t i = 0; i < sizeof params / sizeof params[0]; i++)
         if (!(params[i].value >= 0 && params[i].value <= params[i].max))
             return fail(err, err_len, "%s: %s=%g (expected 0 = default, or a value up to %g)", path, params[i].name,
                         params[i].value, params[i].max);
+    if (c->bias_flags < 0 || c->bias_flags > BIAS_ALL)
+        return fail(err, err_len, "%s: bias_flags=%d (expected 0..%d: 1 q/k/v, 2 output, 4 MLP)", path,
+                    c->bias_flags, BIAS_ALL);
+    if (c->sliding_window < 0 || c->sliding_window > MAX_CTX)
+        return fail(err, err_len, "%s: sliding_window=%d (expected 0 = none, or 1..%d)", path, c->sliding_window,
+                    MAX_CTX);
+    if (c->window_first_layer < 0 || c->window_first_layer > c->n_layers)
+        return fail(err, err_len, "%s: window_first_layer=%d (expected 0..n_layers=%d)", path,
+                    c->window_first_layer, c->n_layers);
     return 0;
 }
 
@@ -384,7 +425,7 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
     }
     if (c->version == 0) r->rot_dim = c->dim / c->n_heads;
     if (r->orig_ctx == 0) r->orig_ctx = c->train_ctx; // 0 = the training context
-    size_t expected = expected_file_size(c);
+    size_t expected = expected_file_size(c, r);
     if (file_size != expected) {
         close(fd);
         if (file_size < expected)
@@ -399,8 +440,19 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
     t->mapping = map;
     t->file_size = file_size;
 
-    place_tensors(c, &t->weights, (const char *)map); // point each weight into the mapping
+    place_tensors(c, r, &t->weights, (const char *)map); // point each weight (and LongRoPE factor) into the mapping
     if (c->shared_classifier) t->weights.wcls = t->weights.token_embedding;
+    for (int i = 0; r->short_factor && i < r->rot_dim / 2; i++) // divisors of a frequency: finite and positive
+        for (int which = 0; which < 2; which++) {
+            float v = (which ? r->long_factor : r->short_factor)[i];
+            if (!(v > 0.0f && isfinite(v))) {
+                fail(err, err_len, "%s: rope_%s_factor[%d]=%g (expected a finite value > 0)", path,
+                     which ? "long" : "short", i, (double)v);
+                munmap(map, file_size);
+                memset(t, 0, sizeof *t);
+                return -1;
+            }
+        }
     return 0;
 }
 
@@ -414,10 +466,10 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
  * specification: every formula here, with its test vectors.
  * ========================================================================== */
 
-/* inv_freq[i] for i < n_pairs and the magnitude factor mscale (YaRN's; 1 for
- * every other method) for the method in r (docs/rope.md §8; test vectors §9).
- * `cur_len` is the current sequence length, used only by dynamic NTK.
- * Frequencies are computed in double. */
+/* inv_freq[i] for i < n_pairs and the magnitude factor mscale (YaRN's and
+ * LongRoPE's; 1 for every other method) for the method in r (docs/rope.md §8;
+ * test vectors §9). `cur_len` is the current sequence length, used only by
+ * dynamic NTK and LongRoPE. Frequencies are computed in double. */
 void rope_frequencies(const RopeConfig *r, int cur_len, double *inv_freq, double *mscale) {
     int n_pairs = r->rot_dim / 2;
     double d = r->rot_dim, b = r->base, s = r->factor, L = r->orig_ctx;
@@ -459,6 +511,12 @@ void rope_frequencies(const RopeConfig *r, int cur_len, double *inv_freq, double
         }
         break;
     }
+    case ROPE_LONGROPE: { // per-pair divisors found by search: inv'_i = f_i / factor_i
+        const float *div = cur_len > r->orig_ctx ? r->long_factor : r->short_factor; // long past L tokens
+        for (int i = 0; i < n_pairs; i++) inv_freq[i] /= div[i];
+        *mscale = r->attn_factor > 0 ? r->attn_factor : s <= 1.0 || L <= 1 ? 1.0 : sqrt(1.0 + log(s) / log(L));
+        break;
+    }
     case ROPE_LLAMA3: { // Meta's apply_scaling: by wavelength, ramp linear in L/lambda
         if (s == 1.0) break; // every branch below is f_i when s = 1; keep it exact
         double low_wl = L / r->low_freq, high_wl = L / r->high_freq;
@@ -495,6 +553,20 @@ void rope_fill_table(float *cos_out, float *sin_out, int first_row, int n_rows, 
     }
 }
 
+/* Whether the frequencies depend on the sequence length: dynamic NTK's base
+ * grows with it, LongRoPE switches factor arrays past L. */
+static int rope_length_dependent(const RopeConfig *r) {
+    return r->scaling == ROPE_DYNAMIC || r->scaling == ROPE_LONGROPE;
+}
+
+/* The length a table is built for, for a sequence of length S: L while S <= L;
+ * past it dynamic NTK needs S itself, LongRoPE only "longer than L" (L + 1). */
+static int rope_table_length(const RopeConfig *r, int S) {
+    int L = r->orig_ctx;
+    if (S <= L) return L;
+    return r->scaling == ROPE_LONGROPE ? L + 1 : S;
+}
+
 /* Check the effective RoPE parameters (after command-line overrides). */
 static int validate_rope(const RopeConfig *r, int head_size, char *err, size_t err_len) {
     if (!(r->base > 1.0 && isfinite(r->base)))
@@ -510,9 +582,12 @@ static int validate_rope(const RopeConfig *r, int head_size, char *err, size_t e
     if (r->scaling == ROPE_LLAMA3 && !(r->high_freq > r->low_freq && r->low_freq > 0))
         return fail(err, err_len, "--llama3-low-freq %g / --llama3-high-freq %g: expected high > low > 0",
                     r->low_freq, r->high_freq);
-    if (r->se_group > 0 && r->scaling == ROPE_DYNAMIC)
-        return fail(err, err_len, "--self-extend with --rope-scaling dynamic: choose one (both re-assign how "
-                    "cached keys are rotated)");
+    if (r->se_group > 0 && rope_length_dependent(r))
+        return fail(err, err_len, "--self-extend with --rope-scaling %s: choose one (both re-assign how "
+                    "cached keys are rotated)", r->scaling == ROPE_DYNAMIC ? "dynamic" : "longrope");
+    if (r->scaling == ROPE_LONGROPE && !r->short_factor)
+        return fail(err, err_len, "--rope-scaling longrope: the checkpoint has no LongRoPE factor arrays (they "
+                    "come from a Hugging Face rope_type \"longrope\" export)");
     if (r->sinks >= 0 && r->se_group > 0)
         return fail(err, err_len, "--sinks with --self-extend: choose one (both re-assign the positions of "
                     "cached keys)");
@@ -530,37 +605,40 @@ static void rope_build_rows(Transformer *t, int len, int first, int n) {
 }
 
 /* Build the whole (n_ctx, n_pairs) table once, at load.
- * Every method but dynamic NTK has one table for all lengths. Dynamic NTK
- * (docs/rope.md §8.5) uses base b' = b * (s*S/L - (s-1))^(d/(d-2)) for a sequence
- * of length S > L:
+ * Most methods have one table for all lengths. Dynamic NTK (docs/rope.md §8.5)
+ * and LongRoPE (§8.8) give a sequence of length S > L other frequencies than
+ * a shorter one:
  *   hf:    the token at position p is rotated once, when it arrives, for
  *          length S = p + 1; cached keys keep that rotation. So row p is
  *          simply built for length max(p + 1, L), and the table never changes.
  *   exact: every key is re-rotated for the current length (pre-RoPE cache);
- *          rope_sync_dynamic rebuilds rows 0..pos once pos + 1 > L. */
+ *          rope_sync_length rebuilds rows 0..pos once pos + 1 > L. */
 static void rope_build_table(Transformer *t) {
-    int L = t->rope.orig_ctx;
-    if (t->rope.scaling != ROPE_DYNAMIC) {
-        rope_build_rows(t, t->n_ctx, 0, t->n_ctx);
+    int L = t->rope.orig_ctx, n = t->n_ctx;
+    if (!rope_length_dependent(&t->rope)) {
+        rope_build_rows(t, n, 0, n);
         return;
     }
-    rope_build_rows(t, L, 0, t->n_ctx < L ? t->n_ctx : L);  // S <= L: the unscaled frequencies
+    rope_build_rows(t, L, 0, n < L ? n : L); // S <= L: the frequencies of short sequences
     t->table_len = L;
-    if (t->rope.dynamic_exact) {
-        if (t->n_ctx > L) rope_build_rows(t, L, L, t->n_ctx - L);
-        return;
-    }
-    for (int p = L; p < t->n_ctx; p++) rope_build_rows(t, p + 1, p, 1);
+    if (n <= L) return;
+    if (t->rope.dynamic_exact) rope_build_rows(t, L, L, n - L);                    // rebuilt when reached
+    else if (t->rope.scaling == ROPE_LONGROPE) rope_build_rows(t, L + 1, L, n - L); // long factors
+    else
+        for (int p = L; p < n; p++) rope_build_rows(t, p + 1, p, 1);                // a base per length
 }
 
-/* Exact dynamic NTK: before the token at pos, make rows 0..pos right for the
- * current length S = pos + 1 (or back to the unscaled rows when S <= L). */
-static void rope_sync_dynamic(Transformer *t, int pos) {
-    if (t->rope.scaling != ROPE_DYNAMIC || !t->rope.dynamic_exact) return;
-    int L = t->rope.orig_ctx, S = pos + 1 > L ? pos + 1 : L;
+/* The exact variant: before the token at pos, make the rows up to pos right
+ * for the current length S = pos + 1 (back to the short-sequence rows when
+ * S <= L: a new sequence started). Dynamic NTK rebuilds rows 0..pos for every
+ * new length (later rows are rebuilt before they are used); LongRoPE rebuilds
+ * the whole table when the sequence crosses L, in either direction. */
+static void rope_sync_length(Transformer *t, int pos) {
+    if (!rope_length_dependent(&t->rope) || !t->rope.dynamic_exact) return;
+    int S = rope_table_length(&t->rope, pos + 1);
     if (S == t->table_len) return;
-    if (S == L) rope_build_rows(t, L, 0, t->n_ctx); // a new sequence started: unscaled rows everywhere
-    else rope_build_rows(t, S, 0, pos + 1);
+    int whole = S == t->rope.orig_ctx || t->rope.scaling == ROPE_LONGROPE;
+    rope_build_rows(t, S, 0, whole ? t->n_ctx : pos + 1);
     t->table_len = S;
 }
 
@@ -662,7 +740,7 @@ static RotatedKeys rope_stage(Transformer *t, void *key_cache, int B, int pos0) 
     RunState *s = &t->state;
     int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, n_pairs = r->rot_dim / 2;
     int place = cache_place(t, cache_slot(t, pos0), pos0);   // pos0, or with sinks its place in the cache
-    rope_sync_dynamic(t, place); // (b): table rows for length place + 1 (once per token)
+    rope_sync_length(t, place); // (b): table rows for length place + 1 (once per token)
     const float *cos_rows = s->rope_cos + (size_t)place * n_pairs; // (B, n_pairs): the B positions' rows
     const float *sin_rows = s->rope_sin + (size_t)place * n_pairs;
     int G = r->se_group, W = r->se_window;
@@ -746,6 +824,8 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
     if (load_checkpoint(t, path, err, err_len) != 0) return -1;
     t->kv_type = kv_type;
     t->rope.sinks = -1; // a run-time choice, never in a checkpoint
+    t->window = t->config.sliding_window;
+    t->window_first_layer = t->config.window_first_layer;
     if (rope_override) {
         const RopeConfig *o = rope_override;
         RopeConfig *r = &t->rope;
@@ -765,6 +845,7 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
         if (o->dynamic_exact >= 0) r->dynamic_exact = o->dynamic_exact;
         if (o->se_group > 0) r->se_group = o->se_group, r->se_window = o->se_window;
         r->sinks = o->sinks;
+        if (o->window >= 0) t->window = o->window, t->window_first_layer = 0; // --window: every layer
     }
     // Defaults for parameters the checkpoint leaves at 0 (legacy files, or no scaling stored).
     if (t->rope.beta_fast == 0) t->rope.beta_fast = 32;
@@ -773,10 +854,16 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
     if (t->rope.high_freq == 0) t->rope.high_freq = 4;
     t->n_ctx = n_ctx > 0 ? n_ctx : t->config.train_ctx;
     t->prerope = t->rope.se_group > 0 || t->rope.sinks >= 0 ||
-                 (t->rope.scaling == ROPE_DYNAMIC && t->rope.dynamic_exact);
+                 (rope_length_dependent(&t->rope) && t->rope.dynamic_exact);
     if (t->rope.sinks >= t->n_ctx) {
         fail(err, err_len, "--sinks %d: expected fewer than the %d tokens of the cache (--ctx)", t->rope.sinks,
              t->n_ctx);
+        return -2;
+    }
+    if (t->window > 0 && (t->rope.sinks >= 0 || t->rope.se_group > 0)) {
+        fail(err, err_len, "%s with a sliding window of %d (%s): choose one (--window 0 turns the window off)",
+             t->rope.sinks >= 0 ? "--sinks" : "--self-extend", t->window,
+             rope_override && rope_override->window > 0 ? "--window" : "the checkpoint's");
         return -2;
     }
     if (validate_rope(&t->rope, t->config.dim / t->config.n_heads, err, err_len) != 0) return -2;
@@ -844,20 +931,27 @@ void softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] /= sum;
 }
 
-/* Scale a row of scores by 1/sqrt(head_size) and softmax its first n
- * entries (the keys the query may see); zero the rest up to `width`. */
-static void attention_weights(float *row, int n, int width, int head_size) {
+/* Scale a row of scores by 1/sqrt(head_size) and softmax entries lo..n-1
+ * (the keys the query may see); zero the rest of the row's `width`. */
+static void attention_weights(float *row, int lo, int n, int width, int head_size) {
     float scale = 1.0f / sqrtf((float)head_size);
-    for (int t = 0; t < n; t++) row[t] *= scale;
-    softmax(row, n);
+    for (int t = lo; t < n; t++) row[t] *= scale;
+    softmax(row + lo, n - lo);
+    for (int t = 0; t < lo; t++) row[t] = 0.0f;
     for (int t = n; t < width; t++) row[t] = 0.0f;
 }
 
+/* The first key a query that sees n keys may attend to: n - window with a
+ * sliding window (window > 0), else 0. */
+static int window_start(int n, int window) { return window > 0 && n > window ? n - window : 0; }
+
 /* Causal multi-head attention for B tokens at positions pos0 .. pos0+B-1;
- * row b attends to cached positions t = 0 .. pos0+b:
+ * row b attends to cached positions t = lo_b .. pos0+b:
  *   scores[t] = q . k_t / sqrt(head_size)
  *   weights   = softmax(scores)
  *   out       = sum_t weights[t] * v_t
+ * with lo_b = 0, or with a sliding window of W positions (window = W > 0)
+ * lo_b = max(0, pos0 + b + 1 - W): the W most recent keys, its own included.
  * Query head h reads kv head h / (n_heads / n_kv_heads): the contiguous
  * grouping of GQA/MQA, as Hugging Face's repeat_kv. With Self-Extend the
  * first n_grouped keys are scored against keys.q_grouped instead of q.
@@ -867,22 +961,27 @@ static void attention_weights(float *row, int n, int width, int head_size) {
  * query. t gives the shapes, and its state the scratch: scores, and
  * matmul's x_t for the block path's transposed queries. */
 void attention(float *out, const float *q, const RotatedKeys *keys, const void *values, int B, int pos0,
-               Transformer *t) {
+               int window, Transformer *t) {
     const Config *c = &t->config;
     int n_heads = c->n_heads, head_size = c->dim / n_heads, kv_dim = head_size * c->n_kv_heads;
     int kv_mul = n_heads / c->n_kv_heads, n_ctx = t->n_ctx, T = pos0 + B; // T: keys the last row sees
     float *scores = t->state.scores;
     if (B > 1 && keys->n_grouped == 0 && kv_block_fits(head_size, keys->key_type, t->kv_type)) {
+        // The block's keys lo..T-1 (lo: the first row's first key), as columns 0..T-lo-1 of S.
+        int lo = window_start(pos0 + 1, window), n_cols = T - lo;
         int lds = n_heads * n_ctx, ldq = (B + 7) / 8 * 8, h; // lds: a score row's stride, (B, n_heads, n_ctx)
-#pragma omp parallel for private(h) if ((long)B * c->dim * T >= PARALLEL_MIN_WORK)
+        const float *key_rows = (const float *)keys->keys + (size_t)lo * kv_dim;
+        const float *value_rows = (const float *)values + (size_t)lo * kv_dim;
+#pragma omp parallel for private(h) if ((long)B * c->dim * n_cols >= PARALLEL_MIN_WORK)
         for (h = 0; h < n_heads; h++) {
             size_t kv_offset = (size_t)(h / kv_mul) * head_size; // this head's slice of a cache row
             float *S = scores + (size_t)h * n_ctx, *q_t = t->state.mm.x_t + (size_t)h * head_size * ldq;
-            kv_block_scores(S, lds, q + h * head_size, c->dim, B, q_t, (const float *)keys->keys + kv_offset, kv_dim,
-                            T, head_size);
-            for (int b = 0; b < B; b++) attention_weights(S + (size_t)b * lds, pos0 + b + 1, T, head_size);
-            kv_block_mix(out + h * head_size, c->dim, S, lds, B, (const float *)values + kv_offset, kv_dim, T,
-                         head_size);
+            kv_block_scores(S, lds, q + h * head_size, c->dim, B, q_t, key_rows + kv_offset, kv_dim, n_cols, head_size);
+            for (int b = 0; b < B; b++) {
+                int n = pos0 + b + 1; // keys row b sees
+                attention_weights(S + (size_t)b * lds, window_start(n, window) - lo, n - lo, n_cols, head_size);
+            }
+            kv_block_mix(out + h * head_size, c->dim, S, lds, B, value_rows + kv_offset, kv_dim, n_cols, head_size);
         }
         return;
     }
@@ -890,14 +989,15 @@ void attention(float *out, const float *q, const RotatedKeys *keys, const void *
 #pragma omp parallel for private(bh) if ((long)B * n_heads * head_size * T >= PARALLEL_MIN_WORK)
     for (bh = 0; bh < B * n_heads; bh++) {
         int b = bh / n_heads, h = bh % n_heads, n = pos0 + b + 1, g = keys->n_grouped; // n keys; g grouped
+        int lo = window_start(n, window); // keys lo..n-1; Self-Extend (g > 0) has no window
         size_t row = (size_t)bh * head_size, kv_offset = (size_t)(h / kv_mul) * head_size;
         float *S = scores + (size_t)bh * n_ctx;
         if (g) kv_scores(S, keys->q_grouped + (size_t)h * head_size, keys->keys, keys->key_type, kv_offset, kv_dim,
                          g, head_size);
-        kv_scores(S + g, q + row, keys->keys, keys->key_type, (size_t)g * kv_dim + kv_offset, kv_dim, n - g,
-                  head_size);
-        attention_weights(S, n, n, head_size);
-        kv_mix(out + row, S, values, t->kv_type, kv_offset, kv_dim, n, head_size);
+        kv_scores(S + g + lo, q + row, keys->keys, keys->key_type, (size_t)(g + lo) * kv_dim + kv_offset, kv_dim,
+                  n - g - lo, head_size);
+        attention_weights(S, lo, n, n, head_size);
+        kv_mix(out + row, S + lo, values, t->kv_type, (size_t)lo * kv_dim + kv_offset, kv_dim, n - lo, head_size);
     }
 }
 
@@ -919,10 +1019,22 @@ void residual_add(float *x, const float *y, int n) {
  * 6. Forward pass: B tokens at positions pos0.. -> logits
  * ========================================================================== */
 
-/* out = x @ W_l^T for layer l's rows of a stacked matrix W (n_layers, d, n),
- * with the run state's matmul scratch.        x (B, n) -> out (B, d) */
-static void project(RunState *s, float *out, const float *x, Matrix w, int l, int B, int n, int d) {
+/* out = x @ W_l^T + b_l for layer l's rows of a stacked matrix W (n_layers, d, n)
+ * and, when the model has one, its bias b (n_layers, d); with the run state's
+ * matmul scratch.        x (B, n) -> out (B, d) */
+static void project(RunState *s, float *out, const float *x, Matrix w, const float *bias, int l, int B, int n,
+                    int d) {
     matmul(out, x, matrix_rows(w, (size_t)l * d, (size_t)n), B, n, d, &s->mm);
+    if (!bias) return;
+    const float *b_l = bias + (size_t)l * d;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < d; i++) out[(size_t)b * d + i] += b_l[i];
+}
+
+/* The sliding window of layer l: W when the run has one (the checkpoint's, or
+ * --window) and l is one of the layers that use it, else 0 (every key). */
+static int layer_window(const Transformer *t, int l) {
+    return l >= t->window_first_layer ? t->window : 0;
 }
 
 /* Which logits forward_block computes: the classifier is the largest matrix
@@ -958,21 +1070,21 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
 
         // attention block: x += wo @ attention(rope(wq @ h), rope(wk @ h), wv @ h)
         rmsnorm(s->xb, s->x, w->rms_att_weight + ld, B, dim, c->norm_eps); // h (B, dim)
-        project(s, s->q, s->xb, w->wq, l, B, dim, dim);                    // q (B, n_heads, head_size)
-        project(s, s->k, s->xb, w->wk, l, B, dim, kv_dim);                 // k (B, n_kv_heads, head_size)
-        project(s, s->v, s->xb, w->wv, l, B, dim, kv_dim);                 // v (B, n_kv_heads, head_size)
+        project(s, s->q, s->xb, w->wq, w->bq, l, B, dim, dim);             // q (B, n_heads, head_size)
+        project(s, s->k, s->xb, w->wk, w->bk, l, B, dim, kv_dim);          // k (B, n_kv_heads, head_size)
+        project(s, s->v, s->xb, w->wv, w->bv, l, B, dim, kv_dim);          // v (B, n_kv_heads, head_size)
         RotatedKeys keys = rope_stage(t, key_cache, B, pos0);              // q rotated; k into the cache
         kv_store(value_cache, t->kv_type, (size_t)slot * kv_dim, s->v, B * kv_dim); // v into the cache
-        attention(s->xb, s->q, &keys, value_cache, B, place, t);           // (B, dim)
-        project(s, s->xb2, s->xb, w->wo, l, B, dim, dim);                  // (B, dim)
+        attention(s->xb, s->q, &keys, value_cache, B, place, layer_window(t, l), t); // (B, dim)
+        project(s, s->xb2, s->xb, w->wo, w->bo, l, B, dim, dim);           // (B, dim)
         residual_add(s->x, s->xb2, B * dim);
 
         // feed-forward block: x += w2 @ (silu(w1 @ h) * (w3 @ h))
         rmsnorm(s->xb, s->x, w->rms_ffn_weight + ld, B, dim, c->norm_eps);
-        project(s, s->hb, s->xb, w->w1, l, B, dim, hidden_dim);            // (B, hidden_dim)
-        project(s, s->hb2, s->xb, w->w3, l, B, dim, hidden_dim);           // (B, hidden_dim)
+        project(s, s->hb, s->xb, w->w1, w->b1, l, B, dim, hidden_dim);     // (B, hidden_dim)
+        project(s, s->hb2, s->xb, w->w3, w->b3, l, B, dim, hidden_dim);    // (B, hidden_dim)
         swiglu(s->hb, s->hb2, B * hidden_dim);
-        project(s, s->xb2, s->hb, w->w2, l, B, hidden_dim, dim);           // (B, dim)
+        project(s, s->xb2, s->hb, w->w2, w->b2, l, B, hidden_dim, dim);    // (B, dim)
         residual_add(s->x, s->xb2, B * dim);
     }
 
@@ -981,7 +1093,7 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
     int first = want == LOGITS_ALL ? 0 : B - 1, n_out = B - first;
     float *x_out = s->x + (size_t)first * dim;
     rmsnorm(x_out, x_out, w->rms_final_weight, n_out, dim, c->norm_eps);
-    project(s, s->logits, x_out, w->wcls, 0, n_out, dim, c->vocab_size);
+    project(s, s->logits, x_out, w->wcls, NULL, 0, n_out, dim, c->vocab_size);
     return 0;
 }
 
@@ -2565,11 +2677,15 @@ static void rope_mode(const Transformer *t, int json) {
     RopeConfig unscaled = *r;
     unscaled.scaling = ROPE_NONE;
     rope_frequencies(&unscaled, t->n_ctx, plain, &unused);
+    // LongRoPE: which of its two factor arrays a sequence of --ctx tokens uses
+    const char *factors = r->scaling != ROPE_LONGROPE ? NULL : t->n_ctx > r->orig_ctx ? "long" : "short";
     if (json) {
         printf("{\"rot_dim\": %d, \"layout\": \"%s\", \"base\": %.17g, \"scaling\": \"%s\", \"factor\": %.17g, "
-               "\"orig_ctx\": %d, \"ctx\": %d, \"attn_factor\": %.17g, \"inv_freq\": [",
+               "\"orig_ctx\": %d, \"ctx\": %d, \"attn_factor\": %.17g, ",
                r->rot_dim, LAYOUT_NAMES[r->layout], r->base, SCALING_NAMES[r->scaling], r->factor, r->orig_ctx,
                t->n_ctx, mscale);
+        if (factors) printf("\"longrope_factors\": \"%s\", ", factors);
+        printf("\"inv_freq\": [");
         for (int i = 0; i < n_pairs; i++) printf("%s%.17g", i ? ", " : "", inv[i]);
         printf("], \"wavelength\": [");
         for (int i = 0; i < n_pairs; i++) printf("%s%.17g", i ? ", " : "", 2 * PI / inv[i]);
@@ -2583,6 +2699,9 @@ static void rope_mode(const Transformer *t, int json) {
         printf("rot_dim %d, layout %s, base %g, scaling %s (factor %g, orig_ctx %d), ctx %d, attn_factor %.10f\n",
                r->rot_dim, LAYOUT_NAMES[r->layout], r->base, SCALING_NAMES[r->scaling], r->factor, r->orig_ctx,
                t->n_ctx, mscale);
+        if (factors)
+            printf("longrope: the %s factors (a sequence of %d tokens is %s than orig_ctx %d)\n", factors, t->n_ctx,
+                   t->n_ctx > r->orig_ctx ? "longer" : "no longer", r->orig_ctx);
         printf("%5s %16s %16s %12s  %s\n", "pair", "inv_freq", "wavelength", "/ unscaled", "status");
         for (int i = 0; i < n_pairs; i++) {
             double ratio = inv[i] / plain[i];
@@ -2688,15 +2807,16 @@ static const Flag FLAGS[] = {
      "original context L the scaling uses; default the training context"},
     {"--yarn-beta-fast", NULL, REAL, 1e-6, 1e6, FIELD(rope.beta_fast), NULL, "<float>", "default 32"},
     {"--yarn-beta-slow", NULL, REAL, 1e-6, 1e6, FIELD(rope.beta_slow), NULL, "<float>", "default 1"},
-    {"--yarn-attn-factor", NULL, REAL, 1e-6, 1e3, FIELD(rope.attn_factor), NULL, "<float>",
-     "YaRN's final magnitude mscale: Hugging Face's attention_factor, not\n"
-     "llama.cpp's multiplier; default the checkpoint's, else 0.1 ln s + 1"},
+    {"--rope-attn-factor", "--yarn-attn-factor", REAL, 1e-6, 1e3, FIELD(rope.attn_factor), NULL, "<float>",
+     "YaRN's and LongRoPE's magnitude mscale: Hugging Face's attention_factor,\n"
+     "not llama.cpp's multiplier; default the checkpoint's, else from s:\n"
+     "YaRN 0.1 ln s + 1, LongRoPE sqrt(1 + ln s / ln L)"},
     {"--llama3-low-freq", NULL, REAL, 1e-6, 1e6, FIELD(rope.low_freq), NULL, "<float>", "default 1"},
     {"--llama3-high-freq", NULL, REAL, 1e-6, 1e6, FIELD(rope.high_freq), NULL, "<float>", "default 4"},
     {"--rope-dynamic", NULL, CHOICE, 0, 0, FIELD(rope.dynamic_exact), DYNAMIC_NAMES, "<kind>",
-     "dynamic NTK: hf (default) = each key keeps the rotation it got when it\n"
-     "arrived, as Hugging Face; exact = every key re-rotated for the current\n"
-     "length (a pre-RoPE key cache)"},
+     "dynamic NTK and LongRoPE: hf (default) = each key keeps the rotation it\n"
+     "got when it arrived, as Hugging Face; exact = every key re-rotated for the\n"
+     "current length (a pre-RoPE key cache)"},
     {"--self-extend", NULL, PAIR, 1, MAX_CTX, FIELD(rope.se_group), NULL, "<G> <W>",
      "Self-Extend: keys W or more tokens back take grouped positions floor(t/G)\n"
      "(group size G, neighbour window W); a pre-RoPE key cache"},
@@ -2713,6 +2833,9 @@ static const Flag FLAGS[] = {
      "attention sinks (StreamingLLM): a rolling cache of --ctx tokens that keeps\n"
      "the first S and evicts the oldest of the rest, positions by place in the\n"
      "cache; generation goes on past --ctx; 0 = a plain sliding window"},
+    {"--window", NULL, INT, 0, MAX_CTX, FIELD(rope.window), NULL, "<W>",
+     "sliding-window attention in every layer: a query sees the W most recent\n"
+     "positions, itself included; 0 = none; default the checkpoint's"},
     {"--streaming", NULL, SWITCH, 0, 0, FIELD(streaming), NULL, "",
      "ppl: score the text token by token through the rolling cache of --sinks,\n"
      "NLL by absolute position"},
@@ -2761,7 +2884,8 @@ static void usage(FILE *out) {
         const Flag *f = &FLAGS[i];
         char head[64];
         snprintf(head, sizeof head, "%s%s%s %s", f->alias ? f->alias : "", f->alias ? ", " : "", f->name, f->value);
-        fprintf(out, "  %-26s ", head);
+        if (strlen(head) > 26) fprintf(out, "  %s\n  %-26s ", head, ""); // too wide: help on the next line
+        else fprintf(out, "  %-26s ", head);
         for (const char *h = f->help; *h; h++) { // help lines after the first are indented
             fputc(*h, out);
             if (*h == '\n') fprintf(out, "  %-26s ", "");
@@ -2861,7 +2985,7 @@ int main(int argc, char **argv) {
                  .mode = GENERATE, .kv_type = KV_F32, .seed = -1, .chat_template = -1, .trials = 5, .key_digits = 5,
                  .rope = {.base = NAN, .layout = -1, .rot_dim = -1, .scaling = -1, .factor = NAN, .orig_ctx = -1,
                           .beta_fast = NAN, .beta_slow = NAN, .attn_factor = NAN, .low_freq = NAN,
-                          .high_freq = NAN, .dynamic_exact = -1, .sinks = -1}};
+                          .high_freq = NAN, .dynamic_exact = -1, .sinks = -1, .window = -1}};
     const char *checkpoint = parse_args(argc, argv, &o);
     if (!checkpoint) {
         usage(stderr);
@@ -2936,20 +3060,28 @@ int main(int argc, char **argv) {
         if (tokenizer_build(&tok, tok_path, c->vocab_size, c->bos_id, c->eos_id, err, sizeof err) != 0)
             die(EXIT_BAD_INPUT, "%s (give the tokenizer with -z)", err);
     }
+    char extras[160] = ""; // what only some families have: biases, a sliding window
+    if (c->bias_flags)
+        snprintf(extras, sizeof extras, "; biases%s%s%s", c->bias_flags & BIAS_QKV ? " qkv" : "",
+                 c->bias_flags & BIAS_O ? " o" : "", c->bias_flags & BIAS_MLP ? " mlp" : "");
+    if (t.window > 0)
+        snprintf(extras + strlen(extras), sizeof extras - strlen(extras), "; window %d (layers %d..%d)", t.window,
+                 t.window_first_layer, c->n_layers - 1);
     char summary[1024];
     int len = snprintf(summary, sizeof summary,
-            "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, train_ctx %d; rope %s base %g rot %d "
+            "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, train_ctx %d%s; rope %s base %g rot %d "
             "scaling %s; weights %s; ctx %d, KV cache %s %.1f MiB; %d threads%s%s; loaded in %.2f s\n",
             checkpoint, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->train_ctx,
-            LAYOUT_NAMES[t.rope.layout], t.rope.base, t.rope.rot_dim, SCALING_NAMES[t.rope.scaling],
+            extras, LAYOUT_NAMES[t.rope.layout], t.rope.base, t.rope.rot_dim, SCALING_NAMES[t.rope.scaling],
             WEIGHT_NAMES[c->weight_type], t.n_ctx, KV_NAMES[t.kv_type], kv_bytes / 1048576.0, n_threads,
             o.mode != ROPE_MODE ? "; tokenizer " : "", o.mode != ROPE_MODE ? tokenizer_type_name(&tok) : "",
             now_seconds() - t0);
-    if (!isnan(o.rope.factor) && isnan(o.rope.attn_factor) && t.rope.scaling == ROPE_YARN && t.rope.attn_factor > 0 &&
-        len > 0 && (size_t)len < sizeof summary) // a stored magnitude is not derived from the factor
+    if (!isnan(o.rope.factor) && isnan(o.rope.attn_factor) && t.rope.attn_factor > 0 &&
+        (t.rope.scaling == ROPE_YARN || t.rope.scaling == ROPE_LONGROPE) && len > 0 &&
+        (size_t)len < sizeof summary) // a stored magnitude is not derived from the factor
         snprintf(summary + len, sizeof summary - (size_t)len,
-                 "note: --rope-factor %g keeps the checkpoint's YaRN attention factor %g (not 0.1 ln s + 1); "
-                 "set it with --yarn-attn-factor\n", o.rope.factor, t.rope.attn_factor);
+                 "note: --rope-factor %g keeps the checkpoint's attention factor %g (not the one derived from s); "
+                 "set it with --rope-attn-factor\n", o.rope.factor, t.rope.attn_factor);
     if (o.mode == ROPE_MODE) {
         fputs(summary, stderr);
         rope_mode(&t, o.json);

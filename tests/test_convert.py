@@ -47,7 +47,7 @@ import pytest
 import export
 from conftest import (ROOT, SYN_VOCAB, TEXT, hf_permute, make_model, need_shared, run_ok,
                       run_ppl, tokenize)
-from hf_reference import HFReference
+from hf_reference import HFReference, inv_freq_and_attention
 from reference import Reference, ppl_reference
 
 EXPORT = [sys.executable, str(ROOT / "export.py")]
@@ -156,10 +156,23 @@ def hf_config(**overrides):
     return c
 
 
+def hf_biases(config):
+    """The projections with a bias in this config's family: (q, k, v, o, mlp)."""
+    mt = config.get("model_type")
+    if mt == "qwen2":
+        return {"q", "k", "v"}
+    if mt in ("llama", None):
+        return ({"q", "k", "v", "o"} if config.get("attention_bias") else set()) | \
+            ({"gate", "up", "down"} if config.get("mlp_bias") else set())
+    return set()
+
+
 def random_hf_tensors(config, seed=0, dtype="F32", lm_head=True):
     """HF-named random weights for config, rounded to dtype. q/k are made in
     Meta's interleaved layout and then permuted the way Hugging Face's
-    conversion script does (conftest.hf_permute: k with the kv head count)."""
+    conversion script does (conftest.hf_permute: k with the kv head count), and
+    so are their biases. The family's biases (hf_biases) are N(0, 0.5^2); Phi-3
+    gets its fused qkv_proj (q | k | v rows) and gate_up_proj (gate | up)."""
     rng = np.random.default_rng(seed)
     d, h, n = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
     nh = config["num_attention_heads"]
@@ -172,6 +185,11 @@ def random_hf_tensors(config, seed=0, dtype="F32", lm_head=True):
     def norm():
         return rng.uniform(0.5, 1.5, size=d).astype(np.float32)
 
+    def bias(rows, heads=None):
+        b = rng.standard_normal(rows, dtype=np.float32) * np.float32(0.5)
+        return b if heads is None else hf_permute(b[:, None], heads)[:, 0]
+
+    biased = hf_biases(config)
     t = {"model.embed_tokens.weight": rng.standard_normal((V, d), dtype=np.float32) * 0.5}
     for i in range(n):
         p = f"model.layers.{i}."
@@ -184,6 +202,18 @@ def random_hf_tensors(config, seed=0, dtype="F32", lm_head=True):
         t[p + "mlp.gate_proj.weight"] = mat(h, d)
         t[p + "mlp.up_proj.weight"] = mat(h, d)
         t[p + "mlp.down_proj.weight"] = mat(d, h)
+        for name, rows, heads in (("q", nh * hd, nh), ("k", nkv * hd, nkv), ("v", nkv * hd, None),
+                                  ("o", d, None)):
+            if name in biased:
+                t[p + f"self_attn.{name}_proj.bias"] = bias(rows, heads)
+        for name, rows in (("gate", h), ("up", h), ("down", d)):
+            if name in biased:
+                t[p + f"mlp.{name}_proj.bias"] = bias(rows)
+        if config.get("model_type") == "phi3":
+            t[p + "self_attn.qkv_proj.weight"] = np.concatenate(
+                [t.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+            t[p + "mlp.gate_up_proj.weight"] = np.concatenate(
+                [t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")])
     t["model.norm.weight"] = norm()
     if lm_head:
         t["lm_head.weight"] = rng.standard_normal((V, d), dtype=np.float32) * 0.5
@@ -222,8 +252,9 @@ def bucket_len(config):
     """The L of run's ppl buckets: rope_orig_ctx, else seq_len."""
     rs = config.get("rope_scaling") or config.get("rope_parameters") or {}
     kind = rs.get("rope_type", rs.get("type"))
-    if kind in ("yarn", "llama3") and rs.get("original_max_position_embeddings"):
-        return rs["original_max_position_embeddings"]
+    top = config.get("original_max_position_embeddings")
+    if kind in ("yarn", "llama3", "longrope", "su") and (top or rs.get("original_max_position_embeddings")):
+        return top or rs["original_max_position_embeddings"]
     return config["max_position_embeddings"]
 
 
@@ -265,9 +296,13 @@ def perturbed_nll(config, tensors, change, text_ids, ctx, dynamic="full"):
     if change == "layout":  # HF weights rotated as adjacent pairs: q/k never un-permuted
         nh = config["num_attention_heads"]
         nkv = config.get("num_key_value_heads") or nh
+        hd = config["hidden_size"] // nh
         for name, w in tensors.items():
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 tensors[name] = hf_permute(w, nh if "q_proj" in name else nkv)
+            elif name.endswith("qkv_proj.weight"):  # Phi-3: the q and k rows of the fused matrix
+                q, k, v = np.split(w, [nh * hd, (nh + nkv) * hd])
+                tensors[name] = np.concatenate([hf_permute(q, nh), hf_permute(k, nkv), v])
     elif change == "gqa_permute_bug":
         tensors = _adjacent_pairs(config, tensors, kv_heads_for_k=False)
     elif change == "scaling":
@@ -283,6 +318,18 @@ def perturbed_nll(config, tensors, change, text_ids, ctx, dynamic="full"):
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"][::-1].copy()
     elif change == "rot":
         config["partial_rotary_factor"] = 1.0
+    elif change == "biases":  # a converter that drops the biases
+        tensors = {k: v for k, v in tensors.items() if not k.endswith(".bias")}
+    elif change == "window":  # a converter that ignores the sliding window
+        config.update(sliding_window=None, use_sliding_window=False)
+        config.pop("layer_types", None)
+    elif change == "window-layers":  # the window on every layer instead of the config's ones
+        config.update(model_type="mistral")
+    elif change == "fused-order":  # Phi-3's fused rows split in the wrong order (up | gate)
+        for k in [k for k in tensors if k.endswith("gate_up_proj.weight")]:
+            tensors[k] = np.concatenate(np.split(tensors[k], 2)[::-1])
+    elif change == "inner-original":  # the original context inside rope_scaling, not the top one
+        config.pop("original_max_position_embeddings")
     else:
         raise ValueError(change)
     return ppl_reference(HFReference(config, tensors, dynamic), text_ids, ctx, 1,
@@ -336,6 +383,34 @@ HF_CASES = [
                                             model_type="mistral", sliding_window=None,
                                             head_dim=16, num_key_value_heads=2),
      dict(), ["layout"]),
+    # More families (windows smaller than the test windows of 2 x 32 tokens)
+    ("llama-attention-and-mlp-biases", dict(attention_bias=True, mlp_bias=True,
+                                            num_key_value_heads=2), dict(), ["layout", "biases"]),
+    ("qwen2-biases-tied-bf16", dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                                    num_key_value_heads=2, tie_word_embeddings=True,
+                                    rope_theta=1000000.0, use_sliding_window=False,
+                                    sliding_window=4096, max_window_layers=2),
+     dict(dtype="BF16", lm_head=False), ["layout", "biases", "tied"]),
+    ("qwen2-sliding-window-from-max_window_layers",
+     dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", num_key_value_heads=2,
+          use_sliding_window=True, sliding_window=9, max_window_layers=1),
+     dict(), ["layout", "biases", "window", "window-layers"]),
+    ("qwen2-sliding-window-from-layer_types",
+     dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", num_hidden_layers=3,
+          use_sliding_window=True, sliding_window=5, max_window_layers=0,
+          layer_types=["full_attention", "sliding_attention", "sliding_attention"]),
+     dict(), ["layout", "window", "window-layers"]),
+    ("mistral-sliding-window", dict(architectures=["MistralForCausalLM"], model_type="mistral",
+                                    sliding_window=7, num_key_value_heads=1),
+     dict(dtype="F16"), ["layout", "window"]),
+    ("phi3-fused-sliding-window", dict(architectures=["Phi3ForCausalLM"], model_type="phi3",
+                                       sliding_window=11, num_key_value_heads=2),
+     dict(), ["layout", "window", "fused-order"]),
+    ("llama31-top-level-original-wins",
+     dict(original_max_position_embeddings=16, max_position_embeddings=32,
+          rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 4}),
+     dict(), ["layout", "scaling", "inner-original"]),
 ]
 
 
@@ -397,7 +472,7 @@ def test_hf_header_fields(tmp_path):
     assert h["rope_scaling"] == export.ROPE_SCALINGS.index("yarn") and h["rope_orig_ctx"] == 16
     for key, value in [("norm_eps", 1e-6), ("rope_theta", 123456.0), ("rope_factor", 4.0),
                        ("yarn_beta_fast", 24.0), ("yarn_beta_slow", 1.5),
-                       ("yarn_attn_factor", 1.25)]:
+                       ("rope_attn_factor", 1.25)]:
         assert h[key] == np.float32(value), key
 
 
@@ -409,7 +484,7 @@ def test_hf_header_fields(tmp_path):
     ({"rope_type": "linear", "factor": 3.0},
      dict(rope_scaling=1, rope_factor=3.0, rope_orig_ctx=0)),
     ({"rope_type": "yarn", "original_max_position_embeddings": 8},
-     dict(rope_scaling=4, rope_factor=4.0, rope_orig_ctx=8, yarn_attn_factor=0.0)),
+     dict(rope_scaling=4, rope_factor=4.0, rope_orig_ctx=8, rope_attn_factor=0.0)),
     ({"rope_type": "default"}, dict(rope_scaling=0, rope_factor=1.0)),
     (None, dict(rope_scaling=0, rope_factor=1.0)),
 ], ids=["dynamic-L-is-max_pos", "llama3-orig-from-max_pos", "linear", "yarn-factor-derived",
@@ -472,6 +547,119 @@ def test_hf_dynamic_beyond_training_context(mode, tmp_path, syn_tokenizer, text_
     other = ppl_reference(HFReference(config, tensors, "exact" if mode == "hf" else "hf"),
                           text_ids, ctx, 1, L)
     assert abs(other["nll"] - ref["nll"]) > 10 * NLL_TOL, "the two dynamic modes look alike"
+
+
+# --------------------------------------------------------------------------
+# LongRoPE (Phi-3): short factors while a sequence fits in the original
+# context L, long ones beyond; both layouts, both key-cache semantics
+
+def longrope_config(**overrides):
+    """A Phi-3 config with LongRoPE: L = 16 (top level), max_position_embeddings
+    64 (factor 4, attention factor sqrt(1 + ln 4 / ln 16)), factor arrays of
+    rot/2 = 8 pairs: short ones near 1, long ones growing to 12."""
+    rng = np.random.default_rng(7)
+    short = [round(float(x), 4) for x in rng.uniform(1.0, 1.5, 8)]
+    long_ = [round(float(x), 4) for x in np.sort(rng.uniform(1.0, 12.0, 8))]
+    base = dict(architectures=["Phi3ForCausalLM"], model_type="phi3", num_key_value_heads=2,
+                original_max_position_embeddings=16, max_position_embeddings=64,
+                rope_scaling={"type": "longrope", "short_factor": short, "long_factor": long_})
+    base.update(overrides)
+    return base
+
+
+def test_hf_longrope_header_and_rope_mode(tmp_path):
+    """The header stores longrope (format version 2), L from the top level,
+    s = max_position_embeddings / L, attention factor 0 (derived); the factor
+    arrays are tensors; `-m rope` shows the short factors up to L and the long
+    ones past it, with HF's frequencies and attention factor."""
+    src, config, _ = make_hf(tmp_path / "hf", **longrope_config())
+    export_ok(tmp_path / "m.bin", "--hf", src)
+    h = export.read_header(tmp_path / "m.bin")
+    assert h["version"] == 2 and h["rope_scaling"] == export.ROPE_SCALINGS.index("longrope")
+    assert (h["rope_orig_ctx"], h["rope_factor"], h["rope_attn_factor"]) == (16, 4.0, 0.0)
+    _, tensors = export.read_checkpoint(tmp_path / "m.bin")
+    assert np.array_equal(tensors["rope_long_factor"],
+                          np.float32(config["rope_scaling"]["long_factor"]))
+    for ctx, which, seq_len in ((16, "short", 16), (17, "long", 17)):
+        info = json.loads(run_ok(tmp_path / "m.bin", "-m", "rope", "--json", "--ctx", ctx).stdout)
+        inv, att = inv_freq_and_attention(config, seq_len)
+        assert info["scaling"] == "longrope" and info["longrope_factors"] == which
+        assert np.allclose(info["inv_freq"], inv, rtol=1e-12), which
+        assert abs(info["attn_factor"] - math.sqrt(1 + math.log(4) / math.log(16))) < 1e-12
+        assert abs(att - info["attn_factor"]) < 1e-12
+
+
+def test_hf_longrope_within_original_context(tmp_path, syn_tokenizer, text_file, text_ids):
+    """Windows of L tokens: the short factors throughout, in every semantics."""
+    src, config, tensors = make_hf(tmp_path / "hf", **longrope_config())
+    export_ok(tmp_path / "m.bin", "--hf", src)
+    ref = ppl_reference(HFReference(config, tensors), text_ids, 16, 1, 16)
+    check_nll(run_ppl(tmp_path / "m.bin", syn_tokenizer, text_file, 16), ref)
+    short_only = json.loads(json.dumps(config))
+    short_only["rope_scaling"]["long_factor"] = [99.0] * 8  # unused within L
+    assert abs(ppl_reference(HFReference(short_only, tensors), text_ids, 16, 1, 16)["nll"]
+               - ref["nll"]) < 1e-12
+
+
+@pytest.mark.parametrize("mode", ["hf", "exact"])
+def test_hf_longrope_beyond_original_context(mode, tmp_path, syn_tokenizer, text_file, text_ids):
+    """Windows of 3 L: run's default equals HF decoding token by token (a key
+    keeps the factors of the length when it arrived: short before L, long
+    after), --rope-dynamic exact equals re-rotating every key for the current
+    length; the long factors, the attention factor and the mode all show."""
+    src, config, tensors = make_hf(tmp_path / "hf", **longrope_config())
+    ctx = 48
+    ref = ppl_reference(HFReference(config, tensors, mode), text_ids, ctx, 1, 16)
+    for layout in ("neox", "interleaved"):
+        out = tmp_path / f"{layout}.bin"
+        export_ok(out, "--hf", src, "--rope-layout", layout)
+        extra = ["--rope-dynamic", "exact"] if mode == "exact" else []
+        check_nll(run_ppl(out, syn_tokenizer, text_file, ctx, extra=extra), ref)
+    variants = {"no scaling": dict(config, rope_scaling=None),
+                "short factors only": json.loads(json.dumps(config)),
+                "attention factor 1": json.loads(json.dumps(config))}
+    variants["short factors only"]["rope_scaling"]["long_factor"] = \
+        config["rope_scaling"]["short_factor"]
+    variants["attention factor 1"]["rope_scaling"]["attention_factor"] = 1.0
+    for what, c in variants.items():
+        other = ppl_reference(HFReference(c, tensors, mode), text_ids, ctx, 1, 16)
+        assert abs(other["nll"] - ref["nll"]) > 10 * NLL_TOL, f"{what} looks the same"
+    other = ppl_reference(HFReference(config, tensors, "exact" if mode == "hf" else "hf"),
+                          text_ids, ctx, 1, 16)
+    assert abs(other["nll"] - ref["nll"]) > 10 * NLL_TOL, "the two modes look alike"
+
+
+@pytest.mark.parametrize("top,inner,expect,note", [
+    (16, 8, 16, "using the top-level 16"),       # both: the top level wins, and says so
+    (None, 8, 8, None),                          # Llama-style: only inside rope_scaling
+    (None, None, 4096, "Phi3Config's default"),  # Phi-3 with neither: its config default
+])
+def test_hf_longrope_original_context_precedence(tmp_path, top, inner, expect, note):
+    rs = dict(longrope_config()["rope_scaling"], attention_factor=1.25)
+    if inner is not None:
+        rs["original_max_position_embeddings"] = inner
+    over = longrope_config(rope_scaling=rs, original_max_position_embeddings=top)
+    if top is None and inner is not None:  # a Llama checkpoint with LongRoPE in rope_scaling
+        over.update(architectures=["LlamaForCausalLM"], model_type="llama")
+    src, _, _ = make_hf(tmp_path / "hf", **over)
+    err = export_ok(tmp_path / "m.bin", "--hf", src)
+    h = export.read_header(tmp_path / "m.bin")
+    assert h["rope_orig_ctx"] == expect and h["rope_attn_factor"] == np.float32(1.25)
+    if note:
+        assert note in err, err
+
+
+def test_hf_yarn_top_level_original_wins(tmp_path):
+    """YaRN as Llama 3.1-era configs write it: max_position_embeddings 131072,
+    a top-level original of 4096 and another inside rope_scaling: L = 4096."""
+    src, _, _ = make_hf(tmp_path / "hf", max_position_embeddings=131072,
+                        original_max_position_embeddings=4096,
+                        rope_scaling={"rope_type": "yarn", "factor": 32.0,
+                                      "original_max_position_embeddings": 8192})
+    err = export_ok(tmp_path / "m.bin", "--hf", src)
+    h = export.read_header(tmp_path / "m.bin")
+    assert (h["seq_len"], h["rope_orig_ctx"], h["rope_factor"]) == (131072, 4096, 32.0)
+    assert "using the top-level 4096" in err, err
 
 
 # --------------------------------------------------------------------------
@@ -554,21 +742,35 @@ def _file_change(kind):
 
 # (id, change to config/tensors before writing or to the files after, words)
 HF_BAD = [
-    ("qwen2-architecture", _config_change(architectures=["Qwen2ForCausalLM"], model_type="qwen2"),
+    ("gemma-architecture", _config_change(architectures=["GemmaForCausalLM"], model_type="gemma"),
+     ["GemmaForCausalLM", "not supported"]),
+    ("architecture-and-model_type-disagree", _config_change(architectures=["Qwen2ForCausalLM"]),
      ["Qwen2ForCausalLM", "not supported"]),
-    ("attention-bias", _config_change(attention_bias=True), ["attention_bias"]),
-    ("mlp-bias", _config_change(mlp_bias=True), ["mlp_bias"]),
+    ("attention-bias-not-bool", _config_change(attention_bias="yes"), ["attention_bias"]),
     ("gelu", _config_change(hidden_act="gelu"), ["hidden_act", "gelu"]),
-    ("sliding-window", _config_change(architectures=["MistralForCausalLM"], model_type="mistral",
-                                      sliding_window=16), ["sliding_window"]),
+    ("negative-sliding-window", _config_change(architectures=["MistralForCausalLM"],
+                                               model_type="mistral", sliding_window=-1),
+     ["sliding_window=-1"]),
+    ("qwen2-layer_types-full-after-sliding",
+     _config_change(architectures=["Qwen2ForCausalLM"], model_type="qwen2", use_sliding_window=True,
+                    sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+     ["layer_types"]),
     ("heads-not-dividing", _config_change(num_attention_heads=5, num_key_value_heads=5),
      ["num_attention_heads=5", "hidden_size=64"]),
     ("kv-heads-not-dividing", _config_change(num_key_value_heads=3), ["num_key_value_heads=3"]),
     ("head_dim-differs", _config_change(head_dim=32), ["head_dim=32"]),
     ("missing-hidden_size", _config_change(hidden_size=None), ["hidden_size"]),
     ("odd-partial-rotary", _config_change(partial_rotary_factor=0.5625), ["partial_rotary_factor"]),
-    ("unknown-rope-type", _config_change(rope_scaling={"rope_type": "longrope", "factor": 2.0}),
-     ["longrope", "not supported"]),
+    ("unknown-rope-type", _config_change(rope_scaling={"rope_type": "mrope", "factor": 2.0}),
+     ["mrope", "not supported"]),
+    ("longrope-without-factor-arrays",
+     _config_change(rope_scaling={"rope_type": "longrope", "factor": 2.0}), ["short_factor"]),
+    ("longrope-factors-of-the-wrong-length",
+     _config_change(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                  "long_factor": [2.0] * 7}), ["long_factor", "8 numbers", "7"]),
+    ("longrope-negative-factor",
+     _config_change(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                  "long_factor": [2.0] * 7 + [-1.0]}), ["long_factor[7]"]),
     ("unknown-rope-type-old-key", _config_change(rope_scaling={"type": "ntk-by-parts",
                                                                "factor": 2.0}),
      ["ntk-by-parts"]),

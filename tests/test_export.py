@@ -90,7 +90,7 @@ def test_write_checkpoint_all_rope_fields(tmp_path):
     tensors are written as float32."""
     cfg = model_config(bos_id=5, eos_id=7, norm_eps=1e-6, rope_theta=123.5, rope_layout="neox",
                        rot_dim=8, rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=256,
-                       yarn_beta_fast=16.0, yarn_beta_slow=2.0, yarn_attn_factor=1.25,
+                       yarn_beta_fast=16.0, yarn_beta_slow=2.0, rope_attn_factor=1.25,
                        llama3_low_freq=1.5, llama3_high_freq=3.5, shared_classifier=True)
     tensors = {k: v.astype(np.float64) for k, v in export.random_tensors(cfg, 1).items()}
     path = tmp_path / "m.bin"
@@ -105,7 +105,7 @@ def test_write_checkpoint_all_rope_fields(tmp_path):
         assert h[key] == value, key
     for key, value in [("norm_eps", 1e-6), ("rope_theta", 123.5), ("rope_factor", 4.0),
                        ("yarn_beta_fast", 16.0), ("yarn_beta_slow", 2.0),
-                       ("yarn_attn_factor", 1.25), ("llama3_low_freq", 1.5),
+                       ("rope_attn_factor", 1.25), ("llama3_low_freq", 1.5),
                        ("llama3_high_freq", 3.5)]:
         assert h[key] == np.float32(value), key
     assert path.stat().st_size == expected_size(cfg)[0]
@@ -125,7 +125,10 @@ BAD_CONFIGS = [
     ("negative-vocab", dict(vocab_size=-5), "vocab_size"),
     ("bos-outside", dict(bos_id=1000), "bos_id"),
     ("bad-layout", dict(rope_layout="halves"), "rope_layout"),
-    ("bad-scaling", dict(rope_scaling="longrope"), "rope_scaling"),
+    ("bad-scaling", dict(rope_scaling="su"), "rope_scaling"),
+    ("negative-window", dict(sliding_window=-1), "sliding_window"),
+    ("window-layer-past-the-last", dict(window_first_layer=99), "window_first_layer"),
+    ("bias-not-bool", dict(qkv_bias=1), "qkv_bias"),
     ("zero-theta", dict(rope_theta=0.0), "rope_theta"),
     ("nan-eps", dict(norm_eps=float("nan")), "norm_eps"),
     ("zero-eps", dict(norm_eps=0.0), "norm_eps"),

@@ -499,11 +499,11 @@ def test_gguf_rope_scaling_keys(tmp_path):
           ("llama.rope.scaling.yarn_beta_fast", "f32", 16.0),
           ("llama.rope.scaling.yarn_beta_slow", "f32", 2.0)],
          dict(rope_scaling=4, rope_factor=4.0, rope_orig_ctx=16, yarn_beta_fast=16.0,
-              yarn_beta_slow=2.0, yarn_attn_factor=0.0)),
+              yarn_beta_slow=2.0, rope_attn_factor=0.0)),
         ([("llama.rope.scaling.type", "str", "yarn"), ("llama.rope.scaling.factor", "f32", 4.0),
           ("llama.rope.scaling.attn_factor", "f32", 1.25)],
          dict(rope_scaling=4, rope_factor=4.0, rope_orig_ctx=0,
-              yarn_attn_factor=np.float32(1.25 * (0.1 * math.log(4.0) + 1)))),
+              rope_attn_factor=np.float32(1.25 * (0.1 * math.log(4.0) + 1)))),
         ([("llama.rope.scaling.type", "str", "none"), ("llama.rope.scaling.factor", "f32", 1.0)],
          dict(rope_scaling=0, rope_factor=1.0)),
     ]

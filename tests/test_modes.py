@@ -29,8 +29,8 @@ def test_help_lists_every_flag():
     for flag in ("-t", "-p", "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "-s", "-n",
                  "-i", "-f", "-z", "-m", "-y", "--ctx", "--rope-scaling", "--rope-factor",
                  "--rope-base", "--rope-orig-ctx", "--yarn-beta-fast", "--yarn-beta-slow",
-                 "--yarn-attn-factor", "--llama3-low-freq", "--llama3-high-freq", "--json", "--stride",
-                 "--rope-dynamic", "--self-extend"):
+                 "--rope-attn-factor", "--yarn-attn-factor", "--llama3-low-freq", "--llama3-high-freq",
+                 "--json", "--stride", "--rope-dynamic", "--self-extend", "--window"):
         assert flag in out, f"--help does not mention {flag}"
 
 
@@ -225,8 +225,9 @@ def test_rope_factor_without_a_scaling_method_is_bad_usage(model, syn_tokenizer)
 def test_stored_yarn_attention_factor_is_kept_with_a_note(tmp_path, syn_tokenizer):
     """A YaRN checkpoint with a stored magnitude keeps it when --rope-factor
     changes the factor (as Hugging Face keeps a given attention_factor), and
-    says so on stderr; --yarn-attn-factor replaces it and silences the note."""
-    path, _, _ = make_model(tmp_path, seed=4, rope_scaling="yarn", rope_factor=2.0, yarn_attn_factor=1.25)
+    says so on stderr; --rope-attn-factor (or its old name --yarn-attn-factor)
+    replaces it and silences the note."""
+    path, _, _ = make_model(tmp_path, seed=4, rope_scaling="yarn", rope_factor=2.0, rope_attn_factor=1.25)
 
     def rope_json(*flags):
         p = run_ok(path, "-m", "rope", "--json", *flags)
@@ -236,6 +237,7 @@ def test_stored_yarn_attention_factor_is_kept_with_a_note(tmp_path, syn_tokenize
     assert stored["attn_factor"] == pytest.approx(1.25) and "keeps the checkpoint's" not in err
     changed, err = rope_json("--rope-factor", "4")
     assert changed["factor"] == 4 and changed["attn_factor"] == pytest.approx(1.25)
-    assert "keeps the checkpoint's YaRN attention factor" in err, err
-    given, err = rope_json("--rope-factor", "4", "--yarn-attn-factor", "1.5")
-    assert given["attn_factor"] == pytest.approx(1.5) and "keeps the checkpoint's" not in err
+    assert "keeps the checkpoint's attention factor" in err, err
+    for flag in ("--rope-attn-factor", "--yarn-attn-factor"):
+        given, err = rope_json("--rope-factor", "4", flag, "1.5")
+        assert given["attn_factor"] == pytest.approx(1.5) and "keeps the checkpoint's" not in err

@@ -208,8 +208,10 @@ static void test_rope_scaling_vectors(void) {
                   "%s inv_freq[%d]: expected %.10g got %.10g", wide[c].name, 28 + i, wide[c].last[i], inv[28 + i]);
         }
     }
-    // Factor 1 reproduces the unscaled table exactly, for every method.
+    // Factor 1 reproduces the unscaled table exactly, for every method whose
+    // frequencies s scales (LongRoPE's come from its factor arrays: below).
     for (int m = 0; m < ROPE_N_SCALINGS; m++) {
+        if (m == ROPE_LONGROPE) continue;
         double base[32], scaled[32], a0, a1;
         RopeConfig r0 = rope_cfg(64, 1e4, ROPE_NONE, 1, 256), r1 = rope_cfg(64, 1e4, m, 1, 256);
         rope_frequencies(&r0, 200, base, &a0);
@@ -217,6 +219,23 @@ static void test_rope_scaling_vectors(void) {
         int same = a0 == a1;
         for (int i = 0; i < 32; i++) same &= base[i] == scaled[i];
         CHECK(same, "factor 1 is not the identity for %s", SCALING_NAMES[m]);
+    }
+    // LongRoPE (docs/rope.md §8.8, §9.1): inv_i = f_i / short_i up to L tokens,
+    // f_i / long_i beyond; mscale sqrt(1 + ln s / ln L) = sqrt(1.25) for s = 4,
+    // L = 256, whatever the length; a stored attention factor replaces it.
+    {
+        static const float short_f[4] = {1, 1.5f, 2, 4}, long_f[4] = {1, 2, 8, 16};
+        RopeConfig lr = rope_cfg(8, 1e4, ROPE_LONGROPE, 4, 256);
+        lr.short_factor = short_f, lr.long_factor = long_f;
+        double f[4] = {1, 0.1, 0.01, 0.001}, inv_s[4], inv_l[4], m_s, m_l;
+        rope_frequencies(&lr, 256, inv_s, &m_s);
+        rope_frequencies(&lr, 257, inv_l, &m_l);
+        int ok = close_to(m_s, sqrt(1.25), 1e-15) && m_l == m_s;
+        for (int i = 0; i < 4; i++)
+            ok &= close_to(inv_s[i], f[i] / short_f[i], 1e-15 * f[i]) && close_to(inv_l[i], f[i] / long_f[i], 1e-15 * f[i]);
+        lr.attn_factor = 1.3;
+        rope_frequencies(&lr, 10, inv_s, &m_s);
+        CHECK(ok && m_s == 1.3, "longrope: short/long frequencies or attention factor wrong (mscale %g)", m_s);
     }
     // YaRN cos/sin rows (docs/rope.md §9.3), already multiplied by mscale.
     RopeConfig y = rope_cfg(8, 1e4, ROPE_YARN, 4, 256);
@@ -296,7 +315,7 @@ static void test_ops(void) {
     float keys[2 * 4] = {1, 0, 0, 1, 0, 0, 0, 0}, values[2 * 4] = {10, 20, 30, 40, 0, 0, 0, 0};
     float q[4 * 2] = {1, 0, 1, 0, 1, 0, 1, 0}, scores[4 * 2], o[4 * 2];
     Transformer t = attention_fixture(4, 2, 2, 2, scores, NULL);
-    attention(o, q, &(RotatedKeys){keys, KV_F32, NULL, 0}, values, 1, 0, &t);
+    attention(o, q, &(RotatedKeys){keys, KV_F32, NULL, 0}, values, 1, 0, 0, &t);
     CHECK(o[0] == 10 && o[2] == 10 && o[4] == 30 && o[6] == 30, "GQA grouping: got %g %g %g %g", o[0], o[2], o[4],
           o[6]);
     // Bucket edges for L = 256, ctx = 4096.
@@ -434,7 +453,7 @@ static void test_loader(void) {
     Config c;
     RopeConfig r;
     parse_header("x", h, sizeof h, &c, &r, err, sizeof err);
-    size_t payload = expected_file_size(&c) - CKPT_HEADER_BYTES;
+    size_t payload = expected_file_size(&c, &r) - CKPT_HEADER_BYTES;
     CHECK(try_load(h, sizeof h, payload, err, sizeof err) == 0, "valid tiny checkpoint rejected: %s", err);
     CHECK(try_load(h, sizeof h, payload - 1, err, sizeof err) != 0 && strstr(err, "truncated"),
           "one byte short must be 'truncated': %s", err);
@@ -444,10 +463,10 @@ static void test_loader(void) {
     CHECK(try_load(h, 0, 0, err, sizeof err) != 0 && strstr(err, "empty"), "empty file: %s", err);
 
     struct { int offset; int32_t value; const char *expect; } bad[] = {
-        {4, 2, "version"}, {8, 0, "dim"}, {20, 0, "n_heads"}, {24, 3, "n_kv_heads"}, {20, 3, "n_heads"},
+        {4, 3, "version"}, {4, 0, "version"}, {8, 0, "dim"}, {20, 0, "n_heads"}, {24, 3, "n_kv_heads"}, {20, 3, "n_heads"},
         {16, -1, "n_layers"}, {28, 1 << 30, "vocab_size"}, {36, 2, "shared_classifier"}, {44, 10, "eos_id"},
         {48, 7, "weight_type"}, {64, 2, "rope_layout"}, {68, 5, "rot_dim"}, {68, 6, "rot_dim"}, {72, 9, "rope_scaling"},
-        {200, 1, "reserved"},
+        {200, 1, "reserved"}, {104, 1, "reserved"}, {72, ROPE_LONGROPE, "rope_scaling"}, // the last two: version 1
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         good_header(h);
@@ -461,9 +480,31 @@ static void test_loader(void) {
     put_f32(h + 56, -1.0f);
     CHECK(try_load(h, sizeof h, payload, err, sizeof err) != 0 && strstr(err, "norm_eps"), "negative eps: %s", err);
     good_header(h);
-    put_f32(h + 92, 1e30f); // a YaRN attention factor this large turns every logit into NaN
-    CHECK(try_load(h, sizeof h, payload, err, sizeof err) != 0 && strstr(err, "yarn_attn_factor"),
-          "yarn_attn_factor 1e30: %s", err);
+    put_f32(h + 92, 1e30f); // an attention factor this large turns every logit into NaN
+    CHECK(try_load(h, sizeof h, payload, err, sizeof err) != 0 && strstr(err, "rope_attn_factor"),
+          "rope_attn_factor 1e30: %s", err);
+    // Version 2's fields: biases, the sliding window, the layers it covers.
+    struct { int offset; int32_t value; const char *expect; } bad2[] = {
+        {104, 8, "bias_flags"}, {104, -1, "bias_flags"}, {108, -1, "sliding_window"}, {108, MAX_CTX + 1, "sliding_window"},
+        {112, -1, "window_first_layer"}, {112, 99, "window_first_layer"}, {116, 1, "reserved"}, {72, 7, "rope_scaling"},
+    };
+    for (size_t i = 0; i < sizeof bad2 / sizeof bad2[0]; i++) {
+        good_header(h);
+        put_i32(h + 4, 2);
+        put_i32(h + bad2[i].offset, bad2[i].value);
+        int rc = try_load(h, sizeof h, payload, err, sizeof err);
+        CHECK(rc != 0 && strstr(err, bad2[i].expect), "version 2, header field at %d = %d: expected an error naming "
+              "'%s', got rc=%d '%s'", bad2[i].offset, bad2[i].value, bad2[i].expect, rc, rc ? err : "");
+    }
+    good_header(h); // version 2 with every bias: the file must hold them
+    put_i32(h + 4, 2);
+    put_i32(h + 104, BIAS_ALL);
+    put_i32(h + 108, 3);
+    parse_header("x", h, sizeof h, &c, &r, err, sizeof err);
+    size_t with_biases = expected_file_size(&c, &r) - CKPT_HEADER_BYTES;
+    CHECK(with_biases > payload && try_load(h, sizeof h, with_biases, err, sizeof err) == 0 &&
+          try_load(h, sizeof h, payload, err, sizeof err) != 0 && strstr(err, "truncated"),
+          "version 2 with biases: %zu bytes (without: %zu): %s", with_biases, payload, err);
     put_i32(h, 0x12345678); // not our magic: read as a legacy header with absurd dims
     CHECK(try_load(h, sizeof h, payload, err, sizeof err) != 0 && strstr(err, "out of range"), "bad magic: %s", err);
 
@@ -618,24 +659,25 @@ static void test_matmul_kernels(void) {
 
 /* causal attention in double, straight from the formula in run.c's
  * attention: out (B, nh, hs) for queries q (B, nh, hs) at pos0.. against
- * keys, values (n_ctx, nkv * hs). */
+ * keys, values (n_ctx, nkv * hs); with window W > 0 the query at position p
+ * sees keys p - W + 1 .. p only. */
 static void attention_ref(double *out, const float *q, const float *keys, const float *values, int B, int pos0,
-                          int nh, int nkv, int hs) {
+                          int nh, int nkv, int hs, int window) {
     int kv_dim = nkv * hs;
     double *w = malloc(sizeof(double) * (pos0 + B));
     for (int b = 0; b < B; b++)
         for (int h = 0; h < nh; h++) {
             const float *qh = q + ((size_t)b * nh + h) * hs;
-            int n = pos0 + b + 1, kv = h / (nh / nkv);
+            int n = pos0 + b + 1, kv = h / (nh / nkv), lo = window > 0 && n > window ? n - window : 0;
             double max = -INFINITY, sum = 0;
-            for (int t = 0; t < n; t++) {
+            for (int t = lo; t < n; t++) {
                 w[t] = dot64(qh, keys + (size_t)t * kv_dim + kv * hs, hs) / sqrt((double)hs);
                 max = fmax(max, w[t]);
             }
-            for (int t = 0; t < n; t++) sum += w[t] = exp(w[t] - max);
+            for (int t = lo; t < n; t++) sum += w[t] = exp(w[t] - max);
             for (int i = 0; i < hs; i++) {
                 double o = 0;
-                for (int t = 0; t < n; t++) o += w[t] / sum * values[(size_t)t * kv_dim + kv * hs + i];
+                for (int t = lo; t < n; t++) o += w[t] / sum * values[(size_t)t * kv_dim + kv * hs + i];
                 out[((size_t)b * nh + h) * hs + i] = o;
             }
         }
@@ -649,16 +691,19 @@ static void attention_ref(double *out, const float *q, const float *keys, const 
  * 64 (one and two 8-wide vectors in P V's last tile), MHA, GQA and MQA, B
  * with and without a multiple of 8, blocks at the start and at the end of the
  * cache (buffers of exactly n_ctx rows, so the sanitizer build with
- * -march=native catches a read past them). Tolerance: float sums over <= 80
- * keys of unit-scale values against double: 1e-5 absolute. */
+ * -march=native catches a read past them), without and with a sliding
+ * window (1 key, fewer keys than the block, more). Tolerance: float sums over
+ * <= 80 keys of unit-scale values against double: 1e-5 absolute. */
 static void test_attention_block(void) {
     int head_sizes[] = {8, 24, 64}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 9, 17, 32}, n_ctx = 80;
+    int windows[] = {0, 1, 7, 40};
     double worst_block = 0, worst_single = 0, worst_kernels = 0;
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++)
             for (int k = 0; k < 4; k++)
-                for (int at_end = 0; at_end < 2; at_end++) {
-                    int hs = head_sizes[i], nh = heads[j][0], nkv = heads[j][1], B = blocks[k];
+                for (int at_end = 0; at_end < 2; at_end++)
+                for (int wi = 0; wi < 4; wi++) {
+                    int hs = head_sizes[i], nh = heads[j][0], nkv = heads[j][1], B = blocks[k], W = windows[wi];
                     int dim = nh * hs, kv_dim = nkv * hs, pos0 = at_end ? n_ctx - B : 5, T = pos0 + B;
                     float *q = malloc(sizeof(float) * B * dim), *keys = malloc(sizeof(float) * n_ctx * kv_dim);
                     float *values = malloc(sizeof(float) * n_ctx * kv_dim);
@@ -668,18 +713,19 @@ static void test_attention_block(void) {
                     fill_randn(q, (size_t)B * dim, 1.0f);
                     fill_randn(keys, (size_t)n_ctx * kv_dim, 1.0f);
                     fill_randn(values, (size_t)n_ctx * kv_dim, 1.0f);
-                    attention_ref(ref, q, keys, values, B, pos0, nh, nkv, hs);
+                    attention_ref(ref, q, keys, values, B, pos0, nh, nkv, hs, W);
                     Transformer t = attention_fixture(nh, nkv, hs, n_ctx, scores, q_t);
                     RotatedKeys rk = {keys, KV_F32, NULL, 0};
-                    attention(out, q, &rk, values, B, pos0, &t);
+                    attention(out, q, &rk, values, B, pos0, W, &t);
                     for (int e = 0; e < B * dim; e++) worst_block = fmax(worst_block, fabs(out[e] - ref[e]));
                     for (int b = 0; b < B; b++)
-                        attention(out + (size_t)b * dim, q + (size_t)b * dim, &rk, values, 1, pos0 + b, &t);
+                        attention(out + (size_t)b * dim, q + (size_t)b * dim, &rk, values, 1, pos0 + b, W, &t);
                     for (int e = 0; e < B * dim; e++) worst_single = fmax(worst_single, fabs(out[e] - ref[e]));
                     // the block kernels' portable versions, head 0 (kv head 0)
                     use_simd = 0;
                     kv_block_scores(scores, T, q, dim, B, q_t, keys, kv_dim, T, hs);
-                    for (int b = 0; b < B; b++) attention_weights(scores + (size_t)b * T, pos0 + b + 1, T, hs);
+                    for (int b = 0; b < B; b++)
+                        attention_weights(scores + (size_t)b * T, window_start(pos0 + b + 1, W), pos0 + b + 1, T, hs);
                     kv_block_mix(out, dim, scores, T, B, values, kv_dim, T, hs);
                     use_simd = HAVE_SIMD;
                     for (int b = 0; b < B; b++)
@@ -778,11 +824,11 @@ static void write_random_checkpoint(const char *path, int dim, int hidden, int l
     RopeConfig r;
     char err[256];
     parse_header(path, h, sizeof h, &c, &r, err, sizeof err);
-    size_t n_floats = (expected_file_size(&c) - CKPT_HEADER_BYTES) / sizeof(float);
+    size_t n_floats = (expected_file_size(&c, &r) - CKPT_HEADER_BYTES) / sizeof(float);
     float *payload = malloc(n_floats * sizeof(float));
     fill_randn(payload, n_floats, 0.1f); // ~1/sqrt(dim): unit-scale activations
     Weights w;
-    place_tensors(&c, &w, (const char *)payload - CKPT_HEADER_BYTES); // norm weights near 1
+    place_tensors(&c, &r, &w, (const char *)payload - CKPT_HEADER_BYTES); // norm weights near 1
     float *norms[] = {(float *)w.rms_att_weight, (float *)w.rms_ffn_weight, (float *)w.rms_final_weight};
     size_t norm_len[] = {(size_t)layers * dim, (size_t)layers * dim, (size_t)dim};
     for (int k = 0; k < 3; k++)
