@@ -45,8 +45,8 @@ import numpy as np
 import pytest
 
 import export
-from conftest import (ROOT, SYN_VOCAB, TEXT, hf_permute, make_model, need_shared, run_ok,
-                      run_ppl, tokenize)
+from conftest import (ROOT, SYN_VOCAB, TEXT, check_error, hf_permute, make_model, need_shared,
+                      run, run_ok, run_ppl, tokenize)
 from hf_reference import HFReference, inv_freq_and_attention
 from reference import Reference, ppl_reference
 
@@ -547,6 +547,73 @@ def test_hf_dynamic_beyond_training_context(mode, tmp_path, syn_tokenizer, text_
     other = ppl_reference(HFReference(config, tensors, "exact" if mode == "hf" else "hf"),
                           text_ids, ctx, 1, L)
     assert abs(other["nll"] - ref["nll"]) > 10 * NLL_TOL, "the two dynamic modes look alike"
+
+
+# --------------------------------------------------------------------------
+# Sliding windows from the command line, and with the token-by-token path
+
+def test_window_flag_equals_a_windowed_model(tmp_path, syn_tokenizer, text_file, text_ids):
+    """--window 7 on a Llama checkpoint is Mistral's sliding window of 7 on
+    every layer; --window 0 on a Mistral checkpoint turns its window off."""
+    src, config, tensors = make_hf(tmp_path / "hf")
+    export_ok(tmp_path / "llama.bin", "--hf", src)
+    windowed = dict(config, architectures=["MistralForCausalLM"], model_type="mistral",
+                    sliding_window=7)
+    ref = ppl_reference(HFReference(windowed, tensors), text_ids, 64, 1, 32)
+    check_nll(run_ppl(tmp_path / "llama.bin", syn_tokenizer, text_file, 64,
+                      extra=["--window", "7"]), ref)
+    src2 = write_hf_dir(tmp_path / "mistral", windowed, tensors)
+    export_ok(tmp_path / "mistral.bin", "--hf", src2)
+    assert export.read_header(tmp_path / "mistral.bin")["sliding_window"] == 7
+    full = ppl_reference(HFReference(config, tensors), text_ids, 64, 1, 32)
+    check_nll(run_ppl(tmp_path / "mistral.bin", syn_tokenizer, text_file, 64,
+                      extra=["--window", "0"]), full)
+    assert abs(full["nll"] - ref["nll"]) > 10 * NLL_TOL, "the window is not visible"
+
+
+def test_window_on_the_token_by_token_path(tmp_path, syn_tokenizer, text_file, text_ids):
+    """A pre-RoPE cache (exact dynamic NTK) goes one token at a time: the window
+    holds there too (Qwen2 windowed layers, past L)."""
+    src, config, tensors = make_hf(
+        tmp_path / "hf", architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+        num_key_value_heads=2, use_sliding_window=True, sliding_window=6, max_window_layers=1,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    export_ok(tmp_path / "m.bin", "--hf", src)
+    ref = ppl_reference(HFReference(config, tensors, "exact"), text_ids, 48, 1, 32)
+    check_nll(run_ppl(tmp_path / "m.bin", syn_tokenizer, text_file, 48,
+                      extra=["--rope-dynamic", "exact"]), ref)
+
+
+def test_q8_0_keeps_biases_in_float32(tmp_path, syn_tokenizer, text_file, text_ids):
+    """A Qwen2 export in q8_0 quantizes the matrices only: its NLL stays within
+    q8_0's usual distance of the float32 reference (0.02 nats on this model)
+    while dropping the biases would move it far more."""
+    src, config, tensors = make_hf(tmp_path / "hf", architectures=["Qwen2ForCausalLM"],
+                                   model_type="qwen2", num_key_value_heads=2)
+    export_ok(tmp_path / "q8.bin", "--hf", src, "--dtype", "q8_0")
+    _, back = export.read_checkpoint(tmp_path / "q8.bin")
+    got = run_ppl(tmp_path / "q8.bin", syn_tokenizer, text_file, 32)
+    ref = ppl_reference(HFReference(config, tensors), text_ids, 32, 1, 32)
+    assert abs(got["nll"] - ref["nll"]) < 0.02, (got["nll"], ref["nll"])
+    assert np.array_equal(back["bq"][0], tensors["model.layers.0.self_attn.q_proj.bias"])
+    assert abs(perturbed_nll(config, tensors, "biases", text_ids, 32) - ref["nll"]) > 0.1
+
+
+@pytest.mark.parametrize("flags,needles", [
+    (["--window", "-1"], ["--window"]),
+    (["--window", "4", "--sinks", "2"], ["--sinks", "window"]),
+    (["--window", "4", "--self-extend", "2", "8"], ["--self-extend", "window"]),
+    (["--sinks", "2"], ["the checkpoint's"]),                       # Mistral's own window
+    (["--rope-scaling", "longrope", "--window", "0"], ["longrope", "factor arrays"]),
+])
+def test_window_and_longrope_usage_errors(tmp_path, syn_tokenizer, flags, needles):
+    src, _, _ = make_hf(tmp_path / "hf", architectures=["MistralForCausalLM"],
+                        model_type="mistral", sliding_window=7)
+    export_ok(tmp_path / "m.bin", "--hf", src)
+    check_error(run(tmp_path / "m.bin", "-z", syn_tokenizer, "-n", "2", "-i", "the", *flags),
+                2, needles)
+    run_ok(tmp_path / "m.bin", "-z", syn_tokenizer, "-n", "2", "-i", "the", "--window", "0",
+           "--sinks", "2")
 
 
 # --------------------------------------------------------------------------

@@ -159,7 +159,7 @@ static void test_rope_properties(void) {
     }
 }
 
-/* docs/rope.md §9.1, §9.2: inverse frequencies and mscale for each method (factor 1: §8.8). */
+/* docs/rope.md §9.1, §9.2: inverse frequencies and mscale for each method (factor 1: §8.9). */
 static void test_rope_scaling_vectors(void) {
     struct {
         const char *name;
@@ -220,7 +220,7 @@ static void test_rope_scaling_vectors(void) {
         for (int i = 0; i < 32; i++) same &= base[i] == scaled[i];
         CHECK(same, "factor 1 is not the identity for %s", SCALING_NAMES[m]);
     }
-    // LongRoPE (docs/rope.md §8.8, §9.1): inv_i = f_i / short_i up to L tokens,
+    // LongRoPE (docs/rope.md §8.8): inv_i = f_i / short_i up to L tokens,
     // f_i / long_i beyond; mscale sqrt(1 + ln s / ln L) = sqrt(1.25) for s = 4,
     // L = 256, whatever the length; a stored attention factor replaces it.
     {
