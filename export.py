@@ -902,6 +902,8 @@ def read_safetensors_header(path):
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise ExportError(f"{path}: header is not JSON; not a safetensors file") from None
+    except RecursionError:
+        raise ExportError(f"{path}: header JSON is nested too deeply; not a safetensors file") from None
     if not isinstance(header, dict):
         raise ExportError(f"{path}: header is not a JSON object; not a safetensors file")
     data_start, out = 8 + n, {}
@@ -936,6 +938,8 @@ def _read_json(path, what):
     except (UnicodeDecodeError, ValueError) as e:
         where = f" (line {e.lineno})" if hasattr(e, "lineno") else ""
         raise ExportError(f"{path}: not valid JSON{where}") from None
+    except RecursionError:  # json recurses once per nesting level
+        raise ExportError(f"{path}: JSON nested too deeply ({what})") from None
     if not isinstance(value, dict):
         raise ExportError(f"{path}: expected a JSON object ({what})")
     return value
@@ -3830,6 +3834,9 @@ def main(argv=None):
         return 1
     except MemoryError:
         print(f"export.py: {culprit}: out of memory", file=sys.stderr)
+        return 1
+    except RecursionError:  # a structure nested deeper than Python's stack allows
+        print(f"export.py: {culprit}: nested too deeply to read", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"export.py: {args.out}: interrupted; nothing written", file=sys.stderr)

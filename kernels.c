@@ -444,7 +444,16 @@ void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs)
     for (size_t g = 0; g < (size_t)B * n / gs; g++) {
         const float *xg = x + g * gs;
         float amax = 0.0f;
-        for (int i = 0; i < gs; i++) amax = fabsf(xg[i]) > amax ? fabsf(xg[i]) : amax;
+        int finite = 1;
+        for (int i = 0; i < gs; i++) {
+            finite &= isfinite(xg[i]);
+            amax = fmaxf(amax, fabsf(xg[i]));
+        }
+        if (!finite) { // a NaN or an infinity: no integer can hold it (converting one is undefined)
+            memset(qv + g * gs, 0, (size_t)gs);
+            scale[g] = NAN; // the group's products come out NaN, as with float32 weights
+            continue;
+        }
         float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
         for (int i = 0; i < gs; i++) { // round half away from zero; |qv| <= 127
             float v = xg[i] * inv;

@@ -161,6 +161,8 @@ Matrix matrix_rows(Matrix m, size_t first_row, size_t cols);
 void matrix_row(float *out, Matrix m, int row, int cols);
 /* q8_0 quantization of B rows of n floats in groups of gs along each row:
  *   scale = max|x| / 127, qv = round(x / scale)
+ * A group holding a NaN or an infinity gets qv = 0 and scale NaN, so its
+ * products are NaN, as they would be in float32.
  * x: (B, n) -> qv (B, n), scale (B, n/gs) */
 void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs);
 /* out = x @ W^T        x (B, n), W (d, n) -> out (B, d)

@@ -27,7 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------
  * Checkpoint format, versions 1 and 2 ("LRPE")
@@ -158,9 +160,11 @@ static inline float read_le_f32(const unsigned char *p) {
 
 /* Read the whole file at path into a new NUL-terminated buffer (caller
  * frees) and its length into *n_out: a regular file, or a pipe (e.g. bash's
- * <(...)), read to its end. On failure returns NULL with a message in err
- * that starts with `what` (e.g. "-f" or "tokenizer") and the path: missing,
- * unreadable, a directory or device, or out of memory. */
+ * <(...)), read to its end. A named pipe is opened without waiting for a
+ * writer: with none, it reads as empty at once instead of blocking forever.
+ * On failure returns NULL with a message in err that starts with `what` (e.g.
+ * "-f" or "tokenizer") and the path: missing, unreadable, a directory or
+ * device, a pipe that gave nothing, or out of memory. */
 static inline char *read_file(const char *path, const char *what, size_t *n_out, char *err, size_t err_len) {
     struct stat st;
     if (stat(path, &st) != 0) {
@@ -172,9 +176,12 @@ static inline char *read_file(const char *path, const char *what, size_t *n_out,
              S_ISDIR(st.st_mode) ? "directory" : "device or socket");
         return NULL;
     }
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    int fd = open(path, O_RDONLY | (S_ISFIFO(st.st_mode) ? O_NONBLOCK : 0));
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
+    if (!f || (S_ISFIFO(st.st_mode) && fcntl(fd, F_SETFL, 0) != 0)) { // then reads wait for data again
         fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
+        if (f) fclose(f);
+        else if (fd >= 0) close(fd);
         return NULL;
     }
     size_t n = 0, cap = S_ISREG(st.st_mode) ? (size_t)st.st_size + 1 : 1 << 16; // + 1: room for the NUL
@@ -200,6 +207,11 @@ static inline char *read_file(const char *path, const char *what, size_t *n_out,
     if (bad) {
         free(buf);
         fail(err, err_len, "%s %s: read error after %zu bytes", what, path, n);
+        return NULL;
+    }
+    if (n == 0 && S_ISFIFO(st.st_mode)) {
+        free(buf);
+        fail(err, err_len, "%s %s: a pipe that gave no data (expected a file, or a pipe with a writer)", what, path);
         return NULL;
     }
     buf[n] = '\0';

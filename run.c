@@ -1041,19 +1041,26 @@ static int layer_window(const Transformer *t, int l) {
  * (vocab_size rows), so a prompt block that only fills the cache skips it. */
 typedef enum { LOGITS_NONE, LOGITS_LAST, LOGITS_ALL } LogitsWanted;
 
+/* What forward_block returns besides 0. */
+enum { FORWARD_DOES_NOT_FIT = -1, FORWARD_NOT_FINITE = -2 };
+
 /* Run tokens[0..B) at positions pos0..pos0+B-1 through the model, writing
  * their keys and values into the cache, and compute the logits `want` asks
  * for into t->state.logits: (B, vocab_size) for LOGITS_ALL, the last token's
- * (vocab_size) for LOGITS_LAST. Returns 0, or -1 (nothing computed) when the
- * block does not fit (B above block_limit, past n_ctx) or a token is outside
- * the vocabulary. */
+ * (vocab_size) for LOGITS_LAST. Returns 0; FORWARD_DOES_NOT_FIT (nothing
+ * computed) when the block does not fit (B above block_limit, past n_ctx) or
+ * a token is outside the vocabulary; FORWARD_NOT_FINITE when a logit is NaN
+ * or infinite: a NaN or infinite weight, or activations that overflowed (the
+ * check sits here, where every mode reads the logits, instead of a scan of
+ * every weight at load). */
 int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWanted want) {
     const Config *c = &t->config;
     const Weights *w = &t->weights;
     RunState *s = &t->state;
-    if (B < 1 || B > block_limit(t) || pos0 < 0 || (pos0 + B > t->n_ctx && t->rope.sinks < 0)) return -1;
+    if (B < 1 || B > block_limit(t) || pos0 < 0 || (pos0 + B > t->n_ctx && t->rope.sinks < 0))
+        return FORWARD_DOES_NOT_FIT;
     for (int b = 0; b < B; b++)
-        if (tokens[b] < 0 || tokens[b] >= c->vocab_size) return -1;
+        if (tokens[b] < 0 || tokens[b] >= c->vocab_size) return FORWARD_DOES_NOT_FIT;
     int dim = c->dim, hidden_dim = c->hidden_dim, kv_dim = dim / c->n_heads * c->n_kv_heads;
     // Where the block sits in the cache: slot pos0 and place pos0, unless
     // attention sinks have wrapped it (then B = 1: slot and place of §13).
@@ -1094,24 +1101,41 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
     float *x_out = s->x + (size_t)first * dim;
     rmsnorm(x_out, x_out, w->rms_final_weight, n_out, dim, c->norm_eps);
     project(s, s->logits, x_out, w->wcls, NULL, 0, n_out, dim, c->vocab_size);
-    return 0;
+    int finite = 1;
+    for (size_t i = 0; i < (size_t)n_out * c->vocab_size; i++) finite &= isfinite(s->logits[i]);
+    return finite ? 0 : FORWARD_NOT_FINITE;
 }
 
 /* One token at pos -> its logits (vocab_size): generation's step. NULL when
- * it does not fit (see forward_block). */
-float *forward(Transformer *t, int token, int pos) {
-    return forward_block(t, &token, 1, pos, LOGITS_LAST) == 0 ? t->state.logits : NULL;
+ * forward_block fails; *status (may be NULL) gets its code. */
+float *forward(Transformer *t, int token, int pos, int *status) {
+    int rc = forward_block(t, &token, 1, pos, LOGITS_LAST);
+    if (status) *status = rc;
+    return rc == 0 ? t->state.logits : NULL;
 }
 
 /* tokens[0..n) at positions pos0.. into the cache, in blocks; returns the
- * logits of the last one (vocab_size), or NULL when they do not fit. A
- * prompt, or a chat turn. */
-float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
+ * logits of the last one (vocab_size), or NULL when forward_block fails
+ * (*status, which may be NULL, gets its code). A prompt, or a chat turn. */
+float *prefill(Transformer *t, const int *tokens, int n, int pos0, int *status) {
+    int rc = FORWARD_DOES_NOT_FIT;
     for (int i = 0; i < n; i += block_limit(t)) {
         int B = n - i < block_limit(t) ? n - i : block_limit(t);
-        if (forward_block(t, tokens + i, B, pos0 + i, i + B == n ? LOGITS_LAST : LOGITS_NONE) != 0) return NULL;
+        rc = forward_block(t, tokens + i, B, pos0 + i, i + B == n ? LOGITS_LAST : LOGITS_NONE);
+        if (rc != 0) break;
     }
-    return n > 0 ? t->state.logits : NULL;
+    if (status) *status = rc;
+    return rc == 0 ? t->state.logits : NULL;
+}
+
+/* Exit with a one-line message for a failed forward step at position pos. */
+static void forward_failed(const Transformer *t, int status, int token, int pos) __attribute__((noreturn));
+static void forward_failed(const Transformer *t, int status, int token, int pos) {
+    if (status == FORWARD_NOT_FINITE)
+        die(EXIT_BAD_INPUT, "forward: the logits at position %d are NaN or infinite (the checkpoint holds a NaN "
+            "or infinite weight, or the activations overflowed)", pos);
+    die(EXIT_BAD_INPUT, "forward: token %d at position %d does not fit (context %d, vocabulary %d)", token, pos,
+        t->n_ctx, t->config.vocab_size);
 }
 
 /* ==========================================================================
@@ -1309,9 +1333,6 @@ static void end_text(Decoder *d) {
  * and append it to history. Returns the token, or -1 when the text ends
  * here. The caller feeds it back (forward) if there is room. */
 static int decode_step(Decoder *d, float *logits, const int *end, int n_end) {
-    if (!logits) // forward refused the last token: the modes check the context first, so a bug if reached
-        die(EXIT_BAD_INPUT, "forward: token %d at position %d does not fit (context %d, vocabulary %d)",
-            d->history[d->n - 1], d->n - 1, d->t->n_ctx, d->t->config.vocab_size);
     int next = sample(d->sampler, logits, d->history, d->n);
     for (int i = 0; i < n_end; i++)
         if (next == end[i]) return -1;
@@ -1348,7 +1369,9 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     free(prompt_ids);
     // Prefill: the prompt through the model in blocks; logits of its last token.
     double start = now_seconds();
-    float *logits = prefill(t, d.history, n_prompt, 0);
+    int status;
+    float *logits = prefill(t, d.history, n_prompt, 0, &status);
+    if (!logits) forward_failed(t, status, d.history[n_prompt - 1], n_prompt - 1);
     double prefill_end = now_seconds();
     // Decode: sample, print, feed back, one token at a time.
     int n_new = 0, stops[TOK_MAX_STOP + 1], n_stop = 0;
@@ -1369,7 +1392,8 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
                         "go on past it with attention sinks (--sinks 4)\n", t->n_ctx, n_new);
             break;
         }
-        logits = forward(t, next, pos);
+        logits = forward(t, next, pos, &status);
+        if (!logits) forward_failed(t, status, next, pos);
     }
     end_text(&d);
     double end = now_seconds(), prefill_s = prefill_end - start, decode_s = end - prefill_end;
@@ -1713,12 +1737,15 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
         d.n = r.n;
         printf("Assistant: ");
         fflush(stdout);
-        float *logits = prefill(t, d.history + keep, r.n - keep, keep);
+        int status;
+        float *logits = prefill(t, d.history + keep, r.n - keep, keep, &status);
+        if (!logits) forward_failed(t, status, d.history[r.n - 1], r.n - 1);
         int reply_start = d.n;
         for (int n_new = 0; n_new < max_new && d.n < t->n_ctx; n_new++) {
             int next = decode_step(&d, logits, stops, n_stop);
             if (next < 0) break;
-            logits = forward(t, next, d.n - 1);
+            logits = forward(t, next, d.n - 1, &status);
+            if (!logits) forward_failed(t, status, next, d.n - 1);
         }
         end_text(&d);
         size_t reply_len;
@@ -1985,7 +2012,13 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
         memcpy(input + bos, ids + start, (size_t)(n_in - bos) * sizeof(int));
         for (int p0 = 0; p0 < n_in && rc == 0; p0 += max_block) {
             int B = n_in - p0 < max_block ? n_in - p0 : max_block;
-            if (forward_block(t, input + p0, B, p0, LOGITS_ALL) != 0) { // logits (B, vocab_size)
+            int status = forward_block(t, input + p0, B, p0, LOGITS_ALL); // logits (B, vocab_size)
+            if (status == FORWARD_NOT_FINITE) {
+                rc = fail(err, err_len, "ppl: the logits of window %d are NaN or infinite (a NaN or infinite weight, "
+                          "or activations that overflowed)", out->n_windows);
+                break;
+            }
+            if (status != 0) {
                 rc = fail(err, err_len, "ppl: a token of window %d is outside the vocabulary (0..%d)",
                           out->n_windows, V - 1);
                 break;
@@ -2040,9 +2073,13 @@ int ppl_stream_score(Transformer *t, const int *ids, int n_ids, int add_bos, Ppl
     }
     for (int p = 0; p + 1 < n; p++) { // feed token p, score token p + 1
         int token = p < bos ? t->config.bos_id : ids[p - bos], target = ids[p + 1 - bos];
-        const float *logits = forward(t, token, p);
+        int status;
+        const float *logits = forward(t, token, p, &status);
         if (!logits || target < 0 || target >= V) {
             free_ppl_score(out);
+            if (status == FORWARD_NOT_FINITE)
+                return fail(err, err_len, "ppl: the logits at token %d are NaN or infinite (a NaN or infinite weight, "
+                            "or activations that overflowed)", p);
             return fail(err, err_len, "ppl: a token near %d is outside the vocabulary (0..%d)", p, V - 1);
         }
         if (hook && hook->fn(hook->ctx, logits, V, target, err, err_len) != 0) {
@@ -2621,14 +2658,18 @@ static void passkey_mode(Transformer *t, const Tokenizer *tok, const PasskeyPlan
                 // Prefill the prompt; greedy answer of up to n_new tokens.
                 memcpy(history, ids, (size_t)n_ids * sizeof(int));
                 free(ids);
-                float *logits = prefill(t, history, n_ids, 0);
+                int status;
+                float *logits = prefill(t, history, n_ids, 0, &status);
+                if (!logits) forward_failed(t, status, history[n_ids - 1], n_ids - 1);
                 int n = n_ids;
                 for (int s = 0; s < n_new && logits; s++) {
                     int next = argmax(logits, t->config.vocab_size), stop = 0;
                     for (int j = 0; j < tok->n_stop; j++) stop |= next == tok->stop_ids[j];
                     if (stop) break;
                     history[n++] = next;
-                    logits = s + 1 < n_new ? forward(t, next, n - 1) : NULL;
+                    if (s + 1 == n_new) break;
+                    logits = forward(t, next, n - 1, &status);
+                    if (!logits) forward_failed(t, status, next, n - 1);
                 }
                 size_t answer_len;
                 char *answer = tokens_text(tok, history + n_ids, n - n_ids, history[n_ids - 1], &answer_len);

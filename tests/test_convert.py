@@ -803,6 +803,13 @@ def _file_change(kind):
         if kind == "config-not-json":
             (d / "config.json").write_text('{"hidden_size": 64,')
             return "config.json"
+        if kind == "config-nested-deeply":  # Python's json recurses once per level
+            (d / "config.json").write_text('{"a": ' + "[" * 100000 + "]" * 100000 + "}")
+            return "config.json"
+        if kind == "header-nested-deeply":
+            h = ('{"x": ' + "[" * 100000 + "]" * 100000 + "}").encode()
+            st.write_bytes(struct.pack("<Q", len(h)) + h)
+            return "model.safetensors"
         raise ValueError(kind)
     return change
 
@@ -870,6 +877,9 @@ HF_BAD = [
     ("pytorch-bin-only", _file_change("pytorch-bin-only"), ["pytorch_model.bin", "safetensors"]),
     ("no-config", _file_change("no-config"), ["config.json"]),
     ("config-not-json", _file_change("config-not-json"), ["JSON"]),
+    ("config-nested-deeply", _file_change("config-nested-deeply"), ["nested too deeply"]),
+    ("safetensors-header-nested-deeply", _file_change("header-nested-deeply"),
+     ["nested too deeply"]),
 ]
 
 

@@ -10,6 +10,7 @@ Every case is its own test id. The contract (the README's Command line section, 
   never   a signal (a negative return code), a sanitizer report or a hang.
 """
 
+import os
 import struct
 
 import pytest
@@ -289,6 +290,44 @@ def test_tokenizer_and_text_from_a_pipe(base):
     assert piped.returncode == 0 and piped.stdout == want.stdout, piped.stderr
     text = run(base["ckpt"], "-z", base["tok"], "-t", "0", "-n", "2", "-f", "/dev/stdin", input=b"the cat")
     assert text.returncode == 0 and text.stdout == want.stdout, text.stderr
+
+
+@pytest.mark.parametrize("flag", ["-z", "-f"])
+def test_named_pipe_without_a_writer_is_bad_input(base, tmp_path, flag):
+    """A FIFO nobody writes to: exit 1 at once, naming it (it used to block
+    forever in open)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    args = ["-z", fifo, "-i", "x"] if flag == "-z" else ["-z", base["tok"], "-f", fifo]
+    check_error(run(base["ckpt"], *args), 1, [str(fifo)])
+
+
+@pytest.mark.parametrize("where,value", [("wq", float("nan")), ("w2", float("inf")),
+                                         ("rms_att_weight", float("nan"))])
+@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+def test_non_finite_weight_is_bad_input(base, tmp_path, where, value, dtype):
+    """A NaN or infinite weight (export.py refuses them; a damaged file can
+    still hold one): generation and ppl stop with one line instead of printing
+    nan or sampling from it; q8_0 checkpoints quantize the non-finite
+    activations without an undefined float-to-int conversion (the clang
+    sanitizer build checks that). q8_0 keeps norm weights in float32, so the
+    value is patched into the file after export."""
+    ckpt = tmp_path / f"{dtype}.bin"
+    export.write_checkpoint(ckpt, dict(base["cfg"], weight_type=dtype), base["tensors"])
+    layout, _ = export.tensor_layout(dict(base["cfg"], weight_type=dtype))
+    name, shape, offset, scales = next(entry for entry in layout if entry[0] == where)
+    data = bytearray(ckpt.read_bytes())
+    struct.pack_into("<f", data, scales if scales is not None else offset, value)  # row 0, group 0
+    ckpt.write_bytes(bytes(data))
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on the mat. " * 8)
+    for p in (generate(ckpt, base["tok"]),
+              run(ckpt, "-z", base["tok"], "-m", "ppl", "-f", text, "--json")):
+        # found while running, so after the load line: the message is the last line
+        err = p.stderr.decode()
+        assert p.returncode == 1 and p.stdout.strip() in (b"", b"the cat"), err
+        assert "NaN or infinite" in err.strip().splitlines()[-1], err
+        assert not any(w in err for w in ("Sanitizer", "runtime error", "Traceback")), err
 
 
 @pytest.mark.parametrize("flag", ["-z", "-f"])

@@ -655,6 +655,16 @@ static void test_matmul_kernels(void) {
     matrix_row(row, (Matrix){WEIGHT_Q8_0, 4, q, sc}, 1, 4);
     CHECK(row[0] == 254 && row[1] == 0 && row[2] == -254 && row[3] == 10, "matrix_row q8_0: %g %g %g %g", row[0],
           row[1], row[2], row[3]);
+    // quantize_q8 never converts a non-finite float to an integer: a group holding a
+    // NaN or an infinity gets q = 0 and scale NaN; the other groups are untouched.
+    float xs[12] = {1, -2, 0.5f, 4, NAN, 1, 2, 3, 1, INFINITY, -1, 0};
+    int8_t qx[12];
+    float sx[3];
+    quantize_q8(qx, sx, xs, 1, 12, 4);
+    int zeros = 1;
+    for (int i = 4; i < 12; i++) zeros &= qx[i] == 0;
+    CHECK(sx[0] == 4.0f / 127 && qx[3] == 127 && qx[1] == -64 && isnan(sx[1]) && isnan(sx[2]) && zeros,
+          "quantize_q8 with NaN and infinity: scales %g %g %g", sx[0], sx[1], sx[2]);
 }
 
 /* causal attention in double, straight from the formula in run.c's
@@ -865,9 +875,9 @@ static void test_block_prefill(void) {
     }
     double worst = 0, worst_f16 = 0;
     for (int p = 0; p < 45; p++) {
-        float *one = forward(&b, tokens[p], p);
+        float *one = forward(&b, tokens[p], p, NULL);
         for (int i = 0; i < V; i++) worst = fmax(worst, fabs(one[i] - block[(size_t)p * V + i]));
-        float *half = forward(&h, tokens[p], p);
+        float *half = forward(&h, tokens[p], p, NULL);
         for (int i = 0; i < V; i++) worst_f16 = fmax(worst_f16, fabs(half[i] - block[(size_t)p * V + i]));
     }
     CHECK(worst < 1e-4, "block prefill vs token by token: max logit difference %.3g (expected < 1e-4)", worst);
