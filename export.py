@@ -1242,6 +1242,9 @@ def hf_family(config, where="config.json"):
     mt, archs = config.get("model_type"), config.get("architectures") or []
     if not isinstance(archs, list):
         archs = [archs]
+    if (mt is not None and not isinstance(mt, str)) or not all(isinstance(a, str) for a in archs):
+        raise ExportError(f"{where}: model_type={_js(mt)}, architectures={_js(archs)}: expected "
+                          "strings")
     families = {f for f, a in HF_FAMILIES.items() if a in archs}
     family = mt if mt is not None else (families.pop() if len(families) == 1 else None)
     if family not in HF_FAMILIES or any(a != HF_FAMILIES[family] for a in archs):

@@ -57,6 +57,11 @@
 /* Exit codes: 0 ok, 1 = bad input or runtime failure, 2 = bad usage. */
 enum { EXIT_BAD_INPUT = 1, EXIT_USAGE = 2 };
 
+#ifdef FUZZING
+#include <setjmp.h>
+static jmp_buf *die_jump; // a fuzz target's landing point (tests/fuzz): die returns there instead of exiting
+#endif
+
 /* Print one line to stderr and exit with `code`. Every message names the file
  * or flag at fault and what was expected; nothing is printed to stdout. */
 static void die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
@@ -66,6 +71,9 @@ static void die(int code, const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
+#ifdef FUZZING
+    if (die_jump) longjmp(*die_jump, code);
+#endif
     exit(code);
 }
 
@@ -1799,11 +1807,16 @@ static void parse_conversation(Conversation *c, const char *what, const char *te
         for (size_t i = head; i < n; i++) {
             char ch = start[i];
             if (ch == '\\') {
-                if (i + 1 == n)
+                if (i + 1 == n) {
+                    free(msg);
                     die(EXIT_BAD_INPUT, "%s line %d: a \"\\\" ends the line (escapes: \\n, \\t, \\\\)", what, line);
+                }
                 char e = start[++i];
                 ch = e == 'n' ? '\n' : e == 't' ? '\t' : e == '\\' ? '\\' : '\0';
-                if (!ch) die(EXIT_BAD_INPUT, "%s line %d: \"\\%c\" is no escape (\\n, \\t, \\\\)", what, line, e);
+                if (!ch) {
+                    free(msg);
+                    die(EXIT_BAD_INPUT, "%s line %d: \"\\%c\" is no escape (\\n, \\t, \\\\)", what, line, e);
+                }
             }
             msg[k++] = ch;
         }
