@@ -1153,6 +1153,9 @@ def _hf_rope_scaling(where, config, seq_len, notes, family="llama", rot=None):
                 raise ExportError(f"{what}: {t} scaling needs a factor")
             return None
         f = _number(what, "factor", d["factor"])
+        if f < 1 and t == "longrope":  # it only sets the attention factor: 1 for any factor <= 1
+            notes.append(f"longrope: factor {f:g} < 1: storing 1 (the same attention factor, 1)")
+            return 1.0
         if f < 1:
             raise ExportError(f"{what}: factor={_js(d['factor'])} < 1 (shrinking the context) "
                               "is not supported")

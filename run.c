@@ -839,7 +839,7 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
         RopeConfig *r = &t->rope;
         if (!isnan(o->factor) && (o->scaling >= 0 ? o->scaling : r->scaling) == ROPE_NONE)
             return fail(err, err_len, "--rope-factor %g: the RoPE scaling in effect is none (%s), so a factor "
-                        "changes nothing (add --rope-scaling linear|ntk|dynamic|yarn|llama3)", o->factor,
+                        "changes nothing (add --rope-scaling linear|ntk|dynamic|yarn|llama3|longrope)", o->factor,
                         o->scaling >= 0 ? "--rope-scaling none" : path), -2;
         if (!isnan(o->base)) r->base = o->base;
         if (o->scaling >= 0) r->scaling = o->scaling;
@@ -1889,7 +1889,7 @@ static void print_json_number(double v) {
 
 /* "key": v, and a ", " after it; null when v is not finite. */
 static void print_json_field(const char *key, double v) {
-    if (isfinite(v)) printf("\"%s\": %.6g, ", key, v);
+    if (isfinite(v)) printf("\"%s\": %.9g, ", key, v);
     else printf("\"%s\": null, ", key);
 }
 
@@ -2328,6 +2328,9 @@ static void progress_line(const char *unit, int done, int total) {
     fprintf(stderr, "\rppl: %s %d of %d", unit, done, total);
 }
 static void ppl_progress(int done, int total) { progress_line("window", done, total); }
+static void tokenize_progress(size_t done, size_t total) { // in MiB, rounded up: the last call clears the line
+    progress_line("MiB tokenized:", (int)((done + 0xFFFFF) >> 20), (int)((total + 0xFFFFF) >> 20));
+}
 static void stream_progress(int done, int total) { progress_line("token", done, total); }
 
 /* ppl: the NLL of a text file under teacher forcing (ppl_score), reported by
@@ -2349,8 +2352,10 @@ static int ppl_hooks(void *ctx, const float *logits, int vocab, int target, char
 static void ppl_mode(Transformer *t, const Tokenizer *tok, const char *path, const char *text, size_t len,
                      int stride, int json, int per_position, int streaming, const char *save_path,
                      const char *kl_path, const char *summary) {
-    int n_ids;
-    int *ids = encode_or_die(tok, text, len, 0, &n_ids);
+    // In pieces of 1 MiB: memory follows the ids (4 bytes each), not the
+    // encoder's work buffers (about 30 bytes per byte of text at once).
+    int *ids, n_ids = tokenizer_encode_long(tok, text, len, 1 << 20, &ids, tokenize_progress);
+    if (n_ids < 0) die(EXIT_BAD_INPUT, "-f %s: out of memory while encoding %zu bytes", path, len);
     if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", path);
     int max_stride = t->n_ctx - 1; // positions a window predicts
     if (max_stride < 1) die(EXIT_USAGE, "--ctx %d: ppl needs at least 2 positions", t->n_ctx);
