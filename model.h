@@ -457,6 +457,13 @@ size_t tokenizer_bound(size_t n_bytes);
 int tokenizer_encode(const Tokenizer *t, const char *text, size_t n_bytes, int add_bos, int add_eos,
                      int *tokens);
 /* Upper bound on the bytes one tokenizer_decode call writes. */
+/* Encode a long text (no BOS, no EOS) in pieces of about `chunk` bytes cut
+ * where no token can reach across (the same ids as one tokenizer_encode),
+ * so memory follows the ids rather than the work buffers of the whole text;
+ * *ids is malloc'd (caller frees); progress (may be NULL) gets the bytes done.
+ * Returns the number of ids, or -1 out of memory. */
+int tokenizer_encode_long(const Tokenizer *t, const char *text, size_t n_bytes, size_t chunk, int **ids,
+                          void (*progress)(size_t done, size_t total));
 size_t tokenizer_decode_bound(const Tokenizer *t);
 /* Append the text of `token` (following `prev`) to out, printing only whole
  * UTF-8 code points; returns the number of bytes written. */

@@ -1262,6 +1262,76 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t n_bytes, int a
     return n_tokens;
 }
 
+/* Whether a long text may be encoded in pieces cut at a space between two
+ * ASCII letters ("x y") with the same ids as one encode of the whole. Type 0
+ * merges only into pieces of the vocabulary, so no token can reach across the
+ * cut when no piece holds a space after something other than a space ("x ",
+ * "a b"; a run of leading spaces is fine); the part after the cut is encoded
+ * without its space, which the dummy prefix puts back. Type 1: every
+ * pre-tokenizer ends a pre-token before such a space, so only a special piece
+ * with a space in it could reach across. */
+static int can_cut_at_spaces(const Tokenizer *t) {
+    for (int id = 0; id < t->vocab_size; id++) {
+        const char *p = t->vocab[id];
+        int len = t->vocab_len[id];
+        int special = t->kind[id] == PIECE_SPECIAL;
+        if (t->type == TOK_BYTE_BPE ? special && memchr(p, ' ', (size_t)len) : t->kind[id] == PIECE_NORMAL)
+            for (int i = 1; i < len; i++)
+                if (p[i] == ' ' && (t->type == TOK_BYTE_BPE || p[i - 1] != ' ')) return 0;
+    }
+    return 1;
+}
+
+static int ascii_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+/* Encode a long text (no BOS, no EOS) in pieces of about `chunk` bytes, each
+ * cut at a space between two ASCII letters where the vocabulary cannot join
+ * tokens across it (can_cut_at_spaces), so the ids equal tokenizer_encode's for
+ * the whole text while the work buffers stay the size of one piece. Without
+ * such cuts the text is encoded whole. *ids (grown with realloc; caller frees)
+ * receives the ids; progress(done, total), when not NULL, is called with the
+ * bytes encoded so far after each piece. Returns the number of ids, or -1 out
+ * of memory. */
+int tokenizer_encode_long(const Tokenizer *t, const char *text, size_t n_bytes, size_t chunk, int **ids,
+                          void (*progress)(size_t done, size_t total)) {
+    int cut = chunk > 0 && n_bytes > chunk && can_cut_at_spaces(t);
+    size_t cap = 0, n = 0, at = 0;
+    int *out = NULL, *scratch = NULL;
+    while (at < n_bytes) {
+        size_t end = n_bytes;
+        if (cut && n_bytes - at > chunk) { // the first "x y" after at + chunk
+            end = at + chunk;
+            while (end + 1 < n_bytes && !(text[end] == ' ' && ascii_letter(text[end - 1]) && ascii_letter(text[end + 1])))
+                end++;
+            if (end + 1 >= n_bytes) end = n_bytes;
+        }
+        // Type 0: the part after a cut starts after its space (the dummy prefix restores it).
+        size_t from = at > 0 && t->type == TOK_SENTENCEPIECE ? at + 1 : at;
+        int *more = realloc(scratch, tokenizer_bound(end - from) * sizeof(int));
+        if (!more) goto out_of_memory;
+        scratch = more;
+        int k = tokenizer_encode(t, text + from, end - from, 0, 0, scratch);
+        if (k < 0 || n + (size_t)k > (size_t)INT_MAX) goto out_of_memory;
+        if (n + (size_t)k > cap) {
+            size_t want = cap * 2 > n + (size_t)k ? cap * 2 : n + (size_t)k;
+            if (!(more = realloc(out, want * sizeof(int)))) goto out_of_memory;
+            out = more, cap = want;
+        }
+        memcpy(out + n, scratch, (size_t)k * sizeof(int));
+        n += (size_t)k;
+        at = end;
+        if (progress) progress(at, n_bytes);
+    }
+    free(scratch);
+    *ids = out;
+    return (int)n;
+out_of_memory:
+    free(scratch);
+    free(out);
+    *ids = NULL;
+    return -1;
+}
+
 /* ==========================================================================
  * 6. Decoding: ids -> bytes, whole UTF-8 code points only
  * ========================================================================== */

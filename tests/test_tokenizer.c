@@ -435,6 +435,40 @@ static void check_round_trip(const Tokenizer *t, const char *label, const char *
     free(piece);
 }
 
+/* tokenizer_encode_long gives the ids of one tokenizer_encode of the whole
+ * text, cut in pieces of `chunk` bytes or not (a vocabulary with a piece that
+ * reaches across a space is encoded whole: can_cut says which is expected). */
+static int n_progress;
+static void count_progress(size_t done, size_t total) { (void)done, (void)total, n_progress++; }
+static void check_encode_long(const Tokenizer *t, const char *label, int can_cut)
+{
+    static const char *const words[] = {"the", "cat", "sat", "on", "a", "mat", "x", "y", "Once", "upon",
+                                        "\xC3\xA9t\xC3\xA9", "\xE6\x97\xA5", "don't", "12345", ".", ",", "\n",
+                                        "\n\n", "  ", "<s>", "<|im_end|>", "\t", "ab", "bc"};
+    size_t n = 0, cap = 40000;
+    char *text = malloc(cap);
+    unsigned seed = 7;
+    while (n + 32 < cap) { // words with single spaces between most of them
+        seed = seed * 1103515245u + 12345u;
+        const char *w = words[(seed >> 16) % (sizeof words / sizeof *words)];
+        memcpy(text + n, w, strlen(w));
+        n += strlen(w);
+        seed = seed * 1103515245u + 12345u;
+        if ((seed >> 16) % 5) text[n++] = ' ';
+    }
+    int *whole = malloc(tokenizer_bound(n) * sizeof(int)), *pieces = NULL;
+    int n_whole = tokenizer_encode(t, text, n, 0, 0, whole);
+    n_progress = 0;
+    int n_pieces = tokenizer_encode_long(t, text, n, 97, &pieces, count_progress);
+    int same = n_pieces == n_whole && memcmp(whole, pieces, (size_t)n_whole * sizeof(int)) == 0;
+    CHECK(same, "encode_long (%s): %d ids against %d from one encode", label, n_pieces, n_whole);
+    CHECK(can_cut ? n_progress > 100 : n_progress == 1, "encode_long (%s): %d pieces of a %zu-byte text", label,
+          n_progress, n);
+    free(text);
+    free(whole);
+    free(pieces);
+}
+
 /* ------------------------------------------------------------------------
  * Loader errors
  * ------------------------------------------------------------------------ */
@@ -815,6 +849,22 @@ static void test_byte_level_encode(void)
 {
     Tokenizer t;
     V2Vocab *v = malloc(sizeof *v);
+    const int pres[] = {PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_SMOLLM};
+    const char *pre_names[] = {"byte-level gpt2", "byte-level llama3", "byte-level qwen2", "byte-level smollm"};
+    for (int p = 0; p < 4; p++) { // no special piece holds a space: cut into pieces
+        load_byte_level(&t, v, pres[p], -1, "bl_long.bin");
+        check_encode_long(&t, pre_names[p], 1);
+        tokenizer_free(&t);
+    }
+    { // a special piece with a space in it could be cut in two: encoded whole
+        char err[512];
+        build_byte_level(v, PRE_GPT2, -1);
+        v2_add(v, "<a b>", 5, PIECE_SPECIAL, 0);
+        CHECK(tokenizer_build(&t, write_v2("bl_spaced_special.bin", v), v->n, BL_BOS, BL_EOT, err, sizeof err) == 0,
+              "byte-level vocabulary with \"<a b>\": %s", err);
+        check_encode_long(&t, "byte-level, a special piece with a space", 0);
+        tokenizer_free(&t);
+    }
     load_byte_level(&t, v, PRE_GPT2, -1, "bl_gpt2.bin");
     const int A = 'a', B = 'b', C = 'c', SP = ' ', FFFD = bl_id(v, "\xEF\xBF\xBD");
     CHECK(strcmp(tokenizer_type_name(&t), "byte-level BPE (gpt2)") == 0, "type name: got \"%s\"",
@@ -1314,7 +1364,12 @@ int main(int argc, char **argv)
     test_encode_small(&t);
     test_decode_small(&t);
     check_round_trip(&t, "small vocabulary", sp_alphabet, N_SP_ALPHABET, 1, 500);
+    check_encode_long(&t, "small vocabulary", 1);
     tokenizer_free(&t);
+    if (tokenizer_build(&t, "models/tokenizer.bin", 4096, 1, 2, err, sizeof err) == 0) { // the bundled one
+        check_encode_long(&t, "bundled sentencepiece vocabulary", 1);
+        tokenizer_free(&t);
+    }
     test_load_errors();
     test_sentencepiece_v2();
     test_pre_tokenizer_splits();
