@@ -764,6 +764,25 @@ def _add_tensor(name, shape):
     return change
 
 
+def _qwen2_biases(**bad):
+    """The config made Qwen2's, with q/k/v biases for every layer; bad: name ->
+    shape (None: left out) for layer 1."""
+    def change(d, config, tensors):
+        config.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
+        for i in range(config["num_hidden_layers"]):
+            for n in "qkv":
+                shape = bad.get(n, (64,)) if i == 1 else (64,)
+                if shape is not None:
+                    tensors[f"model.layers.{i}.self_attn.{n}_proj.bias"] = np.zeros(shape, np.float32)
+        return "model.safetensors"
+    return change
+
+
+def _phi3_unfused(d, config, tensors):
+    config.update(architectures=["Phi3ForCausalLM"], model_type="phi3")
+    return "model.safetensors"
+
+
 def _nan_in_lm_head(d, config, tensors):
     tensors["lm_head.weight"] = tensors["lm_head.weight"].copy()
     tensors["lm_head.weight"][-1, -1] = np.nan
@@ -866,6 +885,14 @@ HF_BAD = [
     ("bias-tensor", _add_tensor("model.layers.0.self_attn.q_proj.bias", (64,)),
      ["q_proj.bias", "bias"]),
     ("qk-norm-tensor", _add_tensor("model.layers.0.self_attn.q_norm.weight", (16,)), ["q_norm"]),
+    ("qwen2-k-bias-wrong-shape", _qwen2_biases(k=(32,)), ["layers.1.self_attn.k_proj.bias", "[32]"]),
+    ("qwen2-k-bias-two-dimensional", _qwen2_biases(k=(64, 1)), ["k_proj.bias"]),
+    ("qwen2-v-bias-missing", _qwen2_biases(v=None), ["layers.1.self_attn.v_proj.bias"]),
+    ("phi3-without-fused-projections", _phi3_unfused, ["qkv_proj"]),
+    ("mistral-with-a-bias", lambda d, config, tensors: (
+        config.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=None),
+        tensors.update({"model.layers.0.self_attn.q_proj.bias": np.zeros(64, np.float32)}),
+        "model.safetensors")[-1], ["q_proj.bias", "MistralForCausalLM"]),
     ("extra-layer", _add_tensor("model.layers.2.input_layernorm.weight", (64,)),
      ["model.layers.2.input_layernorm.weight"]),
     ("nan-in-last-tensor", _nan_in_lm_head, ["lm_head.weight", "NaN"]),
