@@ -3,7 +3,7 @@
 
     make bench                      (= .venv/bin/python tools/bench.py, in the venv)
     python3 tools/bench.py [--reps N] [--shapes 15M,42M,110M] [--dtypes f32,q8_0]
-                           [--threads 1,2] [--prompt-tokens N] [--dir DIR]
+                           [--threads 1,2] [--prompt-tokens N] [--long-ctx 4096,8192] [--dir DIR]
 
 What it does:
   1. writes random-weight checkpoints shaped like stories15M, stories42M and
@@ -20,7 +20,16 @@ What it does:
      weight is read once per token) next to this machine's read bandwidth
      (numpy max over 256 MiB, one thread), and the ratio to the reference
      figures measured on the same machine kind (llama2.c run/runq, llama.cpp
-     f32/q8_0; see REFERENCE).
+     f32/q8_0; see REFERENCE);
+  4. long-window perplexity, where extrapolation sweeps spend their time: the
+     15M shape (float32) scoring one window of --long-ctx tokens with -m ppl
+     at the highest thread count: seconds per window, tokens/s, and the
+     achieved GFLOP/s of the whole window and of its attention alone, next to
+     this machine's peak (tools/fma_peak.c: independent FMA chains at the widest
+     vector width, compiled here with cc -O2 -march=native). Floating-point
+     operations are counted from the shapes (flops()); the attention's time is
+     the window's minus that of the same tokens in windows of 256 (whose
+     attention is small), so it is an estimate.
 
 It is a benchmark, not a test: it exits 0 whatever the numbers are, and a
 failed run is reported in the table instead of stopping the benchmark. On a
@@ -137,6 +146,8 @@ def main(argv=None):
     p.add_argument("--threads", default="1,2")
     p.add_argument("--prompt-tokens", type=int, default=300, help="long prompt length (default 300)")
     p.add_argument("--gen-tokens", type=int, default=200, help="generated tokens (default 200)")
+    p.add_argument("--long-ctx", default="4096,8192", help="long-window ppl contexts (default 4096,8192; "
+                   "empty: skip)")
     p.add_argument("--dir", default="/tmp/run-bench", help="where checkpoints go (not committed)")
     p.add_argument("--run", default=str(ROOT / "run"))
     a = p.parse_args(argv)
@@ -167,10 +178,93 @@ def main(argv=None):
                     rows.append(row)
                     print(f"bench: {shape} {dtype} {threads} thread(s): gen {fmt(row['gen'])}, "
                           f"prompt {fmt(row['prompt'])} tok/s", file=sys.stderr)
+        long_rows = long_windows(run, directory, tok, a) if a.long_ctx else []
     except Exception as e:  # a benchmark reports, it does not fail
         print(f"bench: stopped early: {e}", file=sys.stderr)
+        long_rows = []
     report(rows, a)
+    report_long(long_rows, a)
     return 0
+
+
+def flops(shape, ctx, n_tokens):
+    """(all, attention) floating-point operations of scoring n_tokens in windows
+    of ctx tokens, from the 15M/42M/110M shapes: per token, 2 per weight of
+    every matrix (q, k, v, o, the three FFN ones, the classifier; the embedding
+    is a lookup), and attention 4 x dim per earlier position per layer (q.k
+    and the weighted sum of v: 2 x dim each)."""
+    dim, hidden, layers, heads, kv_heads, vocab, _ = SHAPES[shape]
+    kv_dim = dim * kv_heads // heads
+    matmul = 2 * (layers * (2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) + vocab * dim)
+    windows, rest = divmod(n_tokens, ctx)
+    positions = windows * ctx * (ctx + 1) / 2 + rest * (rest + 1) / 2  # sum over tokens of (position + 1)
+    attention = 4 * layers * dim * positions
+    return matmul * n_tokens + attention, attention
+
+
+def fma_peak(directory):
+    """This machine's peak GFLOP/s at 1 and all threads (tools/fma_peak.c), or None."""
+    exe = directory / "fma_peak"
+    cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-o", str(exe), str(ROOT / "tools" / "fma_peak.c")],
+                        capture_output=True, text=True)
+    if cc.returncode != 0:
+        print(f"bench: cannot build tools/fma_peak.c: {cc.stderr[-300:]}", file=sys.stderr)
+        return None
+    out = subprocess.run([str(exe)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.startswith("threads")]
+
+
+def long_windows(run, directory, tok, a):
+    """One window of each --long-ctx with the 15M float32 shape at the highest
+    thread count, a.reps times; the same tokens in windows of 256 alongside."""
+    ckpt = checkpoint(directory, "15M", "f32")
+    threads = max(int(t) for t in a.threads.split(","))
+    rows = []
+    for ctx in [int(c) for c in a.long_ctx.split(",")]:
+        text, n = prompt_text(run, ckpt, tok, ctx)  # BOS + >= ctx - 1 text tokens
+        path = directory / f"long-{ctx}.txt"
+        path.write_text(text)
+        scored = min(n, ctx) - 1
+        base = [run, ckpt, "-z", tok, "-m", "ppl", "-f", path]
+        long_t, short_t = [], []
+        for _ in range(a.reps):
+            t, _m = timed(base + ["--ctx", str(ctx)], threads)
+            ts, _m = timed(base + ["--ctx", "256"], threads)
+            long_t.append(t)
+            short_t.append(ts)
+        rows.append(dict(ctx=ctx, threads=threads, n=n, scored=scored, long=stats(long_t), short=stats(short_t)))
+        print(f"bench: ppl --ctx {ctx}: {fmt(rows[-1]['long'])} s per run", file=sys.stderr)
+    return rows
+
+
+def report_long(rows, a):
+    if not rows:
+        return
+    peak = fma_peak(pathlib.Path(a.dir))
+    print(f"\nlong-window perplexity: 15M shape, float32, -m ppl, {rows[0]['threads']} threads, "
+          f"{a.reps} repetitions, median (min-max); a text of about one window; "
+          "s per window = the whole process's time / windows")
+    print("peak: " + ("; ".join(peak) if peak else "unknown (tools/fma_peak.c did not build)"))
+    head = (f"{'ctx':>6} | {'s per window':>18} {'tok/s':>8} {'GFLOP/s':>8} | "
+            f"{'attention GFLOP/s (estimate)':>28} {'attention share':>15}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        if not r["long"]:
+            print(f"{r['ctx']:>6} | failed")
+            continue
+        windows = -(-(r["n"] - 1) // (r["ctx"] - 1))
+        per_window = r["long"][0] / windows
+        total, attention = flops("15M", r["ctx"], windows * (r["ctx"] - 1))
+        gflops = total / r["long"][0] / 1e9
+        att = ""
+        if r["short"] and r["long"][0] > r["short"][0]:
+            att_time = r["long"][0] - r["short"][0]
+            att = f"{attention / att_time / 1e9:28.1f} {attention / total:15.0%}"
+        print(f"{r['ctx']:>6} | {per_window:8.2f} ({r['long'][1] / windows:.2f}-{r['long'][2] / windows:.2f}) "
+              f"{r['scored'] / r['long'][0]:8.0f} {gflops:8.1f} | {att}")
+    print("Reference (issue 15, 2-core Xeon with AVX-512): llama.cpp's llama-perplexity about 1220 tok/s at "
+          "--ctx 4096 and 10.5 s per window at 8192 for this shape.")
 
 
 def report(rows, a):
