@@ -454,9 +454,11 @@ void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs)
             scale[g] = NAN; // the group's products come out NaN, as with float32 weights
             continue;
         }
+        // 1/s overflows to infinity when s is subnormal: then divide by s (|x / s| <= 127 always)
         float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+        int divide = isinf(inv);
         for (int i = 0; i < gs; i++) { // round half away from zero; |qv| <= 127
-            float v = xg[i] * inv;
+            float v = divide ? xg[i] / s : xg[i] * inv;
             qv[g * gs + i] = (int8_t)(int)(v + (v >= 0.0f ? 0.5f : -0.5f));
         }
         scale[g] = s;

@@ -82,7 +82,7 @@ def bad_checkpoint(base, kind, path):
         "bad-magic": b"GGUF" + data[4:],
         "reserved-nonzero": data[:200] + b"\x01" + data[201:],
         "version-0-with-magic": patched(data, version=0),
-        "version-2": patched(data, version=2),
+        "version-3": patched(data, version=3),
         "version-negative": patched(data, version=-1),
         "dim-zero": patched(data, dim=0),
         "dim-negative": patched(data, dim=-64),
@@ -138,7 +138,7 @@ def bad_checkpoint(base, kind, path):
 CHECKPOINT_CASES = [
     "missing", "directory", "empty", "three-bytes", "short-header", "header-only",
     "half-the-tensors", "last-byte-missing", "trailing-byte", "trailing-tensor", "bad-magic",
-    "reserved-nonzero", "version-0-with-magic", "version-2", "version-negative", "dim-zero",
+    "reserved-nonzero", "version-0-with-magic", "version-3", "version-negative", "dim-zero",
     "dim-negative", "dim-huge", "hidden-zero", "layers-zero", "layers-huge", "heads-zero",
     "kv-heads-zero", "kv-heads-not-dividing", "kv-heads-above-heads",
     "dim-not-divisible-by-heads", "odd-head-size", "vocab-zero", "vocab-huge", "seq-len-zero",

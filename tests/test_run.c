@@ -665,6 +665,11 @@ static void test_matmul_kernels(void) {
     for (int i = 4; i < 12; i++) zeros &= qx[i] == 0;
     CHECK(sx[0] == 4.0f / 127 && qx[3] == 127 && qx[1] == -64 && isnan(sx[1]) && isnan(sx[2]) && zeros,
           "quantize_q8 with NaN and infinity: scales %g %g %g", sx[0], sx[1], sx[2]);
+    // Values so small that 1/scale overflows (a subnormal scale; found by fuzz_checkpoint).
+    float tiny[4] = {1e-39f, -5e-40f, 0, 2e-45f};
+    quantize_q8(qx, sx, tiny, 1, 4, 4);
+    CHECK(qx[0] == 127 && qx[1] == -64 && qx[2] == 0 && qx[3] == 0 && sx[0] == 1e-39f / 127,
+          "quantize_q8 of subnormal values: q %d %d %d %d, scale %g", qx[0], qx[1], qx[2], qx[3], sx[0]);
 }
 
 /* causal attention in double, straight from the formula in run.c's
