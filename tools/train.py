@@ -74,12 +74,12 @@ Example (the command that trained models/model.bin is in models/README.md):
 
   .venv/bin/python tools/train.py --threads 1 --out-dir /tmp/train/final --export-dir models
 
-A retrieval-trained model with the bundled model's vocabulary (--tokenizer reuses
-its sentencepiece model: a tokenizer trained by another sentencepiece version would
-differ) written to models/retrieval/:
+The retrieval-trained model of models/retrieval/ (its card, models/retrieval/README.md,
+has the details), with the bundled model's vocabulary (--tokenizer reuses its
+sentencepiece model: a tokenizer trained by another sentencepiece version would differ):
 
   .venv/bin/python tools/train.py --threads 1 --tokenizer models/tokenizer.model \
-      --passkey-mix 0.25 --max-steps 1500 --passkey-eval-every 250 \
+      --passkey-mix 0.5 --passkey-answer-weight 8 --max-steps 4000 --passkey-eval-every 250 \
       --out-dir /tmp/train/retrieval --export-dir models/retrieval
 
 The defaults are the bundled model's settings; --help lists every flag.
