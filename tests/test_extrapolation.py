@@ -294,3 +294,261 @@ def test_stored_scaling_is_applied_and_flags_override(tmp_path, syn_tokenizer):
     d = run_ppl(plain, syn_tokenizer, text_file, ctx)
     assert a["scaling"] == "yarn" and a["nll"] == b["nll"]
     assert c["nll"] == d["nll"] and c["nll"] != a["nll"]
+
+
+# --------------------------------------------------------------------------
+# tools/extrapolation.py, the study: its plan, commands, statistics and
+# writers, on small synthetic results (no model runs; a few seconds).
+
+import json as _json
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent.parent / "tools"))
+import extrapolation as ex  # noqa: E402
+
+
+def _study(kind="ppl", name="bundled", L=256, factors=(1, 4), rows=ex.ROWS, **kw):
+    """A Study whose files sit where the real ones do (nothing is run)."""
+    ckpt = ex.ROOT / "models" / ("retrieval/model.bin" if kind == "passkey" else "model.bin")
+    if kind == "ppl":
+        kw.setdefault("text", _Path("/nonexistent-work/books.txt"))
+        kw.setdefault("text_recipe", ["head -c 100 heldout.txt > books.txt"])
+    else:
+        kw.setdefault("filler", _Path("/nonexistent-work/heldout.txt"))
+        kw.setdefault("depths", (0, 0.5, 1))
+        kw.setdefault("trials", 2)
+    return ex.Study(name, kind, kw.pop("ckpt", ckpt), kw.pop("tok", None), L, factors, rows, **kw)
+
+
+def test_method_flags_at_each_factor():
+    assert ex.method_flags("yarn", 4, 256) == ["--rope-scaling", "yarn", "--rope-factor", "4"]
+    assert ex.method_flags("ntk", 2, 8192) == ["--rope-scaling", "ntk", "--rope-factor", "4"]
+    assert ex.method_flags("ntk", 0.5, 8192) == [] and ex.method_flags("yarn", 1, 256) == []
+    assert ex.method_flags("sinks", 16, 256) == ["--sinks", "4"]
+    # Self-Extend: G = 2k when W = L/2 divides evenly; at 2 x 8192, G = 3 reaches 16383 < 16384
+    assert ex.method_flags("self-extend", 16, 256) == ["--self-extend", "32", "128"]
+    assert ex.self_extend_reach(3, 8192, 4096) == 16383
+    assert ex.method_flags("self-extend", 2, 8192) == ["--self-extend", "4", "4096"]
+    assert ex.method_flags("self-extend", 0.25, 8192) == ["--self-extend", "1", "4096"]
+    assert [ex.factor_label(k) for k in (0.25, 0.5, 1, 16)] == ["1/4x", "1/2x", "1x", "16x"]
+    with pytest.raises(ValueError):
+        ex.method_flags("rope-magic", 2, 256)
+
+
+def test_commands_are_exact_and_carry_no_machine_paths():
+    where = ex.Where("/nonexistent-work")
+    jobs = {(j["method"], j["k"]): j["shown"] for j in ex.ppl_jobs(_study(), where)}
+    assert len(jobs) == len(ex.ROWS) * 2
+    assert jobs[("yarn", 4)] == ("./run models/model.bin -m ppl -f books.txt --ctx 1024 --json --per-position "
+                                 "--rope-scaling yarn --rope-factor 4")
+    assert jobs[("none", 1)] == "./run models/model.bin -m ppl -f books.txt --ctx 256 --json --per-position"
+    assert jobs[("sinks", 4)] == (".venv/bin/python tools/extrapolation.py --stream-cell models/model.bin books.txt "
+                                  "--window 1024 --ctx 256")
+    stories = _study(name="stories260K", L=512, ckpt=ex.SHARED / "models" / "stories260K.bin",
+                     tok=ex.SHARED / "models" / "tok512.bin", text=_Path("/nonexistent-work/stories.txt"))
+    shown = {(j["method"], j["k"]): j["shown"] for j in ex.ppl_jobs(stories, where)}
+    assert shown[("none", 4)] == ("./run ../shared/models/stories260K.bin -z ../shared/models/tok512.bin -m ppl "
+                                  "-f stories.txt --ctx 2048 --json --per-position")
+    assert shown[("sinks", 1)].endswith("--window 512 --ctx 512 -z ../shared/models/tok512.bin")
+    pk = {(j["method"], j["k"]): j["shown"] for j in ex.passkey_jobs(_study("passkey", "retrieval"), where)}
+    assert pk[("llama3", 4)] == ("./run models/retrieval/model.bin -m passkey -f heldout.txt --ctx 1024 --lengths 1015 "
+                                 "--depths 0,0.5,1 --trials 2 --json --rope-scaling llama3 --rope-factor 4")
+    assert pk[("sinks", 4)] == ("./run models/retrieval/model.bin -m passkey -f heldout.txt --ctx 256 --lengths 1015 "
+                                "--depths 0,0.5,1 --trials 2 --json --sinks 4")
+    for cmd in list(jobs.values()) + list(shown.values()) + list(pk.values()):
+        assert "nonexistent-work" not in cmd and "/work" not in cmd and "/tmp" not in cmd, cmd
+
+
+def test_smollm2_runs_none_alone_up_to_its_training_context():
+    s = _study(name="smollm2", L=8192, factors=ex.SMOL_FACTORS, rows=ex.SMOL_ROWS)
+    jobs = ex.ppl_jobs(s, ex.Where())
+    ran = sorted((j["method"], j["k"]) for j in jobs)
+    assert ran == sorted([("none", k) for k in ex.SMOL_FACTORS] + [(m, 2) for m in ex.SMOL_ROWS if m != "none"])
+    fake = [dict(model="smollm2", method=j["method"], k=j["k"], ppl=10.0 + j["k"]) for j in jobs]
+    filled = ex.fill_same_as_none(fake, [s])
+    assert len(filled) == len(ex.SMOL_ROWS) * len(ex.SMOL_FACTORS)
+    copy = [r for r in filled if r["method"] == "yarn" and r["k"] == 0.5][0]
+    assert copy["same_as"] == "none" and copy["ppl"] == 10.5
+    assert not any(r.get("same_as") for r in filled if r["k"] == 2)
+
+
+def test_quick_subset_is_small_and_covers_every_kind_of_cell():
+    def count(config, L=256):
+        n = 0
+        for name, cfg in config.items():
+            s = _study(cfg["kind"], name, 8192 if name.startswith("smollm2") else L, cfg["factors"], cfg["rows"],
+                       **({"depths": cfg["depths"], "trials": cfg["trials"]} if cfg["kind"] == "passkey" else {}))
+            jobs = ex.ppl_jobs(s, ex.Where()) if cfg["kind"] == "ppl" else ex.passkey_jobs(s, ex.Where())
+            n += sum(j["cost"] for j in jobs)
+        return n
+    assert set(ex.QUICK["bundled"]["rows"]) == set(ex.ROWS) and set(ex.QUICK["retrieval"]["rows"]) == set(ex.ROWS)
+    assert any(k > 1 for k in ex.QUICK["bundled"]["factors"]) and 1 in ex.QUICK["bundled"]["factors"]
+    assert set(ex.QUICK) <= set(ex.FULL)
+    assert count(ex.QUICK) * 20 < count(ex.FULL)  # the quick plan's estimated work is under 5% of the study's
+
+
+def _segment_parts(token_nlls, round6=True):
+    """What run -m ppl --json reports for each segment (6 significant digits)."""
+    parts = []
+    for seg in token_nlls:
+        a = np.asarray(seg, dtype=np.float64)
+        se = a.std(ddof=1) / math.sqrt(len(a))
+        r6 = (lambda v: float(f"{v:.6g}")) if round6 else (lambda v: v)
+        parts.append(dict(tokens=len(a), nll=r6(a.mean()), nll_se=r6(se), ctx=8, sinks=4,
+                          per_position=[None] + [float(x) for x in a]))
+    return parts
+
+
+def test_combined_segments_equal_one_run_over_all_tokens():
+    rng = np.random.default_rng(3)
+    segs = [rng.gamma(2.0, 2.0, n) for n in (40, 40, 17)]
+    got = ex.combine_scores(_segment_parts(segs))
+    allv = np.concatenate(segs)
+    n = len(allv)
+    assert got["tokens"] == n and got["windows"] == 3 and got["streaming"] is True
+    assert abs(got["nll"] - allv.mean()) < 1e-5
+    assert abs(got["nll_se"] - allv.std(ddof=1) / math.sqrt(n)) < 1e-5
+    m = allv.mean()
+    se_w = math.sqrt(3 / 2 * sum((s.sum() - m * len(s)) ** 2 for s in segs)) / n  # run's nll_se_windows
+    assert abs(got["nll_se_windows"] - se_w) < 1e-5
+    assert abs(got["ppl_lo"] - math.exp(m - 1.96 * got["nll_se"])) < 1e-6 * got["ppl"]
+    # position 10: the mean of the three segments' tokens there; position 30: the two long ones only
+    assert abs(got["per_position"][10] - np.mean([s[9] for s in segs])) < 1e-9
+    assert abs(got["per_position"][30] - np.mean([segs[0][29], segs[1][29]])) < 1e-9
+    assert got["per_position"][0] is None and got["ctx"] == 8
+
+
+def _words(text):  # a fake tokenizer: every word is two tokens
+    return 2 * len(text.split())
+
+
+def test_segments_are_the_longest_pieces_cut_at_white_space():
+    text = " ".join(f"w{i}" for i in range(101)) + "\n\nend  of\ttext"
+    segs = ex.split_segments(text, 20, _words)
+    assert all(_words(s) <= 20 for s in segs) and all(s == s.strip() for s in segs)
+    assert all(_words(s) == 20 for s in segs[:-1])  # each as long as fits (10 words)
+    assert " ".join(segs).split() == text.split()
+    with pytest.raises(ValueError):
+        ex.split_segments("short averyveryverylongword", 1, lambda t: len(t))
+
+
+def test_prefix_bytes_is_what_head_c_cuts():
+    text = "Café déjà vu. " * 300
+    prefix, nbytes = ex.prefix_bytes(text, 50, _words)
+    assert _words(prefix) <= 50 and _words(text[:len(prefix) + 8]) > 50
+    assert text.encode("utf-8")[:nbytes].decode("utf-8") == prefix and nbytes > len(prefix)
+
+
+def test_wilson_interval():
+    assert ex.wilson(0, 10) == (0.0, pytest.approx(0.2775, abs=1e-4))
+    lo, hi = ex.wilson(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    assert ex.wilson(10, 10)[1] == 1.0 and ex.wilson(10, 10)[0] == pytest.approx(0.7225, abs=1e-4)
+    assert ex.passkey_cell(7, 10) == "7/10" and ex.passkey_cell(7, 10, interval=True) == "7/10 [40%, 89%]"
+
+
+def test_log_bins():
+    values = [None, 1.0, 2.0, 3.0, 5.0, 7.0, None, 9.0, 11.0]
+    bins = ex.log_bins(values, per_octave=1)  # [1], [2, 3], [4..7], [8]
+    assert [(b[0], b[1]) for b in bins] == [(1, 1), (2, 3), (4, 7), (8, 8)]
+    assert bins[0][3] is None and bins[1][2] == 2.5 and bins[2][2] == 7.0
+    assert bins[2][3] == pytest.approx(2.0 / math.sqrt(3))  # sd 2 of (5, 7, 9), over sqrt(3)
+
+
+def _ppl_row(model, method, k, L, ppl, windows, tokens=1000, se_w=0.05, **kw):
+    nll = math.log(ppl)
+    r = dict(model=model, method=method, k=k, ctx=round(k * L), train_ctx=L, flags="", tokens=tokens,
+             windows=windows, nll=nll, ppl=ppl, nll_se=0.01, nll_se_windows=se_w if windows > 1 else None,
+             ppl_lo=math.exp(nll - 0.0196), ppl_hi=math.exp(nll + 0.0196),
+             command=f"./run m -m ppl --ctx {round(k * L)} # {method}", per_position=[None, 5.0, 4.0, 3.0])
+    r.update(kw)
+    return r
+
+
+def test_ppl_table_shows_intervals_windows_and_commands():
+    s = _study(name="smollm2", L=8192, factors=(0.25, 2), rows=("none", "yarn", "sinks"),
+               text_recipe=["make the text"], data="books")
+    rows = [_ppl_row("smollm2", "none", 0.25, 8192, 21.3, 8), _ppl_row("smollm2", "none", 2, 8192, 25.0, 1),
+            _ppl_row("smollm2", "yarn", 2, 8192, 19.04, 1),
+            _ppl_row("smollm2", "sinks", 2, 8192, 150.5, 1, streaming=True, segment_command="./run seg")]
+    rows = ex.fill_same_as_none(rows, [s])
+    text = "\n".join(ex.ppl_table(s, rows))
+    assert "| method | 1/4x (2048) | 2x (16384) |" in text
+    assert "| none | 21.30 [20.89, 21.72] | 25.00 [24.51, 25.49] |" in text
+    assert "| yarn | = none | 19.04 [18.67, 19.42] |" in text and "| sinks (4) | = none | 150.5 [" in text
+    assert "| windows per cell | 8 | 1 |" in text and "n/a (1 window)" in text and "±0.098" in text
+    assert "The 2x column rests on fewer than 4 windows" in text
+    cmds = text.split("```")[1].splitlines()
+    assert cmds[1] == "make the text"
+    assert cmds.count("./run m -m ppl --ctx 16384 # yarn") == 1 and "# yarn, 1/4x" not in text
+    assert "# ./run seg" in text
+
+
+def test_passkey_table_counts_and_intervals():
+    s = _study("passkey", "retrieval", factors=(1, 2), rows=("none", "sinks"), depths=(0, 1), trials=5)
+
+    def res(method, k, correct):
+        return dict(model="retrieval", method=method, k=k, ctx=256 * k, length=256 * k - 9, command=f"cmd {method} {k}",
+                    cells=[dict(depth=d, correct=c, trials=5) for d, c in zip((0, 1), correct)])
+    rows = [res("none", 1, (5, 4)), res("none", 2, (0, 1)), res("sinks", 1, (5, 5)), res("sinks", 2, (0, 5))]
+    text = "\n".join(ex.passkey_table(s, rows))
+    assert "| method | 1x (247) | 2x (503) |" in text
+    assert "| none | 9/10 [60%, 98%] | 1/10 [2%, 40%] |" in text
+    assert "| sinks | 1 | 5/5 | 5/5 |" in text and "| sinks | 0 | 5/5 | 0/5 |" in text
+    assert "cmd sinks 2" in text and "5 trials per (length, depth)" in text
+
+
+def test_write_outputs_makes_every_file_without_machine_paths(tmp_path):
+    ppl_s = _study(factors=(1, 4), rows=("none", "sinks"))
+    pk_s = _study("passkey", "retrieval", factors=(1, 4), rows=("none", "sinks"), depths=(0, 1), trials=2)
+    ppl = [_ppl_row("bundled", m, k, 256, 80.0 + k, 9 if k == 1 else 3) for m in ("none", "sinks") for k in (1, 4)]
+    passkey = [dict(model="retrieval", method=m, k=k, ctx=256 * k, length=256 * k - 9, command="cmd",
+                    cells=[dict(depth=d, correct=1, trials=2, runs=[]) for d in (0, 1)])
+               for m in ("none", "sinks") for k in (1, 4)]
+    meta = dict(command="extrapolation.py", wall_s=90.0, jobs=2, cpus=2, run_seconds={}, load_before=0.5, cpu_s=170)
+    files = ex.write_outputs(ppl, passkey, [ppl_s, pk_s], tmp_path, meta)
+    for name in ("results.json", "results.csv", "passkey.csv", "table.md", "ppl_vs_ctx.png", "nll_vs_position.png",
+                 "passkey_retrieval.png"):
+        assert name in files and (tmp_path / name).stat().st_size > 100, name
+    saved = _json.loads((tmp_path / "results.json").read_text())
+    assert "per_position" not in saved["ppl"][0] and len(saved["passkey"]) == 4
+    assert "1.5 minutes" in (tmp_path / "table.md").read_text()
+    for name in ("results.json", "results.csv", "passkey.csv", "table.md"):
+        body = (tmp_path / name).read_text()
+        assert "/tmp" not in body and "/work" not in body and str(tmp_path) not in body, name
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--studies", "bundled,nope"], "unknown study nope"),
+    (["--stream-cell", "a.bin", "b.txt"], "--stream-cell needs --window E and --ctx L"),
+    (["--stream-cell", "no-such.bin", "b.txt", "--window", "8", "--ctx", "4"], "no-such.bin: no such file"),
+])
+def test_bad_arguments_exit_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        ex.main(argv)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_smollm2_passkey_plan_lists_the_cells_left_out():
+    cfg = ex.FULL["smollm2-passkey"]
+    s = _study("passkey", "smollm2-passkey", 8192, cfg["factors"], cfg["rows"], depths=cfg["depths"],
+               trials=cfg["trials"], at=cfg["at"], ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin")
+    ran = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where())}
+    left = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where(), not_run=True)}
+    assert set(ran) == {("none", k) for k in ex.SMOL_FACTORS} | {("yarn", 2)}
+    assert set(left) == {("ntk", 2), ("self-extend", 2), ("sinks", 2)}
+    assert ran[("none", 2)]["shown"].endswith("--ctx 16384 --lengths 16375 --depths 0 --trials 1 --json")
+    assert "--depths 0,0.5,1 --trials 2" in ran[("none", 0.5)]["shown"]
+    assert left[("sinks", 2)]["shown"].endswith("--ctx 8192 --lengths 16375 --depths 0 --trials 1 --json --sinks 4")
+    results = [dict(model=s.name, method=m, k=k, cells=[dict(depth=d, correct=0, trials=s.trials_at(k))
+                                                        for d in s.depths_at(k)], command=j["shown"])
+               for (m, k), j in ran.items()]
+    results += [dict(model=s.name, method=m, k=k, cells=[], not_run=True, command=j["shown"])
+                for (m, k), j in left.items()]
+    text = "\n".join(ex.passkey_table(s, ex.fill_same_as_none(results, [s])))
+    assert text.startswith("### smollm2: passkey accuracy")
+    assert "| ntk | = none | = none | = none | not run |" in text
+    assert "| yarn | = none | = none | = none | 0/1 [0%, 79%] |" in text
+    assert "| none | 0.5 | 0/2 | 0/2 | 0/1 |  |" in text  # depth 0.5 is not measured at 2x
+    assert "# sinks, 2x: not run\n" + left[("sinks", 2)]["shown"] in text
