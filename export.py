@@ -112,6 +112,10 @@ ROPE_LAYOUTS = ("interleaved", "neox")  # index = value in the header
 ROPE_SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
 BIAS_QKV, BIAS_O, BIAS_MLP = 1, 2, 4  # bias_flags bits (model.h)
 MAX_CTX = 1 << 24  # run.c's limit on any context length
+MAX_ATTN_FACTOR = 1e3  # run.c's limit on rope_attn_factor
+MAX_ROPE_PARAM = 1e6   # run.c's limit on yarn_beta_fast/slow and llama3_low/high_freq
+FLT_MAX = float(np.finfo(np.float32).max)
+FLT_MIN_NORMAL = float(np.finfo(np.float32).tiny)
 
 # The header, in model.h's order. Each entry: (name, struct code). Fields that
 # are not in the user-facing config (magic, version, weight_type, group_size)
@@ -349,9 +353,12 @@ def normalize_config(cfg):
     if c["rope_scaling"] == "llama3" and not c["llama3_high_freq"] > c["llama3_low_freq"] > 0:
         raise ExportError(f"config llama3_low_freq={c['llama3_low_freq']}, llama3_high_freq="
                           f"{c['llama3_high_freq']}: expected high > low > 0")
-    if c["rope_attn_factor"] < 0:
-        raise ExportError(f"config rope_attn_factor={c['rope_attn_factor']} must be >= 0 "
-                          "(0 = derive from the factor)")
+    for k in ("yarn_beta_fast", "yarn_beta_slow", "llama3_low_freq", "llama3_high_freq"):
+        if not 0 <= c[k] <= MAX_ROPE_PARAM:
+            raise ExportError(f"config {k}={c[k]:g} must be in [0, {MAX_ROPE_PARAM:g}] (run refuses larger values)")
+    if not 0 <= c["rope_attn_factor"] <= MAX_ATTN_FACTOR:
+        raise ExportError(f"config rope_attn_factor={c['rope_attn_factor']} must be in [0, {MAX_ATTN_FACTOR:g}] "
+                          "(0 = derive from the factor; run refuses larger values)")
     for k in ("qkv_bias", "o_bias", "mlp_bias"):
         if not isinstance(c[k], (bool, np.bool_)):
             raise ExportError(f"config {k}={c[k]!r} is not true or false")
@@ -1012,6 +1019,15 @@ def read_hf_weights(directory):
 HF_FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "phi3": "Phi3ForCausalLM"}
 HF_ARCHITECTURES = tuple(HF_FAMILIES.values())
+# What each family's config class gives a key the config.json leaves out
+# (transformers' LlamaConfig, MistralConfig, Qwen2Config, Phi3Config);
+# num_key_value_heads None: the number of attention heads.
+HF_DEFAULTS = {
+    "llama": dict(max_position_embeddings=2048, rms_norm_eps=1e-6, num_key_value_heads=None),
+    "mistral": dict(max_position_embeddings=131072, rms_norm_eps=1e-6, num_key_value_heads=8),
+    "qwen2": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, num_key_value_heads=32),
+    "phi3": dict(max_position_embeddings=4096, rms_norm_eps=1e-5, num_key_value_heads=None),
+}
 HF_SCALING_KEYS = {
     "linear": {"factor"},
     "dynamic": {"factor"},
@@ -1212,8 +1228,12 @@ def _hf_rope_scaling(where, config, seq_len, notes, family="llama", rot=None):
                 got = f"a list of {len(v)}" if isinstance(v, list) else _js(v)
                 raise ExportError(f"{what}: longrope {k} must be a list of {n} numbers (one per "
                                   f"rotated pair), got {got}")
-            arrays["rope_" + k] = np.array([_number(what, f"{k}[{i}]", x) for i, x in enumerate(v)],
-                                           dtype=np.float32)
+            values = [_number(what, f"{k}[{i}]", x) for i, x in enumerate(v)]
+            for i, x in enumerate(values):  # run divides frequencies by them, as float32
+                if not FLT_MIN_NORMAL <= x <= FLT_MAX:
+                    raise ExportError(f"{what}: longrope {k}[{i}]={x!r}: expected a positive value that "
+                                      f"float32 holds ({FLT_MIN_NORMAL:g} to {FLT_MAX:g})")
+            arrays["rope_" + k] = np.array(values, dtype=np.float32)
         s = factor(required=False)
         if s is None:
             s = seq_len / L
@@ -1262,7 +1282,8 @@ def _hf_biases(where, config, family, notes):
     if family == "qwen2":  # Qwen2Attention: q, k, v with bias=True, o without, whatever the config
         return True, False, False
     if family == "llama":
-        att, mlp = config.get("attention_bias", False), config.get("mlp_bias", False)
+        att, mlp = config.get("attention_bias"), config.get("mlp_bias")
+        att, mlp = (False if v is None else v for v in (att, mlp))  # absent or null: no bias
         for key, v in (("attention_bias", att), ("mlp_bias", mlp)):
             if not isinstance(v, bool):
                 raise ExportError(f"{where}: {key}={_js(v)} is not true or false")
@@ -1334,6 +1355,10 @@ def hf_config(config, where="config.json"):
         if config.get(key) is None:
             raise ExportError(f"{where}: {key} is missing")
         _integer(where, key, config[key])
+    defaults, name = HF_DEFAULTS[family], HF_FAMILIES[family].replace("ForCausalLM", "Config")
+    if config.get("num_key_value_heads") is None and defaults["num_key_value_heads"] is not None:
+        config = dict(config, num_key_value_heads=defaults["num_key_value_heads"])
+        notes.append(f"num_key_value_heads absent: using {defaults['num_key_value_heads']} (the {name} default)")
     dim, heads, kv = _head_counts(where, config, "hidden_size", "num_attention_heads", "num_key_value_heads")
     hs = dim // heads
     if config.get("head_dim") is not None and config["head_dim"] != hs:
@@ -1345,13 +1370,13 @@ def hf_config(config, where="config.json"):
 
     seq_len = config.get("max_position_embeddings")
     if seq_len is None:
-        seq_len = 2048
-        notes.append("max_position_embeddings absent: using 2048 (the LlamaConfig default)")
+        seq_len = defaults["max_position_embeddings"]
+        notes.append(f"max_position_embeddings absent: using {seq_len} (the {name} default)")
     seq_len = _integer(where, "max_position_embeddings", seq_len)
     eps = config.get("rms_norm_eps")
     if eps is None:
-        eps = 1e-6
-        notes.append("rms_norm_eps absent: using 1e-6 (the LlamaConfig default)")
+        eps = defaults["rms_norm_eps"]
+        notes.append(f"rms_norm_eps absent: using {eps:g} (the {name} default)")
     eps = _number(where, "rms_norm_eps", eps)
 
     rp = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}

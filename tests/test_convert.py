@@ -864,6 +864,18 @@ HF_BAD = [
     ("longrope-negative-factor",
      _config_change(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
                                   "long_factor": [2.0] * 7 + [-1.0]}), ["long_factor[7]"]),
+    ("longrope-factor-float32-underflows",
+     _config_change(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 7 + [1e-50],
+                                  "long_factor": [2.0] * 8}), ["short_factor[7]", "float32"]),
+    ("longrope-factor-float32-overflows",
+     _config_change(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                  "long_factor": [1e300] + [2.0] * 7}), ["long_factor[0]", "float32"]),
+    ("attention-factor-beyond-run", _config_change(rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                                                 "attention_factor": 5000.0}),
+     ["rope_attn_factor=5000", "1000"]),
+    ("yarn-beta-beyond-run", _config_change(rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                                          "beta_fast": 1e7}),
+     ["yarn_beta_fast=1e+07"]),
     ("unknown-rope-type-old-key", _config_change(rope_scaling={"type": "ntk-by-parts",
                                                                "factor": 2.0}),
      ["ntk-by-parts"]),
@@ -908,6 +920,31 @@ HF_BAD = [
     ("safetensors-header-nested-deeply", _file_change("header-nested-deeply"),
      ["nested too deeply"]),
 ]
+
+
+@pytest.mark.parametrize("family, absent, key, expect", [
+    ("phi3", "rms_norm_eps", "norm_eps", 1e-5),
+    ("llama", "rms_norm_eps", "norm_eps", 1e-6),
+    ("qwen2", "max_position_embeddings", "seq_len", 32768),
+    ("mistral", "max_position_embeddings", "seq_len", 131072),
+    ("mistral", "num_key_value_heads", "n_kv_heads", 8),
+    ("llama", "num_key_value_heads", "n_kv_heads", 8),
+])
+def test_hf_absent_keys_take_the_family_default(family, absent, key, expect):
+    """A key config.json leaves out gets what that family's transformers config
+    class gives it (LlamaConfig's defaults are not every family's), with a note."""
+    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "phi3": "Phi3ForCausalLM"}[family]
+    config = hf_config(architectures=[arch], model_type=family, num_attention_heads=8, **{absent: None})
+    cfg, _, notes = export.hf_config(config)
+    assert cfg[key] == pytest.approx(expect, rel=1e-6), (cfg[key], expect)
+    if not (family == "llama" and absent == "num_key_value_heads"):  # LlamaConfig: absent = every head, no note
+        assert any(absent in n and "default" in n for n in notes), notes
+
+
+def test_hf_null_attention_bias_means_none():
+    cfg, _, _ = export.hf_config(hf_config() | {"attention_bias": None, "mlp_bias": None})
+    assert not cfg["qkv_bias"] and not cfg["o_bias"] and not cfg["mlp_bias"]
 
 
 def _bad_hf_dir(tmp_path, change):
