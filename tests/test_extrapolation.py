@@ -552,3 +552,20 @@ def test_smollm2_passkey_plan_lists_the_cells_left_out():
     assert "| yarn | = none | = none | = none | 0/1 [0%, 79%] |" in text
     assert "| none | 0.5 | 0/2 | 0/2 | 0/1 |  |" in text  # depth 0.5 is not measured at 2x
     assert "# sinks, 2x: not run\n" + left[("sinks", 2)]["shown"] in text
+
+
+def test_ppl_cells_left_out_are_listed_with_their_commands():
+    cfg = ex.FULL["smollm2"]
+    s = _study(name="smollm2", L=8192, factors=cfg["factors"], rows=cfg["rows"], at=cfg["at"], note=cfg["note"],
+               text_recipe=["make the text"])
+    ran = {(j["method"], j["k"]) for j in ex.ppl_jobs(s, ex.Where())}
+    left = {(j["method"], j["k"]): j for j in ex.ppl_jobs(s, ex.Where(), not_run=True)}
+    assert ran == {("none", k) for k in ex.SMOL_FACTORS} | {("ntk", 2), ("yarn", 2)}
+    assert set(left) == {("self-extend", 2), ("sinks", 2)}
+    rows = [_ppl_row("smollm2", m, k, 8192, 20.0, 8 if k < 1 else 1) for m, k in sorted(ran)]
+    rows += [dict(model="smollm2", method=m, k=k, ctx=16384, train_ctx=8192, flags="", command=j["shown"],
+                  not_run=True) for (m, k), j in left.items()]
+    text = "\n".join(ex.ppl_table(s, ex.fill_same_as_none(rows, [s])))
+    assert "| self-extend | = none | = none | = none | not run |" in text
+    assert "\"not run\": left out to keep the study's time (Self-Extend and sinks" in text
+    assert "# sinks, 2x: not run\n" + left[("sinks", 2)]["shown"] in text

@@ -21,7 +21,8 @@ Studies (each skipped with a message when its files are absent):
   smollm2      perplexity and passkey, models/smollm2/model-q8_0.bin (`make smollm2`;
                SmolLM2-135M-Instruct, L = 8192), k = 1/4, 1/2, 1, 2, methods none,
                ntk, yarn, self-extend, sinks; few windows and trials (it scores about
-               100-200 tokens/s on one core), which its tables say
+               60-100 tokens/s on one core), which its tables say; at 2x Self-Extend
+               and sinks, which go token by token, are left out (an hour or more each)
 
 Methods at context E = k L (the literature's choices; at k <= 1 no scaling):
     none          plain RoPE
@@ -113,7 +114,13 @@ FULL = {
     "bundled": dict(kind="ppl", factors=FACTORS, rows=ROWS, tokens=16384),
     "stories260K": dict(kind="ppl", factors=FACTORS, rows=ROWS, tokens=16384),
     "retrieval": dict(kind="passkey", factors=FACTORS, rows=ROWS, depths=DEPTHS, trials=5),
-    "smollm2": dict(kind="ppl", factors=SMOL_FACTORS, rows=SMOL_ROWS, tokens=16384),
+    # Self-Extend and sinks go token by token through the pre-RoPE cache; on
+    # SmolLM2 at 2x (one window of 16384 tokens) each such cell was still
+    # running after 15 CPU-minutes, an hour or more each: not run.
+    "smollm2": dict(kind="ppl", factors=SMOL_FACTORS, rows=SMOL_ROWS, tokens=16384,
+                    at={2: dict(rows=("none", "ntk", "yarn"))},
+                    note="Self-Extend and sinks score SmolLM2 token by token through the pre-RoPE cache: at 2x "
+                         "each cell was still running after 15 CPU-minutes, about an hour or more each"),
     # A 16k-token prompt costs SmolLM2 5-6 CPU-minutes (none, yarn), and more
     # than twice that through the pre-RoPE cache of Self-Extend and sinks: at 2x
     # one key, at depth 0 (the farthest), for none and yarn; the rest not run.
@@ -408,7 +415,9 @@ def fmt(v):
 
 
 def ppl_cell(r):
-    """'88.16 [86.90, 89.45]'; '= none' for a cell that is none's run."""
+    """'88.16 [86.90, 89.45]'; '= none' for a cell that is none's run; 'not run'."""
+    if r.get("not_run"):
+        return "not run"
     if r.get("same_as"):
         return f"= {r['same_as']}"
     return f"{fmt(r['ppl'])} [{fmt(r['ppl_lo'])}, {fmt(r['ppl_hi'])}]"
@@ -490,12 +499,13 @@ def job_cost(study, method, tokens, E):
     return tokens * (1 + E / 2048) * size * (4 if one_at_a_time else 1)
 
 
-def ppl_jobs(study, where):
-    """[(study, method, k, command-to-show, runner)] for a perplexity study."""
+def ppl_jobs(study, where, not_run=False):
+    """[(study, method, k, command-to-show, runner)] for a perplexity study; with
+    not_run, the cells left out for time instead (their commands)."""
     jobs = []
     for m in study.rows:
         for k in study.factors:
-            if study.same_as_none(m, k):
+            if study.same_as_none(m, k) or study.not_run(m, k) != not_run:
                 continue
             E = study.ctx(k)
             if m == "sinks":
@@ -577,8 +587,10 @@ def windows_note(rows_by_k, factors):
 
 
 def ppl_table(study, results):
-    """Markdown lines: one study's perplexity table, its notes and its commands."""
-    rows = [r for r in results if r["model"] == study.name]
+    """Markdown lines: one study's perplexity table, its notes and its commands.
+    A result with not_run is a cell left out for time (its command is listed)."""
+    listed = [r for r in results if r["model"] == study.name]
+    rows = [r for r in listed if not r.get("not_run")]  # the cells measured
     if not rows:
         return []
     none = {r["k"]: r for r in rows if r["method"] == "none"}
@@ -594,7 +606,7 @@ def ppl_table(study, results):
     for m in study.rows:
         cells = []
         for k in study.factors:
-            hit = [r for r in rows if r["method"] == m and r["k"] == k]
+            hit = [r for r in listed if r["method"] == m and r["k"] == k]
             cells.append(ppl_cell(hit[0]) if hit else "")
         label = f"sinks ({SINKS})" if m == "sinks" else m
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -615,13 +627,16 @@ def ppl_table(study, results):
     if any(r.get("same_as") for r in rows):
         lines.append("\"= none\": at k <= 1 the method changes nothing (no scaling; Self-Extend G = 1; a cache "
                      "that never fills), so the cell is none's run.")
+    if any(r.get("not_run") for r in listed):
+        lines.append("\"not run\": left out to keep the study's time" + (f" ({study.note})" if study.note else "")
+                     + "; its command is listed below.")
     lines += ["", "Commands (from the repository root, after `make`):", "", "```"]
     lines += study.text_recipe
     for m in study.rows:
         for k in study.factors:
-            hit = [r for r in rows if r["method"] == m and r["k"] == k and not r.get("same_as")]
+            hit = [r for r in listed if r["method"] == m and r["k"] == k and not r.get("same_as")]
             if hit:
-                lines.append(f"# {m}, {factor_label(k)}")
+                lines.append(f"# {m}, {factor_label(k)}" + (": not run" if hit[0].get("not_run") else ""))
                 lines.append(hit[0]["command"])
     seg = [r["segment_command"] for r in rows if r.get("segment_command")]
     if seg:
@@ -741,7 +756,7 @@ def write_csvs(ppl, passkey, out):
         w = csv.writer(f)
         w.writerow(["model", "method", "k", "ctx", "train_ctx", "flags", "tokens", "windows", "nll", "nll_se",
                     "nll_se_windows", "ppl", "ppl_lo", "ppl_hi", "same_as", "command"])
-        for r in ppl:
+        for r in (r for r in ppl if not r.get("not_run")):  # the cells measured; results.json lists all
             g = lambda key, f: "" if r.get(key) is None else f.format(r[key])  # noqa: E731
             w.writerow([r["model"], r["method"], r["k"], r["ctx"], r["train_ctx"], r["flags"], r["tokens"],
                         r["windows"], g("nll", "{:.5f}"), g("nll_se", "{:.5f}"), g("nll_se_windows", "{:.5f}"),
@@ -768,7 +783,7 @@ def plot_ppl(ppl, studies, out):
     for ax, s in zip(axes[0], studies):
         for m in s.rows:
             pts = sorted((r["ctx"], r["ppl"], r["ppl_lo"], r["ppl_hi"]) for r in ppl
-                         if r["model"] == s.name and r["method"] == m)
+                         if r["model"] == s.name and r["method"] == m and not r.get("not_run"))
             if not pts:
                 continue
             x, y = [p[0] for p in pts], [p[1] for p in pts]
@@ -935,7 +950,7 @@ def make_studies(config, work, tokens_override=None, passkey_ckpt=None):
         (work / fname).write_bytes(prefix.encode("utf-8"))
         recipe = ([heldout_recipe] if source == "heldout.txt" else []) + [f"head -c {nbytes} {source} > {fname}"]
         return Study(name, "ppl", ckpt, tok, train_ctx(ckpt), cfg["factors"], cfg["rows"], data=data,
-                     text=work / fname, text_recipe=recipe, tokens=n)
+                     text=work / fname, text_recipe=recipe, tokens=n, at=cfg.get("at"), note=cfg.get("note", ""))
 
     books_desc = "held-out books (Moby Dick, Pride and Prejudice) from their start"
     for name, cfg in config.items():
@@ -1077,6 +1092,9 @@ def main(argv=None):
         except RuntimeError as e:
             sys.exit(f"extrapolation: {e}")
         ppl = [ppl_result(j, r) for j, r, _ in done if j["study"].kind == "ppl"]
+        ppl += [dict(model=j["study"].name, method=j["method"], k=j["k"], ctx=j["ctx"], train_ctx=j["study"].L,
+                     flags=j["flags"], command=j["shown"], not_run=True)
+                for s in studies if s.kind == "ppl" for j in ppl_jobs(s, where, not_run=True)]
         passkey = [passkey_result(j, r) for j, r, _ in done if j["study"].kind == "passkey"]
         passkey += [dict(model=j["study"].name, method=j["method"], k=j["k"], ctx=j["ctx"], length=j["length"],
                          train_ctx=j["study"].L, flags=j["flags"], command=j["shown"], not_run=True, cells=[])
