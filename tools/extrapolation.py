@@ -771,6 +771,17 @@ def write_csvs(ppl, passkey, out):
                             c["trials"], r.get("same_as", ""), "" if r.get("same_as") else r["command"]])
 
 
+def finish_axes(ax, L, xlabel, ylabel, title):
+    """A log2 x axis with the training context L marked, labels, grid, legend."""
+    ax.set_xscale("log", base=2)
+    ax.axvline(L, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def plot_ppl(ppl, studies, out):
     import matplotlib
     matplotlib.use("Agg")
@@ -790,14 +801,9 @@ def plot_ppl(ppl, studies, out):
             err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
             ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, label=m if m != "sinks" else f"sinks ({SINKS})",
                         ls="--" if m == "sinks" else "-")
-        ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.axvline(s.L, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("perplexity (bars: 95% interval)")
-        ax.set_title(f"{s.name}: perplexity vs context (L = {s.L})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        finish_axes(ax, s.L, "context length (tokens)", "perplexity (bars: 95% interval)",
+                    f"{s.name}: perplexity vs context (L = {s.L})")
     fig.tight_layout()
     fig.savefig(out / "ppl_vs_ctx.png", dpi=110)
     plt.close(fig)
@@ -816,13 +822,8 @@ def plot_ppl(ppl, studies, out):
             band = [(x, b[2], b[3]) for x, b in zip(xs, bins) if b[3] is not None]
             ax.fill_between([b[0] for b in band], [b[1] - Z95 * b[2] for b in band],
                             [b[1] + Z95 * b[2] for b in band], color=line.get_color(), alpha=0.15, lw=0)
-        ax.axvline(s.L, color="grey", lw=0.8, ls="--")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("position in the window (tokens)")
-        ax.set_ylabel("NLL (nats): mean per quarter octave, 95% band")
-        ax.set_title(f"{s.name}: NLL by position at {factor_label(kmax)} (ctx {s.ctx(kmax)})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        finish_axes(ax, s.L, "position in the window (tokens)", "NLL (nats): mean per quarter octave, 95% band",
+                    f"{s.name}: NLL by position at {factor_label(kmax)} (ctx {s.ctx(kmax)})")
     fig.tight_layout()
     fig.savefig(out / "nll_vs_position.png", dpi=110)
     plt.close(fig)
