@@ -2,7 +2,8 @@
  * computes). Sections:
  *   1. KV cache elements: float32 or IEEE half, and the weighted sum of rows
  *   2. SIMD kernels (AVX2 + FMA), each beside its portable C version
- *   3. attention over the cache: scores, and a block of queries as matrix products
+ *   3. attention over the cache: one query's scores; a block of queries in
+ *      tiles, with an online softmax (flash attention)
  *   4. matmul over float32 or q8_0 weights: chunks of rows over threads,
  *      tiles of rows x tokens within a chunk
  * Every function computes exactly the formula in its first comment line (or
@@ -380,38 +381,170 @@ void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_
     for (; j < n_keys; j++) out[j] = kv_dot(q, cache, kv_type, offset + (size_t)j * stride, n);
 }
 
-/* A block of queries against the cache as two matrix products per head
- * (kernels.h). With SIMD both go through the column kernel: a key, once
- * loaded, serves 16 queries, and a row of weights 16 output dims. Results
- * equal the one-query path up to float summation order. */
-int kv_block_fits(int head_size, int key_type, int value_type) {
-    return HAVE_SIMD && use_simd && head_size % 8 == 0 && key_type == KV_F32 && value_type == KV_F32;
+/* attention_block (kernels.h's formula) works on tiles: ATT_QUERIES queries
+ * of one head against ATT_KEYS keys at a time. With AVX2 both products of a
+ * tile go through the column kernel, 12 sums in registers: scores as 6 keys x
+ * 16 queries (one load of a key value serves 16 queries), and the weighted
+ * sum of values as 6 queries x 16 of their head_size outputs. The key and
+ * value tiles of 48 rows (12 KiB each at head_size 64) stay in L1 while the
+ * queries pass over them; a query tile's output, m and l stay there too.
+ * Per thread, scratch (attention_block_floats):
+ *   q_t    (head_size, ATT_QUERIES) the tile's queries transposed, zero past them
+ *   p      (ATT_ROWS, ATT_KEYS)     scores, then exp(s - m'); rows past the queries zero
+ *   pv     (ATT_ROWS, head_size)    p @ v
+ *   k, v   (ATT_KEYS, head_size)    an f16 cache's key and value tile as float32
+ *   m, l, alpha (ATT_QUERIES)       running maximum and sum, this tile's exp(m - m') */
+#define ATT_QUERIES 16
+#define ATT_KEYS 48 // a multiple of the column kernel's 6 rows
+#define ATT_ROWS 18 // ATT_QUERIES rounded up to 6 rows
+
+size_t attention_block_floats(int head_size) {
+    size_t hs = (size_t)head_size;
+    return hs * ATT_QUERIES + ATT_ROWS * ATT_KEYS + ATT_ROWS * hs + 2 * ATT_KEYS * hs + 3 * ATT_QUERIES;
 }
 
-void kv_block_scores(float *S, int lds, const float *q, int ldq, int B, float *q_t, const float *keys, int kv_dim,
-                     int T, int head_size) {
+/* Rows k0 .. k0+n-1 of a head's slice of the cache (head_size values from
+ * offset = k0 * kv_dim + the head's column) as float32 rows: the cache itself
+ * when it is float32 (rows kv_dim apart), else converted into buf (rows
+ * head_size apart). *ld gets the step between rows. */
+static const float *kv_tile(float *buf, int *ld, const void *cache, int kv_type, size_t offset, int kv_dim, int n,
+                            int head_size) {
+    if (kv_type == KV_F32) {
+        *ld = kv_dim;
+        return (const float *)cache + offset;
+    }
+    for (int j = 0; j < n; j++) kv_load(buf + (size_t)j * head_size, cache, kv_type, offset + (size_t)j * kv_dim, head_size);
+    *ld = head_size;
+    return buf;
+}
+
+/* p[j * ATT_KEYS + c] = q_j . k_c            j < nq queries, c < nk keys
+ * q_j = q + j * ldq (q_t: the same, transposed); k_c = k + c * ldk. */
+static void tile_scores(float *p, const float *q, int ldq, const float *q_t, const float *k, int ldk, int nq, int nk,
+                        int head_size) {
 #if HAVE_SIMD
     if (use_simd && head_size % 8 == 0) {
-        int ldt = (B + 7) / 8 * 8;
-        for (int i = 0; i < head_size; i++) // q_t[i][b] = q_b[i], padded with zeros
-            for (int b = 0; b < ldt; b++) q_t[(size_t)i * ldt + b] = b < B ? q[(size_t)b * ldq + i] : 0.0f;
-        cols_f32(S, lds, 0, keys, kv_dim, T, head_size, q_t, ldt, B);
+        cols_f32(p, ATT_KEYS, 0, k, ldk, nk, head_size, q_t, ATT_QUERIES, nq);
         return;
     }
 #endif
     (void)q_t;
-    for (int b = 0; b < B; b++) kv_scores(S + (size_t)b * lds, q + (size_t)b * ldq, keys, KV_F32, 0, kv_dim, T, head_size);
+    for (int j = 0; j < nq; j++) kv_scores(p + (size_t)j * ATT_KEYS, q + (size_t)j * ldq, k, KV_F32, 0, ldk, nk, head_size);
 }
 
-void kv_block_mix(float *out, int ldo, const float *S, int lds, int B, const float *values, int kv_dim, int T,
-                  int head_size) {
+/* pv[j * head_size + i] = sum_c p[j * ATT_KEYS + c] v_c[i]    j < nq, c < nk
+ * v_c = v + c * ldv. The SIMD version computes whole 6-row tiles: rows nq..
+ * of p are zero, and so are those rows of pv. */
+static void tile_mix(float *pv, const float *p, const float *v, int ldv, int nq, int nk, int head_size) {
 #if HAVE_SIMD
     if (use_simd && head_size % 8 == 0) {
-        cols_f32(out, ldo, 1, S, lds, B, T, values, kv_dim, head_size);
+        cols_f32(pv, head_size, 1, p, ATT_KEYS, (nq + 5) / 6 * 6, nk, v, ldv, head_size);
         return;
     }
 #endif
-    for (int b = 0; b < B; b++) kv_mix(out + (size_t)b * ldo, S + (size_t)b * lds, values, KV_F32, 0, kv_dim, T, head_size);
+    for (int j = 0; j < nq; j++) kv_mix(pv + (size_t)j * head_size, p + (size_t)j * ATT_KEYS, v, KV_F32, 0, ldv, nk, head_size);
+}
+
+/* One query's step of the online softmax over a tile of nk scores, of which
+ * c in [a, e) are keys it sees (kernels.h): row = q . k_c on entry,
+ * exp(s_c - m') on return (0 for the keys it does not see); m and l move to
+ * m' and l'; returns exp(m - m'), the factor for the output so far. A query
+ * that sees none of the tile's keys keeps m and l (factor 1, weights 0). */
+static float online_softmax_step(float *row, int nk, int a, int e, float scale, float *m, float *l) {
+    if (a >= e) {
+        memset(row, 0, (size_t)nk * sizeof(float));
+        return 1.0f;
+    }
+    float max = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : max)
+    for (int c = 0; c < nk; c++) {
+        float s = c >= a && c < e ? row[c] * scale : -INFINITY; // s_c; -inf: exp gives 0
+        row[c] = s;
+        max = s > max ? s : max;
+    }
+    float m_new = max > *m ? max : *m;
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < nk; c++) {
+        row[c] = exp_fast(row[c] - m_new);
+        sum += row[c];
+    }
+    float alpha = exp_fast(*m - m_new); // 0 on the first tile (m = -inf), 1 when the maximum stays
+    *l = *l * alpha + sum;
+    *m = m_new;
+    return alpha;
+}
+
+/* One head, nq <= ATT_QUERIES queries at positions pos .. pos+nq-1
+ * (q_j = q + j * ldq, out_j = out + j * ldo), against the keys and values of
+ * the head's slice of the caches (from `offset` in each row, rows kv_dim
+ * apart): kernels.h's formula over the tiles of keys first .. pos+nq-1,
+ * first = the first query's first key. Tiles past the last query's key are
+ * never read, nor keys older than the first query's window; the tiles on the
+ * diagonal or at a window's edge mask per query. */
+static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq, int pos, int window,
+                           const void *keys, int key_type, const void *values, int value_type, size_t offset,
+                           int kv_dim, int head_size, float *scratch) {
+    size_t hs = (size_t)head_size;
+    float *q_t = scratch, *p = q_t + hs * ATT_QUERIES, *pv = p + ATT_ROWS * ATT_KEYS, *k_buf = pv + ATT_ROWS * hs;
+    float *v_buf = k_buf + ATT_KEYS * hs, *m = v_buf + ATT_KEYS * hs, *l = m + ATT_QUERIES, *alpha = l + ATT_QUERIES;
+    float scale = 1.0f / sqrtf((float)head_size);
+    for (size_t i = 0; i < hs; i++)
+        for (int j = 0; j < ATT_QUERIES; j++) q_t[i * ATT_QUERIES + j] = j < nq ? q[(size_t)j * ldq + i] : 0.0f;
+    memset(p, 0, sizeof(float) * ATT_ROWS * ATT_KEYS);
+    for (int j = 0; j < nq; j++) {
+        m[j] = -INFINITY, l[j] = 0.0f;
+        memset(out + (size_t)j * ldo, 0, hs * sizeof(float));
+    }
+    // query j (position pos + j) sees keys lo_j .. pos + j, lo_j = pos + j + 1 - window (at least 0) with a window
+    int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0, end = pos + nq;
+    for (int k0 = first; k0 < end; k0 += ATT_KEYS) {
+        int nk = end - k0 < ATT_KEYS ? end - k0 : ATT_KEYS, ldk, ldv;
+        const float *k = kv_tile(k_buf, &ldk, keys, key_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
+        const float *v = kv_tile(v_buf, &ldv, values, value_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
+        tile_scores(p, q, ldq, q_t, k, ldk, nq, nk, head_size);
+        for (int j = 0; j < nq; j++) {
+            int lo = window > 0 && pos + j + 1 > window ? pos + j + 1 - window : 0;
+            int a = lo > k0 ? lo - k0 : 0, e = pos + j + 1 - k0 < nk ? pos + j + 1 - k0 : nk; // visible: [a, e)
+            alpha[j] = online_softmax_step(p + (size_t)j * ATT_KEYS, nk, a, e, scale, &m[j], &l[j]);
+        }
+        tile_mix(pv, p, v, ldv, nq, nk, head_size);
+        for (int j = 0; j < nq; j++) { // o = o * exp(m - m') + sum_c exp(s_c - m') v_c
+            float *o = out + (size_t)j * ldo;
+            const float *add = pv + (size_t)j * hs;
+            for (size_t i = 0; i < hs; i++) o[i] = o[i] * alpha[j] + add[i];
+        }
+    }
+    for (int j = 0; j < nq; j++) { // out = o / l
+        float *o = out + (size_t)j * ldo;
+        for (size_t i = 0; i < hs; i++) o[i] /= l[j];
+    }
+}
+
+/* kernels.h: every head's tiles of ATT_QUERIES queries are independent work
+ * items, split over the threads; each one's result is the same whatever
+ * thread computes it. */
+void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
+                     int B, int pos0, int window, int n_heads, int n_kv_heads, int head_size, float *scratch,
+                     int threads) {
+    int dim = n_heads * head_size, kv_dim = n_kv_heads * head_size, kv_mul = n_heads / n_kv_heads;
+    int n_tiles = (B + ATT_QUERIES - 1) / ATT_QUERIES, item;
+    size_t per_thread = attention_block_floats(head_size);
+#ifdef _OPENMP
+    if (threads > omp_get_max_threads()) threads = omp_get_max_threads();
+#endif
+    if (threads < 1) threads = 1;
+    long work = (long)B * dim * (pos0 + B); // multiply-adds of the scores, about
+#pragma omp parallel for private(item) num_threads(threads) if (work >= PARALLEL_MIN_WORK)
+    for (item = 0; item < n_heads * n_tiles; item++) {
+        int h = item / n_tiles, b0 = item % n_tiles * ATT_QUERIES, nq = B - b0 < ATT_QUERIES ? B - b0 : ATT_QUERIES;
+        int thread = 0;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+#endif
+        size_t at = (size_t)b0 * dim + (size_t)h * head_size; // query b0's head h in q and out
+        attention_tile(out + at, dim, q + at, dim, nq, pos0 + b0, window, keys, key_type, values, value_type,
+                       (size_t)(h / kv_mul) * head_size, kv_dim, head_size, scratch + (size_t)thread * per_thread);
+    }
 }
 
 /* ==========================================================================

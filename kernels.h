@@ -112,21 +112,34 @@ static inline uint16_t float_to_half(float x) {
 #define float_to_half float_to_half_c
 #endif
 
-/* Attention for a block of B queries of one head as two matrix products
- * against a float32 cache (run.c's attention does the softmax between):
- *   kv_block_scores: S[b * lds + t] = q_b . k_t          b < B, t < T
- *   kv_block_mix:    out[b * ldo + i] = sum_t S[b * lds + t] v_t[i]
- * q_b = q + b * ldq and out's rows are head_size values; k_t, v_t are rows
- * of keys / values, kv_dim apart (the head's slice of one layer's cache).
- * q_t: (head_size, B rounded up to 8) scratch, a separate one per thread.
- * kv_block_fits says whether this path is the fast one for these settings
- * (AVX2, head_size a multiple of 8, float32 cache); where it is not, run.c
- * goes query by query with kv_scores and kv_mix. */
-int kv_block_fits(int head_size, int key_type, int value_type);
-void kv_block_scores(float *S, int lds, const float *q, int ldq, int B, float *q_t, const float *keys, int kv_dim,
-                     int T, int head_size);
-void kv_block_mix(float *out, int ldo, const float *S, int lds, int B, const float *values, int kv_dim, int T,
-                  int head_size);
+/* Causal attention for a block of B > 1 queries (prompt blocks, ppl windows),
+ * flash-attention style: every head's B queries against the cache, tile by
+ * tile, with an online softmax, so that no row of n_ctx scores is ever
+ * written. Query b (position pos0 + b) sees the keys t = lo_b .. pos0 + b,
+ * lo_b = 0, or pos0 + b + 1 - window when window > 0 and that is positive;
+ * query head h reads kv head h / (n_heads / n_kv_heads). Per query, over the
+ * tiles of keys it sees, with a running maximum m (from -inf), a running sum
+ * l (from 0) and an output o (from 0, head_size values):
+ *   s_t   = q . k_t / sqrt(head_size)                for the tile's keys t
+ *   m'    = max(m, max_t s_t)
+ *   o     = o * exp(m - m') + sum_t exp(s_t - m') v_t
+ *   l     = l * exp(m - m') + sum_t exp(s_t - m'),   m = m'
+ * and at the end out = o / l: softmax(s) . v, as run.c's attention states
+ * it, equal to the one-query path up to float rounding (exp is exp_fast, and
+ * the sums go in another order).
+ * out, q: (B, n_heads, head_size); keys, values: one layer's (n_ctx, kv_dim)
+ * of key_type / value_type, KV_F32 or KV_F16 (an f16 tile is converted to
+ * float32 first, then the same code). Tiles of 16 queries x 48 keys
+ * (kernels.c); keys past the last query's position, or older than the first
+ * query's window, are never read. scratch: (threads,
+ * attention_block_floats(head_size)) floats; the heads x tiles of queries go
+ * over at most `threads` OpenMP threads, each output computed by the same
+ * code whatever their number. AVX2 tiles when head_size is a multiple of 8,
+ * portable loops otherwise. */
+size_t attention_block_floats(int head_size);
+void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
+                     int B, int pos0, int window, int n_heads, int n_kv_heads, int head_size, float *scratch,
+                     int threads);
 
 /* ------------------------------------------------------------------------
  * Weight matrices (model.h's Matrix: float32 or q8_0) and matmul
@@ -146,8 +159,7 @@ void kv_block_mix(float *out, int ldo, const float *S, int lds, int B, const flo
  * blocks then take the portable tiles); q8_0 weights need at least x_q and
  * x_scale. */
 typedef struct {
-    float *x_t;     // (max(dim, hidden_dim), B rounded up to 8) the input transposed, B > 1 only;
-                    // run.c's attention lends it to kv_block_scores for the queries transposed
+    float *x_t;     // (max(dim, hidden_dim), B rounded up to 8) the input transposed, B > 1 only
     int8_t *x_q;    // (B, max(dim, hidden_dim)) the input, quantized
     float *x_scale; // (B, max(dim, hidden_dim) / group_size) its scales
     float *w_rows;  // (threads, ROW_CHUNK, max(dim, hidden_dim)) dequantized rows, or NULL

@@ -104,7 +104,9 @@ typedef struct {
     float *q;           // (B, dim) query heads
     float *k;           // (B, kv_dim) keys of the block
     float *v;           // (B, kv_dim) values of the block
-    float *scores;      // (B, n_heads, n_ctx) attention scores, turned into weights by softmax in place
+    float *scores;      // (n_heads, n_ctx) one query's attention scores, turned into weights by
+                        // softmax in place (a block of queries keeps no scores: kernels.c's attention_block)
+    float *attn_tiles;  // (threads, attention_block_floats(head_size)) attention_block's scratch, B > 1 only
     float *logits;      // (B, vocab_size)
     void *key_cache;    // (n_layers, n_ctx, kv_dim) float32 or IEEE half (--kv f16); keys
                         // rotated, or unrotated with a pre-RoPE cache
@@ -795,7 +797,8 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
 #define FLOATS(ptr, n) {(void **)&(ptr), (n), sizeof(float)}
         FLOATS(s->x, B * dim), FLOATS(s->xb, B * dim), FLOATS(s->xb2, B * dim), FLOATS(s->hb, B * hidden),
         FLOATS(s->hb2, B * hidden), FLOATS(s->q, B * dim), FLOATS(s->k, B * kv_dim), FLOATS(s->v, B * kv_dim),
-        FLOATS(s->scores, B * c->n_heads * n_ctx), FLOATS(s->logits, B * c->vocab_size),
+        FLOATS(s->scores, c->n_heads * n_ctx), FLOATS(s->logits, B * c->vocab_size),
+        FLOATS(s->attn_tiles, B > 1 ? threads * attention_block_floats((int)head_size) : 0),
         {&s->key_cache, cache_values, kv_elem_bytes(t->kv_type)},
         {&s->value_cache, cache_values, kv_elem_bytes(t->kv_type)},
         FLOATS(s->rope_cos, n_ctx * n_pairs), FLOATS(s->rope_sin, n_ctx * n_pairs),
@@ -882,9 +885,9 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
 /* Release everything build_transformer (or a failed call of it) acquired. */
 void free_transformer(Transformer *t) {
     RunState *s = &t->state;
-    void *bufs[] = {s->x, s->xb, s->xb2, s->hb, s->hb2, s->q, s->k, s->v, s->scores, s->logits, s->key_cache,
-                    s->value_cache, s->rope_cos, s->rope_sin, s->q_grouped, s->key_rot, s->mm.x_q, s->mm.x_scale,
-                    s->mm.w_rows, s->mm.x_t};
+    void *bufs[] = {s->x, s->xb, s->xb2, s->hb, s->hb2, s->q, s->k, s->v, s->scores, s->attn_tiles, s->logits,
+                    s->key_cache, s->value_cache, s->rope_cos, s->rope_sin, s->q_grouped, s->key_rot, s->mm.x_q,
+                    s->mm.x_scale, s->mm.w_rows, s->mm.x_t};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->inv_freq);
     if (t->mapping) munmap(t->mapping, t->file_size);
@@ -964,48 +967,39 @@ static int window_start(int n, int window) { return window > 0 && n > window ? n
  * grouping of GQA/MQA, as Hugging Face's repeat_kv. With Self-Extend the
  * first n_grouped keys are scored against keys.q_grouped instead of q.
  * out, q: (B, n_heads, head_size); values: one layer's (n_ctx, kv_dim) of
- * t->kv_type. Where kernels.c has a block path (B > 1, float32 cache) the
- * B queries of a head go together, as matrix products; otherwise query by
- * query. t gives the shapes, and its state the scratch: scores, and
- * matmul's x_t for the block path's transposed queries. */
+ * t->kv_type.
+ * A block (B > 1: prompts, ppl windows) goes to kernels.c's attention_block,
+ * which computes this formula in tiles of queries x keys with an online
+ * softmax (a running maximum and sum per query, kernels.h), never storing a
+ * row of scores. One query (generation; B = 1 also for the pre-RoPE cache,
+ * hence for Self-Extend and attention sinks) goes as written above, head by
+ * head: kv_scores, attention_weights, kv_mix. The two agree to float
+ * rounding. t gives the shapes, and its state the scratch: scores for one
+ * query, attn_tiles for a block. */
 void attention(float *out, const float *q, const RotatedKeys *keys, const void *values, int B, int pos0,
                int window, Transformer *t) {
     const Config *c = &t->config;
     int n_heads = c->n_heads, head_size = c->dim / n_heads, kv_dim = head_size * c->n_kv_heads;
-    int kv_mul = n_heads / c->n_kv_heads, n_ctx = t->n_ctx, T = pos0 + B; // T: keys the last row sees
-    float *scores = t->state.scores;
-    if (B > 1 && keys->n_grouped == 0 && kv_block_fits(head_size, keys->key_type, t->kv_type)) {
-        // The block's keys lo..T-1 (lo: the first row's first key), as columns 0..T-lo-1 of S.
-        int lo = window_start(pos0 + 1, window), n_cols = T - lo;
-        int lds = n_heads * n_ctx, ldq = (B + 7) / 8 * 8, h; // lds: a score row's stride, (B, n_heads, n_ctx)
-        const float *key_rows = (const float *)keys->keys + (size_t)lo * kv_dim;
-        const float *value_rows = (const float *)values + (size_t)lo * kv_dim;
-#pragma omp parallel for private(h) if ((long)B * c->dim * n_cols >= PARALLEL_MIN_WORK)
-        for (h = 0; h < n_heads; h++) {
-            size_t kv_offset = (size_t)(h / kv_mul) * head_size; // this head's slice of a cache row
-            float *S = scores + (size_t)h * n_ctx, *q_t = t->state.mm.x_t + (size_t)h * head_size * ldq;
-            kv_block_scores(S, lds, q + h * head_size, c->dim, B, q_t, key_rows + kv_offset, kv_dim, n_cols, head_size);
-            for (int b = 0; b < B; b++) {
-                int n = pos0 + b + 1; // keys row b sees
-                attention_weights(S + (size_t)b * lds, window_start(n, window) - lo, n - lo, n_cols, head_size);
-            }
-            kv_block_mix(out + h * head_size, c->dim, S, lds, B, value_rows + kv_offset, kv_dim, n_cols, head_size);
-        }
+    int kv_mul = n_heads / c->n_kv_heads, n_ctx = t->n_ctx;
+    if (B > 1 && keys->n_grouped == 0) {
+        attention_block(out, q, keys->keys, keys->key_type, values, t->kv_type, B, pos0, window, n_heads,
+                        c->n_kv_heads, head_size, t->state.attn_tiles, t->state.mm.threads);
         return;
     }
-    int bh;
-#pragma omp parallel for private(bh) if ((long)B * n_heads * head_size * T >= PARALLEL_MIN_WORK)
-    for (bh = 0; bh < B * n_heads; bh++) {
-        int b = bh / n_heads, h = bh % n_heads, n = pos0 + b + 1, g = keys->n_grouped; // n keys; g grouped
-        int lo = window_start(n, window); // keys lo..n-1; Self-Extend (g > 0) has no window
-        size_t row = (size_t)bh * head_size, kv_offset = (size_t)(h / kv_mul) * head_size;
-        float *S = scores + (size_t)bh * n_ctx;
-        if (g) kv_scores(S, keys->q_grouped + (size_t)h * head_size, keys->keys, keys->key_type, kv_offset, kv_dim,
-                         g, head_size);
-        kv_scores(S + g + lo, q + row, keys->keys, keys->key_type, (size_t)(g + lo) * kv_dim + kv_offset, kv_dim,
-                  n - g - lo, head_size);
-        attention_weights(S, lo, n, n, head_size);
-        kv_mix(out + row, S + lo, values, t->kv_type, (size_t)lo * kv_dim + kv_offset, kv_dim, n - lo, head_size);
+    for (int b = 0; b < B; b++) {
+        int n = pos0 + b + 1, g = keys->n_grouped, h; // n keys; the first g grouped
+        int lo = window_start(n, window);            // keys lo..n-1; Self-Extend (g > 0) has no window
+#pragma omp parallel for private(h) if ((long)n_heads * head_size * n >= PARALLEL_MIN_WORK)
+        for (h = 0; h < n_heads; h++) {
+            size_t row = ((size_t)b * n_heads + h) * head_size, kv_offset = (size_t)(h / kv_mul) * head_size;
+            float *S = t->state.scores + (size_t)h * n_ctx;
+            if (g) kv_scores(S, keys->q_grouped + (size_t)h * head_size, keys->keys, keys->key_type, kv_offset,
+                             kv_dim, g, head_size);
+            kv_scores(S + g + lo, q + row, keys->keys, keys->key_type, (size_t)(g + lo) * kv_dim + kv_offset, kv_dim,
+                      n - g - lo, head_size);
+            attention_weights(S, lo, n, n, head_size);
+            kv_mix(out + row, S + lo, values, t->kv_type, (size_t)lo * kv_dim + kv_offset, kv_dim, n - lo, head_size);
+        }
     }
 }
 

@@ -286,13 +286,15 @@ static void test_attn_factor_applied_once(void) {
 /* ----------------------------------------------------------------- ops --- */
 
 /* A Transformer with just what attention reads: the head counts, n_ctx, a
- * float32 cache, the scores scratch and (for the block path) matmul's x_t. */
+ * float32 cache, the scores scratch (one query: n_heads * n_ctx floats) and
+ * for a block attention_block's (one thread's attention_block_floats). */
 static Transformer attention_fixture(int n_heads, int n_kv_heads, int head_size, int n_ctx, float *scores,
-                                     float *x_t) {
+                                     float *attn_tiles) {
     Transformer t;
     memset(&t, 0, sizeof t);
     t.config.n_heads = n_heads, t.config.n_kv_heads = n_kv_heads, t.config.dim = n_heads * head_size;
-    t.n_ctx = n_ctx, t.kv_type = KV_F32, t.state.scores = scores, t.state.mm.x_t = x_t;
+    t.n_ctx = n_ctx, t.kv_type = KV_F32, t.state.scores = scores, t.state.attn_tiles = attn_tiles;
+    t.state.mm.threads = 1;
     return t;
 }
 
@@ -699,58 +701,115 @@ static void attention_ref(double *out, const float *q, const float *keys, const 
     free(w);
 }
 
+/* |a - b|, infinity when either is NaN (fmax would drop a NaN) */
+static double abs_err(double a, double b) { return isnan(a) || isnan(b) ? INFINITY : fabs(a - b); }
+
 /* attention against the double reference, on every path: a block of B
- * tokens (with SIMD and head_size % 8 == 0: kv_block_scores / kv_block_mix,
- * two matrix products per head), the same tokens one at a time (kv_scores /
- * kv_mix), and the portable block kernels called directly. Head sizes 8, 24,
- * 64 (one and two 8-wide vectors in P V's last tile), MHA, GQA and MQA, B
- * with and without a multiple of 8, blocks at the start and at the end of the
- * cache (buffers of exactly n_ctx rows, so the sanitizer build with
- * -march=native catches a read past them), without and with a sliding
- * window (1 key, fewer keys than the block, more). Tolerance: float sums over
- * <= 80 keys of unit-scale values against double: 1e-5 absolute. */
+ * tokens (kernels.c's attention_block: tiles of 16 queries x 48 keys, online
+ * softmax; AVX2 tiles where head_size % 8 == 0, else the portable loops), the
+ * same block with the portable loops forced (use_simd = 0), and the same
+ * tokens one at a time (kv_scores / kv_mix), with a float32 cache and an f16
+ * one.
+ * Shapes: head sizes 8, 16, 24 (one 8-wide vector at the end of a 16-wide
+ * output tile), 64, and 20 (not a multiple of 8: the portable loops even in a
+ * SIMD build); B = 2, 7, 17 (a tile of 16 and one of 1), 32;
+ * blocks at position 0, at 5, and at the end of a 150-position cache (keys in
+ * tiles of 48, 48, 48 and a partial one; buffers of exactly n_ctx rows, so the
+ * sanitizer build with -march=native catches a read past them); no window,
+ * and windows of 1, 7 and 40 keys (shorter than the sequence: tiles older
+ * than every query's window are skipped); queries of unit scale and 8x that
+ * (peaked softmax: the running maximum moves by several units between tiles);
+ * MHA, GQA and MQA. Every head size meets every B, position and window; the
+ * head layouts and query scales take turns over those cases.
+ * Cache rows the block must not read (past its last position, or older than
+ * its first query's window) hold NaN: reading one would turn the output NaN.
+ * The f16 cases compare against the reference on the f16-rounded keys and
+ * values, so the same tolerance holds.
+ * Threads: the block with the scratch of 1 and of 2 threads (OpenMP set to 2)
+ * gives bit-identical output (each tile of queries is computed by the same
+ * code whatever thread runs it).
+ * Tolerance: outputs are convex combinations of unit-scale values, so their
+ * error is about the weights' relative error: the scores' absolute error
+ * (float sums of <= 64 unit-scale products, 8x larger with the peaked
+ * queries), exp_fast's 2 ulp, and float sums of <= 150 terms. Measured with
+ * gcc -O3 -march=native: at most 1.1e-5 for the block (its rescaling adds a
+ * rounding per key tile), 5e-6 one query at a time; the bound is 2e-5. */
 static void test_attention_block(void) {
-    int head_sizes[] = {8, 24, 64}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 9, 17, 32}, n_ctx = 80;
-    int windows[] = {0, 1, 7, 40};
-    double worst_block = 0, worst_single = 0, worst_kernels = 0;
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 3; j++)
-            for (int k = 0; k < 4; k++)
-                for (int at_end = 0; at_end < 2; at_end++)
+    int head_sizes[] = {8, 16, 24, 64, 20}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 7, 17, 32};
+    int windows[] = {0, 1, 7, 40}, n_ctx = 150;
+    double worst[2][3] = {{0}}; // [f32, f16 cache][block, portable block, one at a time]
+    int differ_by_threads = 0, thread_cases = 0, max_threads = 1;
+#ifdef _OPENMP
+    max_threads = omp_get_max_threads();
+    omp_set_num_threads(2);
+#endif
+    for (int i = 0; i < 5; i++)
+        for (int k = 0; k < 4; k++)
+            for (int at = 0; at < 3; at++)
                 for (int wi = 0; wi < 4; wi++) {
+                    int j = (i + k + at) % 3, peaked = (k + at + wi) % 2; // each head layout and query
+                    // scale meets every head size, block size, position and window
                     int hs = head_sizes[i], nh = heads[j][0], nkv = heads[j][1], B = blocks[k], W = windows[wi];
-                    int dim = nh * hs, kv_dim = nkv * hs, pos0 = at_end ? n_ctx - B : 5, T = pos0 + B;
-                    float *q = malloc(sizeof(float) * B * dim), *keys = malloc(sizeof(float) * n_ctx * kv_dim);
-                    float *values = malloc(sizeof(float) * n_ctx * kv_dim);
-                    float *scores = malloc(sizeof(float) * B * nh * n_ctx), *out = malloc(sizeof(float) * B * dim);
-                    float *q_t = malloc(sizeof(float) * dim * 32);
-                    double *ref = malloc(sizeof(double) * B * dim);
-                    fill_randn(q, (size_t)B * dim, 1.0f);
-                    fill_randn(keys, (size_t)n_ctx * kv_dim, 1.0f);
-                    fill_randn(values, (size_t)n_ctx * kv_dim, 1.0f);
-                    attention_ref(ref, q, keys, values, B, pos0, nh, nkv, hs, W);
-                    Transformer t = attention_fixture(nh, nkv, hs, n_ctx, scores, q_t);
-                    RotatedKeys rk = {keys, KV_F32, NULL, 0};
-                    attention(out, q, &rk, values, B, pos0, W, &t);
-                    for (int e = 0; e < B * dim; e++) worst_block = fmax(worst_block, fabs(out[e] - ref[e]));
-                    for (int b = 0; b < B; b++)
-                        attention(out + (size_t)b * dim, q + (size_t)b * dim, &rk, values, 1, pos0 + b, W, &t);
-                    for (int e = 0; e < B * dim; e++) worst_single = fmax(worst_single, fabs(out[e] - ref[e]));
-                    // the block kernels' portable versions, head 0 (kv head 0)
-                    use_simd = 0;
-                    kv_block_scores(scores, T, q, dim, B, q_t, keys, kv_dim, T, hs);
-                    for (int b = 0; b < B; b++)
-                        attention_weights(scores + (size_t)b * T, window_start(pos0 + b + 1, W), pos0 + b + 1, T, hs);
-                    kv_block_mix(out, dim, scores, T, B, values, kv_dim, T, hs);
-                    use_simd = HAVE_SIMD;
-                    for (int b = 0; b < B; b++)
-                        for (int e = 0; e < hs; e++)
-                            worst_kernels = fmax(worst_kernels, fabs(out[(size_t)b * dim + e] - ref[(size_t)b * dim + e]));
-                    free(q), free(keys), free(values), free(scores), free(out), free(q_t), free(ref);
+                    int dim = nh * hs, kv_dim = nkv * hs, pos0 = at == 0 ? 0 : at == 1 ? 5 : n_ctx - B;
+                    int first = W > 0 && pos0 + 1 > W ? pos0 + 1 - W : 0, end = pos0 + B; // keys it may read
+                    size_t cache_n = (size_t)n_ctx * kv_dim;
+                    float *q = malloc(sizeof(float) * B * dim), *out = malloc(sizeof(float) * B * dim);
+                    float *out2 = malloc(sizeof(float) * B * dim), *scores = malloc(sizeof(float) * nh * n_ctx);
+                    float *tiles = malloc(sizeof(float) * 2 * attention_block_floats(hs));
+                    float *cache[2] = {malloc(sizeof(float) * cache_n), malloc(sizeof(float) * cache_n)};
+                    float *rounded[2] = {malloc(sizeof(float) * cache_n), malloc(sizeof(float) * cache_n)};
+                    uint16_t *half[2] = {malloc(sizeof(uint16_t) * cache_n), malloc(sizeof(uint16_t) * cache_n)};
+                    double *ref[2] = {malloc(sizeof(double) * B * dim), malloc(sizeof(double) * B * dim)};
+                    fill_randn(q, (size_t)B * dim, peaked ? 8.0f : 1.0f);
+                    for (int kv = 0; kv < 2; kv++) { // keys, values: float32, f16, f16 as float
+                        fill_randn(cache[kv], cache_n, 1.0f);
+                        for (size_t e = 0; e < cache_n; e++) {
+                            half[kv][e] = float_to_half(cache[kv][e]);
+                            rounded[kv][e] = half_to_float(half[kv][e]);
+                        }
+                    }
+                    attention_ref(ref[0], q, cache[0], cache[1], B, pos0, nh, nkv, hs, W);
+                    attention_ref(ref[1], q, rounded[0], rounded[1], B, pos0, nh, nkv, hs, W);
+                    for (int kv = 0; kv < 2; kv++) // rows no query of the block sees: NaN
+                        for (size_t e = 0; e < cache_n; e++)
+                            if ((int)(e / kv_dim) < first || (int)(e / kv_dim) >= end)
+                                cache[kv][e] = NAN, half[kv][e] = float_to_half(NAN);
+                    Transformer t = attention_fixture(nh, nkv, hs, n_ctx, scores, tiles);
+                    for (int f16 = 0; f16 < 2; f16++) {
+                        const void *keys = f16 ? (void *)half[0] : (void *)cache[0];
+                        const void *values = f16 ? (void *)half[1] : (void *)cache[1];
+                        RotatedKeys rk = {keys, f16 ? KV_F16 : KV_F32, NULL, 0};
+                        t.kv_type = rk.key_type;
+                        double *r = ref[f16];
+                        t.state.mm.threads = 1;
+                        attention(out, q, &rk, values, B, pos0, W, &t);
+                        for (int e = 0; e < B * dim; e++) worst[f16][0] = fmax(worst[f16][0], abs_err(out[e], r[e]));
+                        if (at == 2) { // the longest blocks (a subset: on a loaded machine each parallel
+                            t.state.mm.threads = 2; // region waits for a busy core)
+                            attention(out2, q, &rk, values, B, pos0, W, &t);
+                            differ_by_threads += memcmp(out, out2, sizeof(float) * B * dim) != 0;
+                            thread_cases++;
+                        }
+                        use_simd = 0;
+                        attention(out2, q, &rk, values, B, pos0, W, &t);
+                        use_simd = HAVE_SIMD;
+                        for (int e = 0; e < B * dim; e++) worst[f16][1] = fmax(worst[f16][1], abs_err(out2[e], r[e]));
+                        for (int b = 0; b < B; b++)
+                            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &rk, values, 1, pos0 + b, W, &t);
+                        for (int e = 0; e < B * dim; e++) worst[f16][2] = fmax(worst[f16][2], abs_err(out2[e], r[e]));
+                    }
+                    free(q), free(out), free(out2), free(scores), free(tiles);
+                    for (int kv = 0; kv < 2; kv++) free(cache[kv]), free(rounded[kv]), free(half[kv]), free(ref[kv]);
                 }
-    CHECK(worst_block < 1e-5 && worst_single < 1e-5 && worst_kernels < 1e-5,
-          "attention vs double: block %.3g, one token at a time %.3g, portable block kernels %.3g (expected < 1e-5)",
-          worst_block, worst_single, worst_kernels);
+#ifdef _OPENMP
+    omp_set_num_threads(max_threads);
+#endif
+    for (int f16 = 0; f16 < 2; f16++)
+        CHECK(worst[f16][0] < 2e-5 && worst[f16][1] < 2e-5 && worst[f16][2] < 2e-5,
+              "attention vs double, %s cache: block %.3g, portable block %.3g, one token at a time %.3g "
+              "(expected < 2e-5)", f16 ? "f16" : "float32", worst[f16][0], worst[f16][1], worst[f16][2]);
+    CHECK(differ_by_threads == 0, "attention block: %d of %d cases differ between 1 and 2 threads",
+          differ_by_threads, thread_cases);
 }
 
 /* exp_fast against libm's expf: 2 ulp (2.4e-7 relative) over its range, on a
