@@ -871,6 +871,7 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
              t->n_ctx);
         return -2;
     }
+    if (t->window >= t->n_ctx) t->window = 0; // a window as long as the cache never leaves a key out
     if (t->window > 0 && (t->rope.sinks >= 0 || t->rope.se_group > 0)) {
         fail(err, err_len, "%s with a sliding window of %d (%s): choose one (--window 0 turns the window off)",
              t->rope.sinks >= 0 ? "--sinks" : "--self-extend", t->window,

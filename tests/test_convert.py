@@ -616,6 +616,22 @@ def test_window_and_longrope_usage_errors(tmp_path, syn_tokenizer, flags, needle
            "--sinks", "2")
 
 
+def test_window_as_long_as_the_cache_is_no_window(tmp_path, syn_tokenizer, text_file):
+    """Phi-3-128k-style configs ship a window longer than any usable context:
+    it never leaves a key out, so sinks and Self-Extend combine with it (and the
+    scores are unchanged); a window shorter than --ctx still refuses them."""
+    src, _, _ = make_hf(tmp_path / "hf", architectures=["MistralForCausalLM"],
+                        model_type="mistral", sliding_window=64)
+    export_ok(tmp_path / "m.bin", "--hf", src)
+    run_ok(tmp_path / "m.bin", "-z", syn_tokenizer, "-n", "2", "-i", "the", "--sinks", "2")  # --ctx 32
+    run_ok(tmp_path / "m.bin", "-z", syn_tokenizer, "-n", "2", "-i", "the", "--ctx", "64", "--self-extend", "2", "8")
+    check_error(run(tmp_path / "m.bin", "-z", syn_tokenizer, "-n", "2", "-i", "the", "--ctx", "65",
+                    "--sinks", "2"), 2, ["--sinks", "window of 64"])
+    a = run_ppl(tmp_path / "m.bin", syn_tokenizer, text_file, 32)
+    b = run_ppl(tmp_path / "m.bin", syn_tokenizer, text_file, 32, extra=("--window", "0"))
+    assert a["nll"] == b["nll"]
+
+
 # --------------------------------------------------------------------------
 # LongRoPE (Phi-3): short factors while a sequence fits in the original
 # context L, long ones beyond; both layouts, both key-cache semantics
