@@ -486,6 +486,11 @@ class Study:
     def ctx(self, k):
         return round(k * self.L)
 
+    def cells(self, not_run=False):
+        """(method, k) of the cells to run; with not_run, of those left out for time."""
+        return [(m, k) for m in self.rows for k in self.factors
+                if not self.same_as_none(m, k) and self.not_run(m, k) == not_run]
+
     def same_as_none(self, method, k):
         return self.reuse_below_1 and k <= 1 and method != "none"
 
@@ -503,20 +508,17 @@ def ppl_jobs(study, where, not_run=False):
     """[(study, method, k, command-to-show, runner)] for a perplexity study; with
     not_run, the cells left out for time instead (their commands)."""
     jobs = []
-    for m in study.rows:
-        for k in study.factors:
-            if study.same_as_none(m, k) or study.not_run(m, k) != not_run:
-                continue
-            E = study.ctx(k)
-            if m == "sinks":
-                shown = stream_cell_command(study.ckpt, study.tok, study.text, E, study.L)
-                run = (lambda s=study, E=E: stream_cell(s.ckpt, s.tok, s.text, E, s.L, where.work, where))
-            else:
-                cmd = ppl_command(study.ckpt, study.tok, study.text, E, method_flags(m, k, study.L))
-                shown, run = cmd, (lambda c=cmd: run_json(c))
-            jobs.append(dict(study=study, method=m, k=k, ctx=E, shown=where.command(shown), run=run,
-                             flags=" ".join(method_flags(m, k, study.L)),
-                             cost=job_cost(study, m, study.tokens or E, E)))
+    for m, k in study.cells(not_run):
+        E = study.ctx(k)
+        if m == "sinks":
+            shown = stream_cell_command(study.ckpt, study.tok, study.text, E, study.L)
+            run = (lambda s=study, E=E: stream_cell(s.ckpt, s.tok, s.text, E, s.L, where.work, where))
+        else:
+            cmd = ppl_command(study.ckpt, study.tok, study.text, E, method_flags(m, k, study.L))
+            shown, run = cmd, (lambda c=cmd: run_json(c))
+        jobs.append(dict(study=study, method=m, k=k, ctx=E, shown=where.command(shown), run=run,
+                         flags=" ".join(method_flags(m, k, study.L)),
+                         cost=job_cost(study, m, study.tokens or E, E)))
     return jobs
 
 
@@ -525,18 +527,15 @@ def passkey_jobs(study, where, not_run=False):
     not_run, the cells left out for time instead (their commands, at the
     factor's depths and trials)."""
     jobs = []
-    for m in study.rows:
-        for k in study.factors:
-            if study.same_as_none(m, k) or study.not_run(m, k) != not_run:
-                continue
-            E = study.ctx(k)
-            ctx = study.L if m == "sinks" else E
-            flags = method_flags(m, k, study.L)
-            T, depths = study.trials_at(k), study.depths_at(k)
-            cmd = passkey_command(study.ckpt, study.tok, study.filler, ctx, E - ANSWER_TOKENS, depths, T, flags)
-            jobs.append(dict(study=study, method=m, k=k, ctx=ctx, length=E - ANSWER_TOKENS, shown=where.command(cmd),
-                             run=(lambda c=cmd: run_json(c)), flags=" ".join(flags),
-                             cost=job_cost(study, m, E * T * len(depths), E)))
+    for m, k in study.cells(not_run):
+        E = study.ctx(k)
+        ctx = study.L if m == "sinks" else E
+        flags = method_flags(m, k, study.L)
+        T, depths = study.trials_at(k), study.depths_at(k)
+        cmd = passkey_command(study.ckpt, study.tok, study.filler, ctx, E - ANSWER_TOKENS, depths, T, flags)
+        jobs.append(dict(study=study, method=m, k=k, ctx=ctx, length=E - ANSWER_TOKENS, shown=where.command(cmd),
+                         run=(lambda c=cmd: run_json(c)), flags=" ".join(flags),
+                         cost=job_cost(study, m, E * T * len(depths), E)))
     return jobs
 
 
