@@ -533,8 +533,8 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
     if (threads > omp_get_max_threads()) threads = omp_get_max_threads();
 #endif
     if (threads < 1) threads = 1;
-    long work = (long)B * dim * (pos0 + B); // multiply-adds of the scores, about
-#pragma omp parallel for private(item) num_threads(threads) if (work >= PARALLEL_MIN_WORK)
+    // in parallel when the scores' multiply-adds, about B dim (pos0 + B), are worth it
+#pragma omp parallel for private(item) num_threads(threads) if ((long)B * dim * (pos0 + B) >= PARALLEL_MIN_WORK)
     for (item = 0; item < n_heads * n_tiles; item++) {
         int h = item / n_tiles, b0 = item % n_tiles * ATT_QUERIES, nq = B - b0 < ATT_QUERIES ? B - b0 : ATT_QUERIES;
         int thread = 0;

@@ -738,9 +738,9 @@ static void test_attention_block(void) {
     int head_sizes[] = {8, 16, 24, 64, 20}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 7, 17, 32};
     int windows[] = {0, 1, 7, 40}, n_ctx = 150;
     double worst[2][3] = {{0}}; // [f32, f16 cache][block, portable block, one at a time]
-    int differ_by_threads = 0, thread_cases = 0, max_threads = 1;
+    int differ_by_threads = 0, thread_cases = 0;
 #ifdef _OPENMP
-    max_threads = omp_get_max_threads();
+    int max_threads = omp_get_max_threads(); // restored at the end
     omp_set_num_threads(2);
 #endif
     for (int i = 0; i < 5; i++)
