@@ -498,9 +498,10 @@ class Study:
 def job_cost(study, method, tokens, E):
     """A rough relative cost, only to start the longest runs first: tokens fed,
     times the attention span, times the model's size (SmolLM2 ~100x the
-    small models), times ~4 for the methods run one token at a time."""
+    small models), times ~4 for the methods run one token at a time (the
+    pre-RoPE cache: exact dynamic NTK, Self-Extend, sinks)."""
     size = 100 if "smollm2" in study.name else 1
-    one_at_a_time = method in ("dynamic-hf", "dynamic-exact", "self-extend") or (method == "sinks" and size > 1)
+    one_at_a_time = method in ("dynamic-exact", "self-extend", "sinks")
     return tokens * (1 + E / 2048) * size * (4 if one_at_a_time else 1)
 
 
