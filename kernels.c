@@ -1,7 +1,8 @@
 /* kernels.c: the fast versions of run.c's ops (see kernels.h for what each
  * computes). Sections:
  *   1. KV cache elements: float32 or IEEE half, and the weighted sum of rows
- *   2. SIMD kernels (AVX2 + FMA), each beside its portable C version
+ *   2. SIMD kernels (AVX2 + FMA; AVX-512 where the compiler targets it), each
+ *      beside its portable C version
  *   3. attention over the cache: one query's scores; a block of queries in
  *      tiles, with an online softmax (flash attention)
  *   4. matmul over float32 or q8_0 weights: chunks of rows over threads,
@@ -128,10 +129,12 @@ void kv_mix(float *out, const float *weights, const void *cache, int kv_type, si
 }
 
 /* ==========================================================================
- * 2. SIMD kernels: the program's only intrinsics, AVX2 + FMA. Each kernel has
- * its portable C version right beside it, which computes the same sums in a
- * different order (results agree to float rounding; the tests compare the
- * two). Builds without AVX2 get only the C versions.
+ * 2. SIMD kernels: the program's only intrinsics, AVX2 + FMA, and AVX-512
+ * for the column kernel where the compiler targets it (-march=native on a CPU
+ * that has it: kernels.h's SIMD_FLOATS). Each kernel has its portable C
+ * version right beside it, which computes the same sums in a different order
+ * (results agree to float rounding; the tests compare the two). Builds
+ * without AVX2 get only the C versions.
  * ========================================================================== */
 
 /* out[t * ldo + r] = w_r . x_t  for R rows w_r and T rows x_t of n floats.
@@ -139,6 +142,23 @@ void kv_mix(float *out, const float *weights, const void *cache, int kv_type, si
 static void dot_tile_f32_c(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = dot(w + (size_t)r * n, x + (size_t)t * n, n);
+}
+
+/* The column product: for rows r < rows and tokens t < B,
+ *   out[t * ldo + r] (or out[r * ldo + t] when by_rows) = sum_{k < n} w_r[k] * xt[k * ldx + t]
+ * with w_r[k] = w[r * w_row + k * w_col]: the rows of a matrix (w_col = 1),
+ * or the columns of one (w_row = 1), against inputs transposed, the tokens
+ * side by side in each row of xt. Blocks of matmul (rows of W against x
+ * transposed) and both products of a tile of attention (kernels.c, section 3)
+ * are this product. */
+static void cols_f32_c(float *out, int ldo, int by_rows, const float *w, size_t w_row, size_t w_col, int rows, int n,
+                       const float *xt, int ldx, int B) {
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < B; t++) {
+            float sum = 0.0f;
+            for (int k = 0; k < n; k++) sum += w[r * w_row + k * w_col] * xt[(size_t)k * ldx + t];
+            out[by_rows ? (size_t)r * ldo + t : (size_t)t * ldo + r] = sum;
+        }
 }
 
 /* The same as int8 dot products in groups: out[t * ldo + r] =
@@ -169,59 +189,99 @@ static float hsum_avx(__m256 v) { // the 8 lanes of v added
     return _mm_cvtss_f32(s);
 }
 
-/* dot_tile_f32_c for R <= 6 rows and up to 8J tokens (J <= 2, R and J
- * constants), with x given transposed: xt[k * ldx + t] = x_t[k], the tokens
- * side by side. Row r of W starts at w + r * ldw. For each column k, one
- * broadcast of w_r[k] per row meets one load of 8 tokens' x values: 12 sums of
- * 8 tokens each + 2 x vectors + 1 broadcast = 15 of the 16 AVX2 registers, and
- * no horizontal sums. Each output is one FMA chain over k in order, so it is
- * the same whatever the tile, B or the thread count. Only the first T tokens
- * are stored (the rest is padding): out[t * ldo + r], or out[r * ldo + t]
- * when by_rows. Measured against a 3 x 4 dot-product tile (horizontal sums
- * at the end): 1.65x the prefill rate of a 15M-shaped model. */
-static inline __attribute__((always_inline)) void cols_tile_f32_avx(float *out, int ldo, int by_rows, const float *w,
-                                                                   int ldw, int n, const float *xt, int ldx, int R,
-                                                                   int J, int T) {
-    __m256 acc[6][2];
+/* The column kernel's vectors (kernels.h's SIMD_FLOATS): 16 floats with
+ * AVX-512, else 8 with AVX2; the only place where that choice is spelled. */
+#if SIMD_FLOATS == 16
+typedef __m512 vfloat;
+#define vf_zero _mm512_setzero_ps
+#define vf_load _mm512_loadu_ps
+#define vf_store _mm512_storeu_ps
+#define vf_set1 _mm512_set1_ps
+#define vf_fma _mm512_fmadd_ps // a * b + c, one rounding
+#define COLS_VECS 4            // vectors of tokens per tile: 6 x 4 sums + 4 x + 1 broadcast of 32 registers
+#else
+typedef __m256 vfloat;
+#define vf_zero _mm256_setzero_ps
+#define vf_load _mm256_loadu_ps
+#define vf_store _mm256_storeu_ps
+#define vf_set1 _mm256_set1_ps
+#define vf_fma _mm256_fmadd_ps
+#define COLS_VECS 2 // 6 x 2 sums + 2 x + 1 broadcast of 16 registers
+#endif
+#define COLS_TOKENS (COLS_VECS * SIMD_FLOATS) // tokens per tile: 64 (AVX-512) or 16 (AVX2)
+
+/* The column kernel, cols_f32_c's formula (the portable version above) for
+ * R <= 6 rows and up to J vectors of tokens (J <= COLS_VECS; R and J
+ * constants). For each k, one broadcast of w_r[k] per row meets J loads of
+ * SIMD_FLOATS tokens' values xt[k * ldx + t]: R x J sums in registers, and no
+ * horizontal sums. Each output is one FMA chain over k in order, so it is the
+ * same whatever the tile, B or the thread count. xt must be readable for J
+ * whole vectors from each row's start; only the first T tokens are stored
+ * (the rest is padding). Measured against a 3 x 4 dot-product tile
+ * (horizontal sums at the end): 1.65x the prefill rate of a 15M-shaped model
+ * (AVX2). */
+static inline __attribute__((always_inline)) void cols_tile_f32(float *out, int ldo, int by_rows, const float *w,
+                                                               size_t w_row, size_t w_col, int n, const float *xt,
+                                                               int ldx, int R, int J, int T) {
+    vfloat acc[6][COLS_VECS], x[COLS_VECS];
     for (int r = 0; r < R; r++)
-        for (int j = 0; j < J; j++) acc[r][j] = _mm256_setzero_ps();
+        for (int j = 0; j < J; j++) acc[r][j] = vf_zero();
     for (int k = 0; k < n; k++) {
-        __m256 x0 = _mm256_loadu_ps(xt + (size_t)k * ldx), x1 = J > 1 ? _mm256_loadu_ps(xt + (size_t)k * ldx + 8) : x0;
+        for (int j = 0; j < J; j++) x[j] = vf_load(xt + (size_t)k * ldx + j * SIMD_FLOATS);
         for (int r = 0; r < R; r++) {
-            __m256 wr = _mm256_broadcast_ss(w + (size_t)r * ldw + k);
-            acc[r][0] = _mm256_fmadd_ps(wr, x0, acc[r][0]);
-            if (J > 1) acc[r][1] = _mm256_fmadd_ps(wr, x1, acc[r][1]);
+            vfloat wr = vf_set1(w[r * w_row + k * w_col]);
+            for (int j = 0; j < J; j++) acc[r][j] = vf_fma(wr, x[j], acc[r][j]);
         }
     }
-    float tile[6][16]; // stored whole first: a partial store loop over acc makes
-                       // GCC write every sum to memory at every k as well
+    if (by_rows && T == J * SIMD_FLOATS) { // whole vectors straight into out's rows
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < J; j++) vf_store(out + (size_t)r * ldo + j * SIMD_FLOATS, acc[r][j]);
+        return;
+    }
+    float tile[6][COLS_TOKENS]; // stored whole first: a partial store loop over acc makes
+                                // GCC write every sum to memory at every k as well
     for (int r = 0; r < R; r++)
-        for (int j = 0; j < J; j++) _mm256_storeu_ps(&tile[r][8 * j], acc[r][j]);
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) out[by_rows ? (size_t)r * ldo + t : (size_t)t * ldo + r] = tile[r][t];
+        for (int j = 0; j < J; j++) vf_store(&tile[r][j * SIMD_FLOATS], acc[r][j]);
+    if (by_rows)
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++) out[(size_t)r * ldo + t] = tile[r][t];
+    else // each token's R outputs side by side: measured 1.3x the rate of storing row by row (rows of out far apart)
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) out[(size_t)t * ldo + r] = tile[r][t];
 }
 
-/* out[t * ldo + r] (or out[r * ldo + t] when by_rows) = w_r . x_t for the
- * rows w_r of W (rows, n; row r at w + r * ldw) and the B tokens of xt
- * (n, ldx; B <= ldx, padded to a multiple of 8): tiles of 6 rows x 16 tokens. */
-static void cols_f32(float *out, int ldo, int by_rows, const float *w, int ldw, int rows, int n, const float *xt,
-                     int ldx, int B) {
-    for (int i = 0; i < rows; i += 6)
-        for (int b = 0; b < B; b += 16) {
+/* cols_tile_f32 with R (a constant) rows and T <= COLS_TOKENS tokens: as many
+ * vectors as T needs, each count its own instance. */
+static inline __attribute__((always_inline)) void cols_tile_rows(float *out, int ldo, int by_rows, const float *w,
+                                                                size_t w_row, size_t w_col, int n, const float *xt,
+                                                                int ldx, int R, int T) {
+    int J = (T + SIMD_FLOATS - 1) / SIMD_FLOATS;
+    if (J == 1) cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, n, xt, ldx, R, 1, T);
+    else if (J == 2) cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, n, xt, ldx, R, 2, T);
+#if COLS_VECS == 4
+    else if (J == 3) cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, n, xt, ldx, R, 3, T);
+    else cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, n, xt, ldx, R, 4, T);
+#endif
+}
+
+/* cols_f32_c's formula (kernels.h's strides; xt's rows readable up to B
+ * rounded up to SIMD_FLOATS) in tiles of 6 rows x COLS_TOKENS tokens, the
+ * last rows in tiles of 4, 2 and 1. */
+static void cols_f32(float *out, int ldo, int by_rows, const float *w, size_t w_row, size_t w_col, int rows, int n,
+                     const float *xt, int ldx, int B) {
+    for (int i = 0, R; i < rows; i += R) {
+        R = rows - i >= 6 ? 6 : rows - i >= 4 ? 4 : rows - i >= 2 ? 2 : 1;
+        const float *wi = w + (size_t)i * w_row;
+        for (int b = 0; b < B; b += COLS_TOKENS) {
             float *o = out + (by_rows ? (size_t)i * ldo + b : (size_t)b * ldo + i);
-            size_t next_row = by_rows ? (size_t)ldo : 1; // o's step from row r to r + 1
-            const float *wi = w + (size_t)i * ldw, *x = xt + b;
-            int T = B - b < 16 ? B - b : 16;
-            if (rows - i >= 6 && T > 8) cols_tile_f32_avx(o, ldo, by_rows, wi, ldw, n, x, ldx, 6, 2, T);
-            else if (rows - i >= 6) cols_tile_f32_avx(o, ldo, by_rows, wi, ldw, n, x, ldx, 6, 1, T);
-            else
-                for (int r = 0; r < rows - i; r++) { // the last rows, one at a time
-                    float *orow = o + r * next_row;
-                    const float *wr = wi + (size_t)r * ldw;
-                    if (T > 8) cols_tile_f32_avx(orow, ldo, by_rows, wr, ldw, n, x, ldx, 1, 2, T);
-                    else cols_tile_f32_avx(orow, ldo, by_rows, wr, ldw, n, x, ldx, 1, 1, T);
-                }
+            const float *x = xt + b;
+            int T = B - b < COLS_TOKENS ? B - b : COLS_TOKENS;
+            if (R == 6) cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, n, x, ldx, 6, T);
+            else if (R == 4) cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, n, x, ldx, 4, T);
+            else if (R == 2) cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, n, x, ldx, 2, T);
+            else cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, n, x, ldx, 1, T);
         }
+    }
 }
 
 /* dot_tile_f32_c for one row and one token (generation): four partial sums
@@ -382,25 +442,30 @@ void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_
 }
 
 /* attention_block (kernels.h's formula) works on tiles: ATT_QUERIES queries
- * of one head against ATT_KEYS keys at a time. With AVX2 both products of a
- * tile go through the column kernel, 12 sums in registers: scores as 6 keys x
- * 16 queries (one load of a key value serves 16 queries), and the weighted
- * sum of values as 6 queries x 16 of their head_size outputs. The key and
- * value tiles of 48 rows (12 KiB each at head_size 64) stay in L1 while the
- * queries pass over them; a query tile's output, m and l stay there too.
- * Per thread, scratch (attention_block_floats):
+ * of one head against ATT_KEYS keys at a time, everything stored keys x
+ * queries or head_size x queries, the queries side by side:
+ *   s  = K q_t     (ATT_KEYS, queries)    s[c][j] = k_c . q_j
+ *   p  = exp(s * scale - m')              per query j, its keys only
+ *   pv = V^T p     (head_size, queries)   pv[i][j] = sum_c v_c[i] p[c][j]
+ *   o  = o * alpha + pv                   alpha[j] = exp(m_j - m'_j)
+ * Both products are the column product (cols_f32_c, SIMD cols_f32), and the
+ * softmax steps are elementwise over rows of queries, so every step runs in
+ * SIMD lanes over queries with no horizontal sums, and the products store
+ * whole vectors. The key and value tiles of 48 rows (9 KiB each at head_size
+ * 48) stay in L1 while the 64 queries pass over them, so each key is read from
+ * the cache memory once per 64 queries. Per thread, scratch
+ * (attention_block_floats):
  *   q_t    (head_size, ATT_QUERIES) the tile's queries transposed, zero past them
- *   p      (ATT_ROWS, ATT_KEYS)     scores, then exp(s - m'); rows past the queries zero
- *   pv     (ATT_ROWS, head_size)    p @ v
+ *   s      (ATT_KEYS, ATT_QUERIES)  scores, then p
+ *   pv, o  (head_size, ATT_QUERIES) p's weighted values, the output so far
  *   k, v   (ATT_KEYS, head_size)    an f16 cache's key and value tile as float32
- *   m, l, alpha (ATT_QUERIES)       running maximum and sum, this tile's exp(m - m') */
-#define ATT_QUERIES 16
-#define ATT_KEYS 48 // a multiple of the column kernel's 6 rows
-#define ATT_ROWS 18 // ATT_QUERIES rounded up to 6 rows
+ *   m, l, alpha, max (ATT_QUERIES)  running maximum and sum, exp(m - m'), the tile's maximum */
+#define ATT_QUERIES 64
+#define ATT_KEYS 48
 
 size_t attention_block_floats(int head_size) {
     size_t hs = (size_t)head_size;
-    return hs * ATT_QUERIES + ATT_ROWS * ATT_KEYS + ATT_ROWS * hs + 2 * ATT_KEYS * hs + 3 * ATT_QUERIES;
+    return 3 * hs * ATT_QUERIES + ATT_KEYS * ATT_QUERIES + 2 * ATT_KEYS * hs + 4 * ATT_QUERIES;
 }
 
 /* Rows k0 .. k0+n-1 of a head's slice of the cache (head_size values from
@@ -418,60 +483,60 @@ static const float *kv_tile(float *buf, int *ld, const void *cache, int kv_type,
     return buf;
 }
 
-/* p[j * ATT_KEYS + c] = q_j . k_c            j < nq queries, c < nk keys
- * q_j = q + j * ldq (q_t: the same, transposed); k_c = k + c * ldk. */
-static void tile_scores(float *p, const float *q, int ldq, const float *q_t, const float *k, int ldk, int nq, int nk,
-                        int head_size) {
+/* The column product (cols_f32_c's formula) by rows, SIMD when there is. */
+static void cols_product(float *out, int ldo, const float *w, size_t w_row, size_t w_col, int rows, int n,
+                         const float *xt, int ldx, int B) {
 #if HAVE_SIMD
-    if (use_simd && head_size % 8 == 0) {
-        cols_f32(p, ATT_KEYS, 0, k, ldk, nk, head_size, q_t, ATT_QUERIES, nq);
+    if (use_simd) {
+        cols_f32(out, ldo, 1, w, w_row, w_col, rows, n, xt, ldx, B);
         return;
     }
 #endif
-    (void)q_t;
-    for (int j = 0; j < nq; j++) kv_scores(p + (size_t)j * ATT_KEYS, q + (size_t)j * ldq, k, KV_F32, 0, ldk, nk, head_size);
+    cols_f32_c(out, ldo, 1, w, w_row, w_col, rows, n, xt, ldx, B);
 }
 
-/* pv[j * head_size + i] = sum_c p[j * ATT_KEYS + c] v_c[i]    j < nq, c < nk
- * v_c = v + c * ldv. The SIMD version computes whole 6-row tiles: rows nq..
- * of p are zero, and so are those rows of pv. */
-static void tile_mix(float *pv, const float *p, const float *v, int ldv, int nq, int nk, int head_size) {
-#if HAVE_SIMD
-    if (use_simd && head_size % 8 == 0) {
-        cols_f32(pv, head_size, 1, p, ATT_KEYS, (nq + 5) / 6 * 6, nk, v, ldv, head_size);
-        return;
-    }
-#endif
-    for (int j = 0; j < nq; j++) kv_mix(pv + (size_t)j * head_size, p + (size_t)j * ATT_KEYS, v, KV_F32, 0, ldv, nk, head_size);
-}
-
-/* One query's step of the online softmax over a tile of nk scores, of which
- * c in [a, e) are keys it sees (kernels.h): row = q . k_c on entry,
- * exp(s_c - m') on return (0 for the keys it does not see); m and l move to
- * m' and l'; returns exp(m - m'), the factor for the output so far. A query
- * that sees none of the tile's keys keeps m and l (factor 1, weights 0). */
-static float online_softmax_step(float *row, int nk, int a, int e, float scale, float *m, float *l) {
-    if (a >= e) {
-        memset(row, 0, (size_t)nk * sizeof(float));
-        return 1.0f;
-    }
-    float max = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : max)
+/* The online softmax step for a tile of nk keys (from key k0) and the nq
+ * queries at positions pos .. pos+nq-1: on entry s[c * ATT_QUERIES + j] =
+ * k_c . q_j; on return exp(s * scale - m'_j), 0 for the keys query j does not
+ * see (kernels.h: key k0 + c with lo_j <= k0 + c <= pos + j); m and l move to
+ * m' and l', and alpha[j] = exp(m_j - m'_j), the factor for the output so far
+ * (1 for a query that has seen no key yet). tile_max: scratch. */
+static void online_softmax_tile(float *s, int nk, int nq, int k0, int pos, int window, float scale, float *m,
+                                float *l, float *alpha, float *tile_max) {
+    for (int j = 0; j < nq; j++) tile_max[j] = -INFINITY, alpha[j] = 0.0f;
+    // masking is needed on the diagonal tile(s) and at a window's edge only
+    int masked = k0 + nk - 1 > pos || (window > 0 && k0 < pos + nq - window);
     for (int c = 0; c < nk; c++) {
-        float s = c >= a && c < e ? row[c] * scale : -INFINITY; // s_c; -inf: exp gives 0
-        row[c] = s;
-        max = s > max ? s : max;
+        float *row = s + (size_t)c * ATT_QUERIES;
+        int key = k0 + c;
+        if (masked) {
+#pragma omp simd simdlen(SIMD_FLOATS)
+            for (int j = 0; j < nq; j++) {
+                int sees = key <= pos + j && (window <= 0 || key > pos + j - window);
+                row[j] = sees ? row[j] * scale : -INFINITY;
+            }
+        } else {
+#pragma omp simd simdlen(SIMD_FLOATS)
+            for (int j = 0; j < nq; j++) row[j] *= scale;
+        }
+#pragma omp simd simdlen(SIMD_FLOATS)
+        for (int j = 0; j < nq; j++) tile_max[j] = row[j] > tile_max[j] ? row[j] : tile_max[j];
     }
-    float m_new = max > *m ? max : *m;
-#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < nq; j++) { // m' = max(m, the tile's maximum)
+        float m_new = tile_max[j] > m[j] ? tile_max[j] : m[j];
+        alpha[j] = m_new == -INFINITY ? 1.0f : exp_fast(m[j] - m_new); // 0 on the first tile seen
+        tile_max[j] = m_new == -INFINITY ? 0.0f : m_new; // every s is -inf then: exp gives 0
+        m[j] = m_new;
+        l[j] *= alpha[j];
+    }
     for (int c = 0; c < nk; c++) {
-        row[c] = exp_fast(row[c] - m_new);
-        sum += row[c];
+        float *row = s + (size_t)c * ATT_QUERIES;
+#pragma omp simd simdlen(SIMD_FLOATS)
+        for (int j = 0; j < nq; j++) {
+            row[j] = exp_fast(row[j] - tile_max[j]);
+            l[j] += row[j];
+        }
     }
-    float alpha = exp_fast(*m - m_new); // 0 on the first tile (m = -inf), 1 when the maximum stays
-    *l = *l * alpha + sum;
-    *m = m_new;
-    return alpha;
 }
 
 /* One head, nq <= ATT_QUERIES queries at positions pos .. pos+nq-1
@@ -479,45 +544,36 @@ static float online_softmax_step(float *row, int nk, int a, int e, float scale, 
  * the head's slice of the caches (from `offset` in each row, rows kv_dim
  * apart): kernels.h's formula over the tiles of keys first .. pos+nq-1,
  * first = the first query's first key. Tiles past the last query's key are
- * never read, nor keys older than the first query's window; the tiles on the
- * diagonal or at a window's edge mask per query. */
+ * never read, nor keys older than the first query's window. */
 static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq, int pos, int window,
                            const void *keys, int key_type, const void *values, int value_type, size_t offset,
                            int kv_dim, int head_size, float *scratch) {
-    size_t hs = (size_t)head_size;
-    float *q_t = scratch, *p = q_t + hs * ATT_QUERIES, *pv = p + ATT_ROWS * ATT_KEYS, *k_buf = pv + ATT_ROWS * hs;
-    float *v_buf = k_buf + ATT_KEYS * hs, *m = v_buf + ATT_KEYS * hs, *l = m + ATT_QUERIES, *alpha = l + ATT_QUERIES;
+    size_t hs = (size_t)head_size, Q = ATT_QUERIES;
+    float *q_t = scratch, *s = q_t + hs * Q, *pv = s + ATT_KEYS * Q, *o = pv + hs * Q, *k_buf = o + hs * Q;
+    float *v_buf = k_buf + ATT_KEYS * hs, *m = v_buf + ATT_KEYS * hs, *l = m + Q, *alpha = l + Q, *tile_max = alpha + Q;
     float scale = 1.0f / sqrtf((float)head_size);
     for (size_t i = 0; i < hs; i++)
-        for (int j = 0; j < ATT_QUERIES; j++) q_t[i * ATT_QUERIES + j] = j < nq ? q[(size_t)j * ldq + i] : 0.0f;
-    memset(p, 0, sizeof(float) * ATT_ROWS * ATT_KEYS);
-    for (int j = 0; j < nq; j++) {
-        m[j] = -INFINITY, l[j] = 0.0f;
-        memset(out + (size_t)j * ldo, 0, hs * sizeof(float));
-    }
+        for (int j = 0; j < ATT_QUERIES; j++) q_t[i * Q + j] = j < nq ? q[(size_t)j * ldq + i] : 0.0f;
+    memset(o, 0, hs * Q * sizeof(float));
+    for (int j = 0; j < ATT_QUERIES; j++) m[j] = -INFINITY, l[j] = 0.0f;
     // query j (position pos + j) sees keys lo_j .. pos + j, lo_j = pos + j + 1 - window (at least 0) with a window
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0, end = pos + nq;
     for (int k0 = first; k0 < end; k0 += ATT_KEYS) {
         int nk = end - k0 < ATT_KEYS ? end - k0 : ATT_KEYS, ldk, ldv;
         const float *k = kv_tile(k_buf, &ldk, keys, key_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
         const float *v = kv_tile(v_buf, &ldv, values, value_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
-        tile_scores(p, q, ldq, q_t, k, ldk, nq, nk, head_size);
-        for (int j = 0; j < nq; j++) {
-            int lo = window > 0 && pos + j + 1 > window ? pos + j + 1 - window : 0;
-            int a = lo > k0 ? lo - k0 : 0, e = pos + j + 1 - k0 < nk ? pos + j + 1 - k0 : nk; // visible: [a, e)
-            alpha[j] = online_softmax_step(p + (size_t)j * ATT_KEYS, nk, a, e, scale, &m[j], &l[j]);
-        }
-        tile_mix(pv, p, v, ldv, nq, nk, head_size);
-        for (int j = 0; j < nq; j++) { // o = o * exp(m - m') + sum_c exp(s_c - m') v_c
-            float *o = out + (size_t)j * ldo;
-            const float *add = pv + (size_t)j * hs;
-            for (size_t i = 0; i < hs; i++) o[i] = o[i] * alpha[j] + add[i];
+        cols_product(s, ATT_QUERIES, k, (size_t)ldk, 1, nk, head_size, q_t, ATT_QUERIES, nq);   // s = K q_t
+        online_softmax_tile(s, nk, nq, k0, pos, window, scale, m, l, alpha, tile_max);        // s -> p
+        cols_product(pv, ATT_QUERIES, v, 1, (size_t)ldv, head_size, nk, s, ATT_QUERIES, nq);  // pv = V^T p
+        for (size_t i = 0; i < hs; i++) { // o = o * alpha + pv
+            float *oi = o + i * Q;
+            const float *add = pv + i * Q;
+#pragma omp simd simdlen(SIMD_FLOATS)
+            for (int j = 0; j < nq; j++) oi[j] = oi[j] * alpha[j] + add[j];
         }
     }
-    for (int j = 0; j < nq; j++) { // out = o / l
-        float *o = out + (size_t)j * ldo;
-        for (size_t i = 0; i < hs; i++) o[i] /= l[j];
-    }
+    for (int j = 0; j < nq; j++) // out = o / l, back to one row per query
+        for (size_t i = 0; i < hs; i++) out[(size_t)j * ldo + i] = o[i * Q + j] / l[j];
 }
 
 /* kernels.h: every head's tiles of ATT_QUERIES queries are independent work
@@ -640,7 +696,7 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
     if (int8) quantize_q8(scratch->x_q, scratch->x_scale, x, B, n, gs);
     // Several tokens against float rows (float32, or q8_0 dequantized): the
     // column kernel, on x transposed once here.
-    int by_columns = HAVE_SIMD && use_simd && B > 1 && !int8 && scratch && scratch->x_t, ldx = (B + 7) / 8 * 8;
+    int by_columns = HAVE_SIMD && use_simd && B > 1 && !int8 && scratch && scratch->x_t, ldx = simd_round_up(B);
     if (by_columns) transpose_block(scratch->x_t, x, B, ldx, n);
     int tile_rows = int8 ? TILE_ROWS_Q8 : TILE_ROWS_F32, tile_tokens = int8 ? TILE_TOKENS_Q8 : TILE_TOKENS_F32;
     int n_chunks = (d + ROW_CHUNK - 1) / ROW_CHUNK, chunk;
@@ -659,7 +715,7 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
         }
 #if HAVE_SIMD
         if (by_columns) {
-            cols_f32(out + start, d, 0, rows, n, end - start, n, scratch->x_t, ldx, B);
+            cols_f32(out + start, d, 0, rows, (size_t)n, 1, end - start, n, scratch->x_t, ldx, B);
             continue;
         }
 #endif

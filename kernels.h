@@ -3,10 +3,11 @@
  * run.c states each operation as a formula and a plain loop (its
  * matmul_reference is the definition of matmul); kernels.c computes the same
  * things fast: weights stored float32 or q8_0, a KV cache of float32 or IEEE
- * half, AVX2 tiles that let one load of a weight serve many tokens, and
- * threads. Every kernel here has a portable C version; tests/test_run.c checks
- * each one against run.c's matmul_reference or a double-precision reference. Read run.c first; come here to see
- * how the time is spent.
+ * half, SIMD tiles (AVX-512 or AVX2) that let one load of a weight serve many
+ * tokens, and threads. Every kernel here has a portable C version;
+ * tests/test_run.c checks each one against run.c's matmul_reference or a
+ * double-precision reference. Read run.c first; come here to see how the time
+ * is spent.
  *
  * Shape names are model.h's (dim, kv_dim, head_size, n_ctx, ...); B is the
  * number of tokens a call carries.
@@ -21,15 +22,29 @@
 #include "model.h"
 
 /* The SIMD kernels need AVX2 and FMA (x86-64 since 2013): `make` enables
- * them with -march=native where the CPU has them; `make portable` and other
- * CPUs get the portable C versions alone. use_simd = 0 selects the portable
- * versions at run time in a SIMD build (the tests do, to compare the two). */
+ * them with -march=native where the CPU has them, and AVX-512 with them where
+ * it has that too (chosen at compile time: a binary runs on CPUs like the one
+ * that built it); `make portable` and other CPUs get the portable C versions
+ * alone. use_simd = 0 selects the portable versions at run time in a SIMD
+ * build (the tests do, to compare the two). */
 #if defined(__AVX2__) && defined(__FMA__)
 #define HAVE_SIMD 1
 #else
 #define HAVE_SIMD 0
 #endif
 extern int use_simd;
+
+/* Floats per vector of the column kernel (kernels.c), the widest the compiler
+ * targets: 16 where -march=native finds AVX-512 (twice AVX2's floating-point
+ * rate on the machines that have it), else 8. Buffers the kernel reads whole
+ * vectors of (matmul's x_t) are padded to a multiple of it. */
+#if HAVE_SIMD && defined(__AVX512F__)
+#define SIMD_FLOATS 16
+#else
+#define SIMD_FLOATS 8
+#endif
+/* n rounded up to a whole number of vectors */
+static inline int simd_round_up(int n) { return (n + SIMD_FLOATS - 1) / SIMD_FLOATS * SIMD_FLOATS; }
 
 /* Below this many multiply-adds a parallel region costs more than it saves
  * (thread wake-up is microseconds; a 64x64 matmul is about a microsecond). */
@@ -129,13 +144,13 @@ static inline uint16_t float_to_half(float x) {
  * the sums go in another order).
  * out, q: (B, n_heads, head_size); keys, values: one layer's (n_ctx, kv_dim)
  * of key_type / value_type, KV_F32 or KV_F16 (an f16 tile is converted to
- * float32 first, then the same code). Tiles of 16 queries x 48 keys
+ * float32 first, then the same code). Tiles of 64 queries x 48 keys
  * (kernels.c); keys past the last query's position, or older than the first
  * query's window, are never read. scratch: (threads,
  * attention_block_floats(head_size)) floats; the heads x tiles of queries go
  * over at most `threads` OpenMP threads, each output computed by the same
- * code whatever their number. AVX2 tiles when head_size is a multiple of 8,
- * portable loops otherwise. */
+ * code whatever their number. SIMD tiles (AVX-512 or AVX2) for every
+ * head_size, portable loops in a build without them. */
 size_t attention_block_floats(int head_size);
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
                      int B, int pos0, int window, int n_heads, int n_kv_heads, int head_size, float *scratch,
@@ -152,14 +167,14 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
 
 /* What matmul needs besides its operands.
  * Several tokens (SIMD build): x is transposed into x_t, so that one load
- * gives 8 tokens' values of one column. q8_0 weights: with one token, x is
+ * gives SIMD_FLOATS tokens' values of one column. q8_0 weights: with one token, x is
  * quantized into x_q and x_scale and the products are int8 dot products; with
  * several, each thread dequantizes ROW_CHUNK rows at a time into its slice of
  * w_rows and uses the float kernel. Float32 weights need no scratch (NULL:
  * blocks then take the portable tiles); q8_0 weights need at least x_q and
  * x_scale. */
 typedef struct {
-    float *x_t;     // (max(dim, hidden_dim), B rounded up to 8) the input transposed, B > 1 only
+    float *x_t;     // (max(dim, hidden_dim), simd_round_up(B)) the input transposed, B > 1 only
     int8_t *x_q;    // (B, max(dim, hidden_dim)) the input, quantized
     float *x_scale; // (B, max(dim, hidden_dim) / group_size) its scales
     float *w_rows;  // (threads, ROW_CHUNK, max(dim, hidden_dim)) dequantized rows, or NULL

@@ -805,7 +805,7 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
         // only with a pre-RoPE key cache: the query at its group position, one layer of rotated keys
         FLOATS(s->q_grouped, t->prerope ? dim : 0), FLOATS(s->key_rot, t->prerope ? n_ctx * kv_dim : 0),
         // matmul's input transposed (blocks); with q8_0 weights, quantized
-        FLOATS(s->mm.x_t, B > 1 ? widest * ((B + 7) / 8 * 8) : 0),
+        FLOATS(s->mm.x_t, B > 1 ? widest * simd_round_up((int)B) : 0),
         {(void **)&s->mm.x_q, q8 ? B * widest : 0, sizeof(int8_t)},
         FLOATS(s->mm.x_scale, q8 ? B * widest / c->group_size : 0),
         FLOATS(s->mm.w_rows, q8 && B > 1 ? (size_t)threads * ROW_CHUNK * widest : 0),

@@ -564,10 +564,12 @@ static void matmul_ref(double *out, const float *x, const float *w, int B, int n
  * unit-scale products: 1e-5 * sqrt(n)-ish, written 2e-4 absolute on outputs of
  * magnitude ~sqrt(n). q8_0: the same integer sums, only the float
  * accumulation order differs: 1e-4 relative to the output scale.
- * Shapes include edge tiles (d % 4 != 0, B % 3 != 0) and n % 8 != 0. */
+ * Shapes include edge tiles (d % 6 != 0: the last rows in tiles of 4, 2, 1;
+ * B % 16 != 0; B = 70 and 128: several tiles of 64 tokens with AVX-512, of
+ * 16 with AVX2) and n % 8 != 0. */
 static void test_matmul_kernels(void) {
     int shapes[][3] = {{1, 288, 36}, {5, 288, 37}, {32, 64, 16}, {7, 172, 9}, {2, 96, 5}, {3, 512, 12},
-                       {17, 100, 30}, {32, 768, 13}};
+                       {17, 100, 30}, {32, 768, 13}, {70, 96, 29}, {128, 64, 7}};
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
         int B = shapes[c][0], n = shapes[c][1], d = shapes[c][2], gs = n % 32 == 0 ? 32 : 4;
         float *x = malloc(sizeof(float) * B * n), *w = malloc(sizeof(float) * d * n);
@@ -575,7 +577,7 @@ static void test_matmul_kernels(void) {
         float *wd = malloc(sizeof(float) * d * n), *ws = malloc(sizeof(float) * d * n / gs);
         float *xs = malloc(sizeof(float) * B * n / gs);
         int8_t *wq = malloc((size_t)d * n), *xq = malloc((size_t)B * n);
-        float *xt = malloc(sizeof(float) * n * 32); // x transposed, for blocks (the column kernel)
+        float *xt = malloc(sizeof(float) * n * simd_round_up(B)); // x transposed, for blocks (the column kernel)
         MatmulScratch fs = {.x_t = xt};
         double *ref = malloc(sizeof(double) * B * d);
         fill_randn(x, (size_t)B * n, 1.0f);
@@ -720,14 +722,13 @@ static void attention_ref(double *out, const float *q, const float *keys, const 
 static double abs_err(double a, double b) { return isnan(a) || isnan(b) ? INFINITY : fabs(a - b); }
 
 /* attention against the double reference, on every path: a block of B
- * tokens (kernels.c's attention_block: tiles of 16 queries x 48 keys, online
- * softmax; AVX2 tiles where head_size % 8 == 0, else the portable loops), the
- * same block with the portable loops forced (use_simd = 0), and the same
- * tokens one at a time (kv_scores / kv_mix), with a float32 cache and an f16
- * one.
- * Shapes: head sizes 8, 16, 24 (one 8-wide vector at the end of a 16-wide
- * output tile), 64, and 20 (not a multiple of 8: the portable loops even in a
- * SIMD build); B = 2, 7, 17 (a tile of 16 and one of 1), 32;
+ * tokens (kernels.c's attention_block: tiles of 64 queries x 48 keys, online
+ * softmax; SIMD tiles in a SIMD build), the same block with the portable
+ * loops forced (use_simd = 0), and the same tokens one at a time (kv_scores /
+ * kv_mix), with a float32 cache and an f16 one.
+ * Shapes: head sizes 8, 16, 24, 64, and 20 (not a multiple of 8: the
+ * products' last row tiles of 2); B = 2, 7, 17 (one 16-query vector and one
+ * of 1 with AVX2), 70 (a tile of 64 queries and one of 6);
  * blocks at position 0, at 5, and at the end of a 150-position cache (keys in
  * tiles of 48, 48, 48 and a partial one; buffers of exactly n_ctx rows, so the
  * sanitizer build with -march=native catches a read past them); no window,
@@ -747,10 +748,11 @@ static double abs_err(double a, double b) { return isnan(a) || isnan(b) ? INFINI
  * error is about the weights' relative error: the scores' absolute error
  * (float sums of <= 64 unit-scale products, 8x larger with the peaked
  * queries), exp_fast's 2 ulp, and float sums of <= 150 terms. Measured with
- * gcc -O3 -march=native: at most 1.1e-5 for the block (its rescaling adds a
- * rounding per key tile), 5e-6 one query at a time; the bound is 2e-5. */
+ * gcc -O3 -march=native (AVX-512 and AVX2 builds alike): at most 8.2e-6 for
+ * the block (its rescaling adds a rounding per key tile), 4.7e-6 one query at
+ * a time; the bound is 2e-5. */
 static void test_attention_block(void) {
-    int head_sizes[] = {8, 16, 24, 64, 20}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 7, 17, 32};
+    int head_sizes[] = {8, 16, 24, 64, 20}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 7, 17, 70};
     int windows[] = {0, 1, 7, 40}, n_ctx = 150;
     double worst[2][3] = {{0}}; // [f32, f16 cache][block, portable block, one at a time]
     int differ_by_threads = 0, thread_cases = 0;
@@ -947,8 +949,8 @@ static void test_block_prefill(void) {
     int tokens[45], V = 50;
     for (int i = 0; i < 45; i++) tokens[i] = (int)(random_u32(&test_rng) % V);
     float *block = malloc(sizeof(float) * 45 * V);
-    for (int p0 = 0; p0 < 45; p0 += FORWARD_BLOCK) { // blocks of 32, then 13
-        int B = 45 - p0 < FORWARD_BLOCK ? 45 - p0 : FORWARD_BLOCK;
+    for (int p0 = 0; p0 < 45; p0 += 20) { // blocks of 20, 20 and 5 (FORWARD_BLOCK is the most a block may carry)
+        int B = 45 - p0 < 20 ? 45 - p0 : 20;
         CHECK(forward_block(&a, tokens + p0, B, p0, LOGITS_ALL) == 0, "forward_block of %d tokens at %d failed", B, p0);
         memcpy(block + (size_t)p0 * V, a.state.logits, sizeof(float) * B * V);
     }
@@ -1107,7 +1109,9 @@ int main(void) {
     test_ppl_score_arguments();
     test_passkey_text();
     test_cache_map();
-    printf("run: %d passed, %d failed (SIMD kernels %s)\n", n_pass, n_fail,
-           HAVE_SIMD ? "compared with the portable ones" : "not built: portable kernels only");
+    printf("run: %d passed, %d failed (%s)\n", n_pass, n_fail,
+           !HAVE_SIMD ? "SIMD kernels not built: portable kernels only"
+           : SIMD_FLOATS == 16 ? "AVX-512 kernels compared with the portable ones"
+                               : "AVX2 kernels compared with the portable ones");
     return n_fail ? 1 : 0;
 }
