@@ -242,6 +242,7 @@ static inline __attribute__((always_inline)) void cols_tile_f32(float *out, int 
                                 // GCC write every sum to memory at every k as well
     for (int r = 0; r < R; r++)
         for (int j = 0; j < J; j++) vf_store(&tile[r][j * SIMD_FLOATS], acc[r][j]);
+    T = T < J * SIMD_FLOATS ? T : J * SIMD_FLOATS; // (always T: this tells the compiler so)
     if (by_rows)
         for (int r = 0; r < R; r++)
             for (int t = 0; t < T; t++) out[(size_t)r * ldo + t] = tile[r][t];
@@ -321,45 +322,53 @@ static void dot8_f32_avx(float *out, const float *q, const float *k, int stride,
     _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
 }
 
-/* dot_tile_q8_c for R <= 4, T <= 2 and gs a multiple of 32. Per 32 values:
- * _mm256_maddubs_epi16 multiplies unsigned by signed bytes, so the sign of x
- * moves onto w (|x| * sign(x) w = x w); pairs are summed to int16 (at most
- * 2 * 127 * 127, no overflow) and then to int32 by _mm256_madd_epi16. */
+/* acc + the products a[i] * b[i] of 32 unsigned bytes a and signed bytes b,
+ * summed in fours into acc's 8 int32 lanes. One instruction with VNNI
+ * (AVX-512 VNNI, or AVX-VNNI on CPUs without AVX-512); else
+ * _mm256_maddubs_epi16 sums pairs to int16 (at most 2 * 127 * 127 here, no
+ * overflow: both operands are within +-127) and _mm256_madd_epi16 pairs of
+ * those to int32. The sums are exact either way, so both give the same bits. */
+static inline __m256i dot_u8s8_avx(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* The int32 sums of w[i] * x[i] over one group of gs int8 values (gs a
+ * multiple of 32), in 8 lanes. The products take unsigned bytes on one side,
+ * so the sign of x moves onto w: |x| * (sign(x) w) = x w. */
+static inline __m256i group_dot_i8_avx(const int8_t *w, const int8_t *x, int gs) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int i = 0; i < gs; i += 32) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + i)), wv = _mm256_loadu_si256((const __m256i *)(w + i));
+        isum = dot_u8s8_avx(isum, _mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+    }
+    return isum;
+}
+
+/* dot_tile_q8_c for R <= 4, T <= 2 and gs a multiple of 32 (R, T, gs
+ * constants): each group's integer sums (group_dot_i8_avx), converted to
+ * float and scaled by ws_r[g] * xs_t[g] into R x T float sums. */
 static inline __attribute__((always_inline)) void dot_tile_q8_avx(float *out, int ldo, const int8_t *w,
                                                                  const float *ws, const int8_t *x, const float *xs,
                                                                  int R, int T, int n, int gs) {
     int groups = n / gs;
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4][2];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++)
         for (int r = 0; r < R; r++)
             for (int t = 0; t < T; t++) {
-                __m256i isum = _mm256_setzero_si256();
-                for (int i = g * gs; i < (g + 1) * gs; i += 32) {
-                    __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (size_t)t * n + i));
-                    __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (size_t)r * n + i));
-                    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, ones));
-                }
+                __m256i isum = group_dot_i8_avx(w + (size_t)r * n + (size_t)g * gs, x + (size_t)t * n + (size_t)g * gs, gs);
                 __m256 scale = _mm256_set1_ps(ws[(size_t)r * groups + g] * xs[(size_t)t * groups + g]);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][t]);
             }
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) out[(size_t)t * ldo + r] = hsum_avx(acc[r][t]);
-}
-
-/* The int32 sums of w[i] * x[i] over one group of gs int8 values (gs a
- * multiple of 32), in 8 lanes: as in dot_tile_q8_avx above. */
-static inline __m256i group_dot_i8_avx(const int8_t *w, const int8_t *x, int gs) {
-    __m256i isum = _mm256_setzero_si256();
-    for (int i = 0; i < gs; i += 32) {
-        __m256i xv = _mm256_loadu_si256((const __m256i *)(x + i)), wv = _mm256_loadu_si256((const __m256i *)(w + i));
-        __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-    }
-    return isum;
 }
 
 /* dot_tile_q8_c for one row and one token (generation), gs a multiple of 32:
@@ -382,6 +391,39 @@ static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const i
     }
     *out = hsum_avx(_mm256_add_ps(acc0, acc1));
 }
+
+#if SIMD_FLOATS == 16 && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define HAVE_Q8_AVX512 1
+/* dot_q8_avx for gs = 32 with 512-bit vectors and VNNI: two groups per
+ * vector, eight per step. abs(x) and w with x's sign (AVX-512 has no
+ * sign_epi8: w negated where x < 0, by mask), one VNNI product into 16 int32
+ * lanes (lanes 0-7 group g, 8-15 group g+1), converted and scaled by
+ * [d_g x 8 | d_g+1 x 8], d = ws * xs, eight of which are computed at once.
+ * About half the instructions per weight byte of the 256-bit kernel; the
+ * groups past the last multiple of 8 go through it. */
+static void dot_q8_32_avx512(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    const __m512i zero = _mm512_setzero_si512();
+    int groups = n / 32, g = 0;
+    for (; g + 8 <= groups; g += 8) {
+        __m512 d = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_loadu_ps(ws + g), _mm256_loadu_ps(xs + g)));
+        for (int p = 0; p < 4; p++) { // groups g + 2p, g + 2p + 1
+            __m512i xv = _mm512_loadu_si512(x + (size_t)(g + 2 * p) * 32);
+            __m512i wv = _mm512_loadu_si512(w + (size_t)(g + 2 * p) * 32);
+            __m512i sw = _mm512_mask_sub_epi8(wv, _mm512_movepi8_mask(xv), zero, wv);
+            __m512i isum = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(xv), sw);
+            __m512i pick = _mm512_set_epi32(2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
+                                            2 * p + 1, 2 * p + 1, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p);
+            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(pick, d), acc[p]);
+        }
+    }
+    float rest = 0.0f;
+    if (g < groups) dot_q8_avx(&rest, w + (size_t)g * 32, ws + g, x + (size_t)g * 32, xs + g, n - g * 32, 32);
+    *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) + rest;
+}
+#else
+#define HAVE_Q8_AVX512 0
+#endif
 #endif
 
 /* The tile functions matmul calls for what does not go through cols_f32
@@ -415,6 +457,9 @@ static void dot_tile_q8(float *out, int ldo, const int8_t *w, const float *ws, c
             const float *wsr = ws + (size_t)r * (n / gs);
             if (step == 4) dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 4, 2, n, gs);
             else if (T == 2) dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 1, 2, n, gs);
+#if HAVE_Q8_AVX512
+            else if (gs == 32) dot_q8_32_avx512(o, wr, wsr, x, xs, n);
+#endif
             else if (gs == 32) dot_q8_avx(o, wr, wsr, x, xs, n, 32);
             else dot_q8_avx(o, wr, wsr, x, xs, n, gs);
         }
