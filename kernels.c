@@ -130,8 +130,9 @@ void kv_mix(float *out, const float *weights, const void *cache, int kv_type, si
 
 /* ==========================================================================
  * 2. SIMD kernels: the program's only intrinsics, AVX2 + FMA, and AVX-512
- * for the column kernel where the compiler targets it (-march=native on a CPU
- * that has it: kernels.h's SIMD_FLOATS). Each kernel has its portable C
+ * (the column kernel, generation's one-row kernels) and VNNI (q8_0's int8
+ * products) where the compiler targets them (-march=native on a CPU that has
+ * them: kernels.h's SIMD_FLOATS). Each kernel has its portable C
  * version right beside it, which computes the same sums in a different order
  * (results agree to float rounding; the tests compare the two). Builds
  * without AVX2 get only the C versions.
@@ -154,10 +155,15 @@ static void dot_tile_f32_c(float *out, int ldo, const float *w, const float *x, 
 static void cols_f32_c(float *out, int ldo, int by_rows, const float *w, size_t w_row, size_t w_col, int rows, int n,
                        const float *xt, int ldx, int B) {
     for (int r = 0; r < rows; r++)
-        for (int t = 0; t < B; t++) {
-            float sum = 0.0f;
-            for (int k = 0; k < n; k++) sum += w[r * w_row + k * w_col] * xt[(size_t)k * ldx + t];
-            out[by_rows ? (size_t)r * ldo + t : (size_t)t * ldo + r] = sum;
+        for (int t0 = 0; t0 < B; t0 += 64) { // 64 tokens' sums at a time, the loop over tokens innermost:
+            int T = B - t0 < 64 ? B - t0 : 64; // xt's rows are read in order (a loop over k innermost
+            float sum[64] = {0};               // would stride through them)
+            for (int k = 0; k < n; k++) {
+                float wk = w[r * w_row + k * w_col];
+                const float *x = xt + (size_t)k * ldx + t0;
+                for (int t = 0; t < T; t++) sum[t] += wk * x[t];
+            }
+            for (int t = 0; t < T; t++) out[by_rows ? (size_t)r * ldo + t0 + t : (size_t)(t0 + t) * ldo + r] = sum[t];
         }
 }
 
@@ -269,7 +275,7 @@ static inline __attribute__((always_inline)) void cols_tile_rows(float *out, int
 #endif
 }
 
-/* cols_f32_c's formula (kernels.h's strides; xt's rows readable up to B
+/* cols_f32_c's formula (its strides; xt's rows readable up to B
  * rounded up to SIMD_FLOATS) in tiles of 6 rows x COLS_TOKENS tokens, the
  * last rows in tiles of 4, 2 and 1. */
 static void cols_f32(float *out, int ldo, int by_rows, const float *w, size_t w_row, size_t w_col, int rows, int n,
@@ -510,13 +516,16 @@ void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_
  *   s      (ATT_KEYS, ATT_QUERIES)  scores, then p
  *   pv, o  (head_size, ATT_QUERIES) p's weighted values, the output so far
  *   k, v   (ATT_KEYS, head_size)    an f16 cache's key and value tile as float32
- *   m, l, alpha, max (ATT_QUERIES)  running maximum and sum, exp(m - m'), the tile's maximum */
+ *   m, l, alpha, tile_max, shift (ATT_QUERIES)  running maximum and sum,
+ *                                   exp(m - m'), online_softmax_tile's scratch
+ * The products read whole vectors of q_t's and s's rows: their columns past
+ * the tile's queries are zero (s: set once, never written after). */
 #define ATT_QUERIES 64
 #define ATT_KEYS 48
 
 size_t attention_block_floats(int head_size) {
     size_t hs = (size_t)head_size;
-    return 3 * hs * ATT_QUERIES + ATT_KEYS * ATT_QUERIES + 2 * ATT_KEYS * hs + 4 * ATT_QUERIES;
+    return 3 * hs * ATT_QUERIES + ATT_KEYS * ATT_QUERIES + 2 * ATT_KEYS * hs + 5 * ATT_QUERIES;
 }
 
 /* Rows k0 .. k0+n-1 of a head's slice of the cache (head_size values from
@@ -551,10 +560,12 @@ static void cols_product(float *out, int ldo, const float *w, size_t w_row, size
  * k_c . q_j; on return exp(s * scale - m'_j), 0 for the keys query j does not
  * see (kernels.h: key k0 + c with lo_j <= k0 + c <= pos + j); m and l move to
  * m' and l', and alpha[j] = exp(m_j - m'_j), the factor for the output so far
- * (1 for a query that has seen no key yet). tile_max: scratch. */
+ * (1 for a query that has seen no key yet). tile_max, shift: scratch, the
+ * tile's maximum score and the value subtracted before exp (m', or 0 while
+ * m' is -inf: every s is -inf then, and exp gives 0). */
 static void online_softmax_tile(float *s, int nk, int nq, int k0, int pos, int window, float scale, float *m,
-                                float *l, float *alpha, float *tile_max) {
-    for (int j = 0; j < nq; j++) tile_max[j] = -INFINITY, alpha[j] = 0.0f;
+                                float *l, float *alpha, float *tile_max, float *shift) {
+    for (int j = 0; j < nq; j++) tile_max[j] = -INFINITY;
     // masking is needed on the diagonal tile(s) and at a window's edge only
     int masked = k0 + nk - 1 > pos || (window > 0 && k0 < pos + nq - window);
     for (int c = 0; c < nk; c++) {
@@ -576,7 +587,7 @@ static void online_softmax_tile(float *s, int nk, int nq, int k0, int pos, int w
     for (int j = 0; j < nq; j++) { // m' = max(m, the tile's maximum)
         float m_new = tile_max[j] > m[j] ? tile_max[j] : m[j];
         alpha[j] = m_new == -INFINITY ? 1.0f : exp_fast(m[j] - m_new); // 0 on the first tile seen
-        tile_max[j] = m_new == -INFINITY ? 0.0f : m_new; // every s is -inf then: exp gives 0
+        shift[j] = m_new == -INFINITY ? 0.0f : m_new;
         m[j] = m_new;
         l[j] *= alpha[j];
     }
@@ -584,7 +595,7 @@ static void online_softmax_tile(float *s, int nk, int nq, int k0, int pos, int w
         float *row = s + (size_t)c * ATT_QUERIES;
 #pragma omp simd simdlen(SIMD_FLOATS)
         for (int j = 0; j < nq; j++) {
-            row[j] = exp_fast(row[j] - tile_max[j]);
+            row[j] = exp_fast(row[j] - shift[j]);
             l[j] += row[j];
         }
     }
@@ -602,10 +613,12 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
     size_t hs = (size_t)head_size, Q = ATT_QUERIES;
     float *q_t = scratch, *s = q_t + hs * Q, *pv = s + ATT_KEYS * Q, *o = pv + hs * Q, *k_buf = o + hs * Q;
     float *v_buf = k_buf + ATT_KEYS * hs, *m = v_buf + ATT_KEYS * hs, *l = m + Q, *alpha = l + Q, *tile_max = alpha + Q;
+    float *shift = tile_max + Q;
     float scale = 1.0f / sqrtf((float)head_size);
     for (size_t i = 0; i < hs; i++)
         for (int j = 0; j < ATT_QUERIES; j++) q_t[i * Q + j] = j < nq ? q[(size_t)j * ldq + i] : 0.0f;
     memset(o, 0, hs * Q * sizeof(float));
+    memset(s, 0, ATT_KEYS * Q * sizeof(float)); // the columns past nq stay zero
     for (int j = 0; j < ATT_QUERIES; j++) m[j] = -INFINITY, l[j] = 0.0f;
     // query j (position pos + j) sees keys lo_j .. pos + j, lo_j = pos + j + 1 - window (at least 0) with a window
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0, end = pos + nq;
@@ -614,7 +627,7 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
         const float *k = kv_tile(k_buf, &ldk, keys, key_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
         const float *v = kv_tile(v_buf, &ldv, values, value_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
         cols_product(s, ATT_QUERIES, k, (size_t)ldk, 1, nk, head_size, q_t, ATT_QUERIES, nq);   // s = K q_t
-        online_softmax_tile(s, nk, nq, k0, pos, window, scale, m, l, alpha, tile_max);        // s -> p
+        online_softmax_tile(s, nk, nq, k0, pos, window, scale, m, l, alpha, tile_max, shift); // s -> p
         cols_product(pv, ATT_QUERIES, v, 1, (size_t)ldv, head_size, nk, s, ATT_QUERIES, nq);  // pv = V^T p
         for (size_t i = 0; i < hs; i++) { // o = o * alpha + pv
             float *oi = o + i * Q;
@@ -718,7 +731,8 @@ void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs)
  * weights dominates, and they stay int8), or dequantized rows and the float
  * kernel (several tokens: without VNNI the float FMA does 8 multiply-adds per
  * instruction, the int8 kernel about 3, and dequantizing a chunk of rows once
- * costs little next to B tokens' products). The results differ by the
+ * costs little next to B tokens' products; with VNNI the int8 products do
+ * more per instruction, a choice not re-measured there). The results differ by the
  * rounding of x to int8, within the q8_0 bounds the tests state. */
 static int q8_dequantize_rows(const MatmulScratch *scratch, int B) {
     int threads = 1;

@@ -34,10 +34,12 @@
 #endif
 extern int use_simd;
 
-/* Floats per vector of the column kernel (kernels.c), the widest the compiler
- * targets: 16 where -march=native finds AVX-512 (twice AVX2's floating-point
- * rate on the machines that have it), else 8. Buffers the kernel reads whole
- * vectors of (matmul's x_t) are padded to a multiple of it. */
+/* Floats per vector of the float32 SIMD kernels (kernels.c: the column
+ * kernel, the one-row kernel, the attention tiles' softmax), the widest the
+ * compiler targets: 16 where -march=native finds AVX-512 (twice AVX2's
+ * floating-point rate on the machines that have it), else 8. Buffers the
+ * column kernel reads whole vectors of (matmul's x_t) are padded to a
+ * multiple of it. */
 #if HAVE_SIMD && defined(__AVX512F__)
 #define SIMD_FLOATS 16
 #else
