@@ -146,7 +146,7 @@ static inline uint16_t float_to_half(float x) {
  * the sums go in another order).
  * out, q: (B, n_heads, head_size); keys, values: one layer's (n_ctx, kv_dim)
  * of key_type / value_type, KV_F32 or KV_F16 (an f16 tile is converted to
- * float32 first, then the same code). Tiles of 64 queries x 48 keys
+ * float32 first, then the same code). Tiles of 128 queries x 48 keys
  * (kernels.c); keys past the last query's position, or older than the first
  * query's window, are never read. scratch: (threads,
  * attention_block_floats(head_size)) floats; the heads x tiles of queries go

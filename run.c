@@ -90,7 +90,7 @@ static double now_seconds(void) {
 
 /* Tokens one forward_block call carries (prompt prefill, ppl windows); every
  * weight row loaded from memory then serves this many tokens, and attention
- * reads each cached key once per tile of 64 queries (kernels.c). Measured on
+ * reads each cached key once per tile of 128 queries (kernels.c). Measured on
  * a 2-core AVX-512 VM, 2 threads: 128 against 32 gives 1.4x the prompt rate
  * of a 110M-shaped model and 1.6x ppl --ctx 8192 on a 15M one; 256 was no
  * faster than 128, and its logits take twice the memory (B x vocab_size). */

@@ -730,14 +730,14 @@ static void attention_ref(double *out, const float *q, const float *keys, const 
 static double abs_err(double a, double b) { return isnan(a) || isnan(b) ? INFINITY : fabs(a - b); }
 
 /* attention against the double reference, on every path: a block of B
- * tokens (kernels.c's attention_block: tiles of 64 queries x 48 keys, online
+ * tokens (kernels.c's attention_block: tiles of 128 queries x 48 keys, online
  * softmax; SIMD tiles in a SIMD build), the same block with the portable
  * loops forced (use_simd = 0), and the same tokens one at a time (kv_scores /
  * kv_mix), with a float32 cache and an f16 one.
  * Shapes: head sizes 8, 16, 24, 64, and 20 (not a multiple of 8: the
  * products' last row tiles of 2); B = 2, 7, 17 (two 8-float vectors of
- * queries and one of 1 with AVX2, two 16-float ones with AVX-512), 70 (a
- * tile of 64 queries and one of 6);
+ * queries and one of 1 with AVX2, two 16-float ones with AVX-512), 140 (a
+ * tile of 128 queries and one of 12);
  * blocks at position 0, at 5, and at the end of a 150-position cache (keys in
  * tiles of 48, 48, 48 and a partial one; buffers of exactly n_ctx rows, so the
  * sanitizer build with -march=native catches a read past them); no window,
@@ -763,7 +763,7 @@ static double abs_err(double a, double b) { return isnan(a) || isnan(b) ? INFINI
  * the block (its rescaling adds a rounding per key tile), 4.7e-6 one query at
  * a time; the bound is 2e-5. */
 static void test_attention_block(void) {
-    int head_sizes[] = {8, 16, 24, 64, 20}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 7, 17, 70};
+    int head_sizes[] = {8, 16, 24, 64, 20}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 7, 17, 140};
     int windows[] = {0, 1, 7, 40, 60, 100}, n_ctx = 150, n_windows = sizeof windows / sizeof windows[0];
     double worst[2][3] = {{0}}; // [f32, f16 cache][block, portable block, one at a time]
     int differ_by_threads = 0, thread_cases = 0;
