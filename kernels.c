@@ -748,7 +748,9 @@ static int q8_dequantize_rows(const MatmulScratch *scratch, int B) {
 /* xt[k * ldx + b] = x[b * n + k], zero for tokens B..ldx-1:
  * x (B, n) -> xt (n, ldx), the block's tokens side by side. */
 static void transpose_block(float *xt, const float *x, int B, int ldx, int n) {
-    for (int b0 = 0; b0 < ldx; b0 += 8) // 8 tokens at a time: 8 rows of x read side by side
+    int b0; // 8 tokens at a time: 8 rows of x read side by side; in parallel (run alone it took 2.5% of a prompt)
+#pragma omp parallel for private(b0) if ((long)B * n >= PARALLEL_MIN_WORK)
+    for (b0 = 0; b0 < ldx; b0 += 8)
         for (int k = 0; k < n; k++)
             for (int b = b0; b < b0 + 8; b++) xt[(size_t)k * ldx + b] = b < B ? x[(size_t)b * n + k] : 0.0f;
 }
