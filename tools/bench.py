@@ -17,10 +17,11 @@ What it does:
      each repeated --reps times at every thread count (--threads N);
   3. prints medians with min-max, peak resident memory (the -n 201 runs), the
      weight bytes generation streams per second (tok/s x checkpoint size: every
-     weight is read once per token) next to this machine's read bandwidth
-     (numpy max over 256 MiB, one thread), and the ratio to the reference
-     figures measured on the same machine kind (llama2.c run/runq, llama.cpp
-     f32/q8_0; see REFERENCE);
+     weight is read once per token) as a share of this machine's read
+     bandwidth at the same thread count (tools/read_bandwidth.c), the prompt's
+     achieved GFLOP/s (flops()), and the ratio to the reference figures of the
+     peers (llama2.c run/runq, llama.cpp f32/q8_0; see REFERENCE and
+     LLAMA_CPP_XEON);
   4. long-window perplexity, where extrapolation sweeps spend their time: the
      15M shape (float32) scoring one window of --long-ctx tokens with -m ppl
      at the highest thread count: seconds per window, tokens/s, and the
@@ -69,6 +70,13 @@ REFERENCE = {
 }
 # The targets at 2 threads: f32 gen, q8_0 gen, f32 prompt
 TARGETS = {"15M": (680, 730, 4800), "42M": (230, 430, 1370), "110M": (78, 178, 540)}
+# llama.cpp (CPU build) at 2 threads on a 2-core Intel Xeon with AVX-512 VNNI
+# (2.8 GHz), the same random-weight shapes, median of 5 interleaved rounds:
+# (shape, dtype) -> (generation tok/s, prompt tok/s of a 310-token prompt),
+# None where not measured; and llama-perplexity on the 15M shape, float32:
+# ctx -> tokens/s.
+LLAMA_CPP_XEON = {("110M", "f32"): (45, 772), ("110M", "q8_0"): (108, 632), ("15M", "q8_0"): (627, None)}
+LLAMA_CPP_XEON_PPL = {4096: 1220, 8192: 8192 / 10.5}
 
 WORDS = ("once upon a time there was a little girl named lily she loved to play outside "
          "in the park with her dog and her friends one day they found a big red ball").split()
@@ -187,31 +195,47 @@ def main(argv=None):
     return 0
 
 
-def flops(shape, ctx, n_tokens):
+def flops(shape, ctx, n_tokens, classifier=True):
     """(all, attention) floating-point operations of scoring n_tokens in windows
     of ctx tokens, from the 15M/42M/110M shapes: per token, 2 per weight of
     every matrix (q, k, v, o, the three FFN ones, the classifier; the embedding
     is a lookup), and attention 4 x dim per earlier position per layer (q.k
-    and the weighted sum of v: 2 x dim each)."""
+    and the weighted sum of v: 2 x dim each). classifier=False: a prompt,
+    whose tokens but the last skip the classifier (left out altogether)."""
     dim, hidden, layers, heads, kv_heads, vocab, _ = SHAPES[shape]
     kv_dim = dim * kv_heads // heads
-    matmul = 2 * (layers * (2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) + vocab * dim)
+    matmul = 2 * (layers * (2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) + (vocab * dim if classifier else 0))
     windows, rest = divmod(n_tokens, ctx)
     positions = windows * ctx * (ctx + 1) / 2 + rest * (rest + 1) / 2  # sum over tokens of (position + 1)
     attention = 4 * layers * dim * positions
     return matmul * n_tokens + attention, attention
 
 
-def fma_peak(directory):
-    """This machine's peak GFLOP/s at 1 and all threads (tools/fma_peak.c), or None."""
-    exe = directory / "fma_peak"
-    cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-o", str(exe), str(ROOT / "tools" / "fma_peak.c")],
+def c_tool(directory, name):
+    """Build tools/NAME.c (cc -O2 -march=native -fopenmp) and run it: its
+    "threads N: ..." lines, or None when it does not build."""
+    exe = directory / name
+    cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-o", str(exe), str(ROOT / "tools" / f"{name}.c")],
                         capture_output=True, text=True)
     if cc.returncode != 0:
-        print(f"bench: cannot build tools/fma_peak.c: {cc.stderr[-300:]}", file=sys.stderr)
+        print(f"bench: cannot build tools/{name}.c: {cc.stderr[-300:]}", file=sys.stderr)
         return None
     out = subprocess.run([str(exe)], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if line.startswith("threads")]
+
+
+def per_threads(lines):
+    """{threads: the first number after the colon} of c_tool's lines."""
+    table = {}
+    for line in lines or []:
+        head, _, rest = line.partition(":")
+        table[int(head.split()[1])] = float(rest.split()[0])
+    return table
+
+
+def fma_peak(directory):
+    """This machine's peak GFLOP/s at 1 and all threads (tools/fma_peak.c), or None."""
+    return c_tool(directory, "fma_peak")
 
 
 def long_windows(run, directory, tok, a):
@@ -263,18 +287,27 @@ def report_long(rows, a):
             att = f"{attention / att_time / 1e9:28.1f} {attention / total:15.0%}"
         print(f"{r['ctx']:>6} | {per_window:8.2f} ({r['long'][1] / windows:.2f}-{r['long'][2] / windows:.2f}) "
               f"{r['scored'] / r['long'][0]:8.0f} {gflops:8.1f} | {att}")
-    print("Reference (issue 15, 2-core Xeon with AVX-512): llama.cpp's llama-perplexity about 1220 tok/s at "
-          "--ctx 4096 and 10.5 s per window at 8192 for this shape.")
+    print("Reference: llama.cpp's llama-perplexity on a 2-core Xeon with AVX-512 VNNI (2.8 GHz), this shape: "
+          + ", ".join(f"--ctx {c} {v:.0f} tok/s" for c, v in LLAMA_CPP_XEON_PPL.items()) + "; ratio: "
+          + ", ".join(f"--ctx {r['ctx']} {r['scored'] / r['long'][0] / LLAMA_CPP_XEON_PPL[r['ctx']]:.2f}x"
+                      for r in rows if r["long"] and r["ctx"] in LLAMA_CPP_XEON_PPL))
 
 
 def report(rows, a):
+    bandwidth = per_threads(c_tool(pathlib.Path(a.dir), "read_bandwidth"))
+    peak = per_threads(fma_peak(pathlib.Path(a.dir)))
     print(f"\nrun benchmark: {a.reps} repetitions, median (min-max) tokens/s; generation = "
           f"{a.gen_tokens} tokens (--ignore-eos), prompt = {rows[0]['n_prompt'] if rows else '?'} tokens")
     print(f"machine: {machine()}")
-    print(f"read bandwidth: {read_bandwidth():.1f} GB/s (numpy max over 256 MiB, one thread, best of 5); "
-          "gen GB/s = generation tok/s x checkpoint bytes\n")
-    head = (f"{'shape':5} {'weights':7} {'thr':>3} | {'generation':>20} {'gen GB/s':>8} {'prompt':>22} "
-            f"{'peak MiB':>9} | {'gen/llama2.c':>12} {'gen/llama.cpp':>13} {'prompt/llama.cpp':>16} | target")
+    print("read bandwidth (tools/read_bandwidth.c): " +
+          ("; ".join(f"{t} thread(s) {g:.1f} GB/s" for t, g in sorted(bandwidth.items())) or "unknown") +
+          "; FMA peak (tools/fma_peak.c): " +
+          ("; ".join(f"{t} thread(s) {g:.0f} GFLOP/s" for t, g in sorted(peak.items())) or "unknown"))
+    print("gen GB/s = generation tok/s x checkpoint bytes (its share of the read bandwidth at that thread count); "
+          "prompt GFLOP/s from the shapes (its share of the FMA peak)\n")
+    head = (f"{'shape':5} {'weights':7} {'thr':>3} | {'generation':>20} {'gen GB/s':>12} {'prompt':>22} "
+            f"{'GFLOP/s':>11} {'peak MiB':>9} | {'gen/llama2.c':>12} {'gen/llama.cpp':>13} {'prompt/llama.cpp':>16} "
+            f"| target")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -283,6 +316,7 @@ def report(rows, a):
         g = r["gen"][0] if r["gen"] else None
         pp = r["prompt"][0] if r["prompt"] else None
         ratio = lambda x, y: f"{x / y:5.2f}x" if x and y else "  -"  # noqa: E731
+        share = lambda x, y: f"({x / y:4.0%})" if x and y else ""  # noqa: E731
         l2c = ref[1] if q8 else ref[0]
         lcpp_gen, lcpp_pp = (ref[4], ref[5]) if q8 else (ref[2], ref[3])
         target = ""
@@ -293,25 +327,25 @@ def report(rows, a):
             if not q8:
                 target += f", prompt >= {tpp}: {'yes' if pp and pp >= tpp else 'no'}"
         mem = f"{r['mem'][0]:9.0f}" if r["mem"] else f"{'-':>9}"
-        gbs = f"{g * r['bytes'] / 1e9:8.1f}" if g else f"{'-':>8}"
-        print(f"{r['shape']:5} {r['dtype']:7} {r['threads']:>3} | {fmt(r['gen']):>20} {gbs} {fmt(r['prompt']):>22} "
-              f"{mem} | {ratio(g, l2c):>12} {ratio(g, lcpp_gen):>13} {ratio(pp, lcpp_pp):>16} | {target}")
+        gbs = f"{g * r['bytes'] / 1e9:5.1f} {share(g * r['bytes'] / 1e9, bandwidth.get(r['threads'])):>6}" if g else "-"
+        total, _att = flops(r["shape"], 1 << 30, r["n_prompt"] - 1, classifier=False)
+        gf = total / (r["n_prompt"] - 1) * pp / 1e9 if pp else None
+        gfs = f"{gf:4.0f} {share(gf, peak.get(r['threads'])):>6}" if gf else "-"
+        print(f"{r['shape']:5} {r['dtype']:7} {r['threads']:>3} | {fmt(r['gen']):>20} {gbs:>12} {fmt(r['prompt']):>22} "
+              f"{gfs:>11} {mem} | {ratio(g, l2c):>12} {ratio(g, lcpp_gen):>13} {ratio(pp, lcpp_pp):>16} | {target}")
     print("\nReference: llama2.c run/runq and llama.cpp f32/q8_0 on a 2-core AMD EPYC Zen 4; "
           "gen/llama2.c compares f32 with run and q8_0 with runq.")
-
-
-def read_bandwidth():
-    """GB/s of one thread reading memory: numpy takes the max of a 256 MiB
-    float32 array (far larger than the caches), best of 5. Generation with float32 weights
-    reads every weight once per token, so this bounds its tokens/s."""
-    import numpy as np
-    a = np.ones(64 << 20, dtype=np.float32)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        a.max()
-        best = min(best, time.perf_counter() - start)
-    return a.nbytes / best / 1e9
+    xeon = [(r, LLAMA_CPP_XEON[(r["shape"], r["dtype"])]) for r in rows
+            if r["threads"] == 2 and (r["shape"], r["dtype"]) in LLAMA_CPP_XEON]
+    if xeon:
+        print("Against llama.cpp measured on a 2-core Xeon with AVX-512 VNNI (2.8 GHz), 2 threads:")
+        for r, (lg, lp) in xeon:
+            g = r["gen"][0] if r["gen"] else None
+            pp = r["prompt"][0] if r["prompt"] else None
+            parts = [f"gen {g:.0f} / {lg} = {g / lg:.2f}x" if g else "gen -"]
+            if lp:
+                parts.append(f"prompt {pp:.0f} / {lp} = {pp / lp:.2f}x" if pp else "prompt -")
+            print(f"  {r['shape']} {r['dtype']}: " + ", ".join(parts))
 
 
 def machine():
