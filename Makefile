@@ -218,11 +218,10 @@ extrapolation: build venv
 
 # The benchmark (tools/bench.py): random checkpoints shaped like stories15M,
 # 42M and 110M, f32 and q8_0, 1 and 2 threads; medians against the reference
-# figures, generation next to this machine's read bandwidth
-# (tools/read_bandwidth.c) and prompts in GFLOP/s; then long-window perplexity
-# (15M, --ctx 4096 and 8192) in GFLOP/s next to the FMA peak
-# (tools/fma_peak.c). Never fails on a slow machine. BENCH_ARGS="--reps 3"
-# etc. to adjust.
+# figures, generation next to this machine's read bandwidth and prompts in
+# GFLOP/s next to its FMA peak (both from tools/peak.c); then long-window
+# perplexity (15M, --ctx 4096 and 8192) in GFLOP/s. Never fails on a slow
+# machine. BENCH_ARGS="--reps 3" etc. to adjust.
 bench: build venv
 	$(PYTHON) tools/bench.py $(BENCH_ARGS)
 

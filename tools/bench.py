@@ -18,7 +18,7 @@ What it does:
   3. prints medians with min-max, peak resident memory (the -n 201 runs), the
      weight bytes generation streams per second (tok/s x checkpoint size: every
      weight is read once per token) as a share of this machine's read
-     bandwidth at the same thread count (tools/read_bandwidth.c), the prompt's
+     bandwidth at the same thread count (tools/peak.c), the prompt's
      achieved GFLOP/s (flops()), and the ratio to the reference figures of the
      peers (llama2.c run/runq, llama.cpp f32/q8_0; see REFERENCE and
      LLAMA_CPP_XEON);
@@ -26,7 +26,7 @@ What it does:
      15M shape (float32) scoring one window of --long-ctx tokens with -m ppl
      at the highest thread count: seconds per window, tokens/s, and the
      achieved GFLOP/s of the whole window and of its attention alone, next to
-     this machine's peak (tools/fma_peak.c: independent FMA chains at the widest
+     this machine's peak (tools/peak.c: independent FMA chains at the widest
      vector width, compiled here with cc -O2 -march=native). Floating-point
      operations are counted from the shapes (flops()); the attention's time is
      the window's minus that of the same tokens in windows of 256 (whose
@@ -190,8 +190,9 @@ def main(argv=None):
     except Exception as e:  # a benchmark reports, it does not fail
         print(f"bench: stopped early: {e}", file=sys.stderr)
         long_rows = []
-    report(rows, a)
-    report_long(long_rows, a)
+    machine_peaks = peaks(pathlib.Path(a.dir))
+    report(rows, a, machine_peaks)
+    report_long(long_rows, a, machine_peaks)
     return 0
 
 
@@ -211,31 +212,24 @@ def flops(shape, ctx, n_tokens, classifier=True):
     return matmul * n_tokens + attention, attention
 
 
-def c_tool(directory, name):
-    """Build tools/NAME.c (cc -O2 -march=native -fopenmp) and run it: its
-    "threads N: ..." lines, or None when it does not build."""
-    exe = directory / name
-    cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-o", str(exe), str(ROOT / "tools" / f"{name}.c")],
+def peaks(directory):
+    """This machine's peaks (tools/peak.c, built with cc -O2 -march=native
+    -fopenmp): ({threads: FMA GFLOP/s}, {threads: read GB/s}), empty tables
+    when it does not build or run."""
+    exe = directory / "peak"
+    cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-o", str(exe), str(ROOT / "tools" / "peak.c")],
                         capture_output=True, text=True)
     if cc.returncode != 0:
-        print(f"bench: cannot build tools/{name}.c: {cc.stderr[-300:]}", file=sys.stderr)
-        return None
-    out = subprocess.run([str(exe)], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if line.startswith("threads")]
-
-
-def per_threads(lines):
-    """{threads: the first number after the colon} of c_tool's lines."""
-    table = {}
-    for line in lines or []:
+        print(f"bench: cannot build tools/peak.c: {cc.stderr[-300:]}", file=sys.stderr)
+        return {}, {}
+    lines = subprocess.run([str(exe)], capture_output=True, text=True).stdout.splitlines()
+    table = {"fma": {}, "read": {}}
+    for line in lines:  # "fma threads N: G GFLOP/s ...", "read threads N: G GB/s"
         head, _, rest = line.partition(":")
-        table[int(head.split()[1])] = float(rest.split()[0])
-    return table
-
-
-def fma_peak(directory):
-    """This machine's peak GFLOP/s at 1 and all threads (tools/fma_peak.c), or None."""
-    return c_tool(directory, "fma_peak")
+        words = head.split()
+        if len(words) == 3 and words[0] in table and rest.split():
+            table[words[0]][int(words[2])] = float(rest.split()[0])
+    return table["fma"], table["read"]
 
 
 def long_windows(run, directory, tok, a):
@@ -261,14 +255,15 @@ def long_windows(run, directory, tok, a):
     return rows
 
 
-def report_long(rows, a):
+def report_long(rows, a, machine_peaks):
     if not rows:
         return
-    peak = fma_peak(pathlib.Path(a.dir))
+    fma, _read = machine_peaks
     print(f"\nlong-window perplexity: 15M shape, float32, -m ppl, {rows[0]['threads']} threads, "
           f"{a.reps} repetitions, median (min-max); a text of about one window; "
           "s per window = the whole process's time / windows")
-    print("peak: " + ("; ".join(peak) if peak else "unknown (tools/fma_peak.c did not build)"))
+    print("FMA peak (tools/peak.c): " +
+          ("; ".join(f"{t} thread(s) {g:.0f} GFLOP/s" for t, g in sorted(fma.items())) or "unknown"))
     head = (f"{'ctx':>6} | {'s per window':>18} {'tok/s':>8} {'GFLOP/s':>8} | "
             f"{'attention GFLOP/s (estimate)':>28} {'attention share':>15}")
     print(head)
@@ -287,21 +282,21 @@ def report_long(rows, a):
             att = f"{attention / att_time / 1e9:28.1f} {attention / total:15.0%}"
         print(f"{r['ctx']:>6} | {per_window:8.2f} ({r['long'][1] / windows:.2f}-{r['long'][2] / windows:.2f}) "
               f"{r['scored'] / r['long'][0]:8.0f} {gflops:8.1f} | {att}")
+    ratios = [f"--ctx {r['ctx']} {r['scored'] / r['long'][0] / LLAMA_CPP_XEON_PPL[r['ctx']]:.2f}x"
+              for r in rows if r["long"] and r["ctx"] in LLAMA_CPP_XEON_PPL]
     print("Reference: llama.cpp's llama-perplexity on a 2-core Xeon with AVX-512 VNNI (2.8 GHz), this shape: "
-          + ", ".join(f"--ctx {c} {v:.0f} tok/s" for c, v in LLAMA_CPP_XEON_PPL.items()) + "; ratio: "
-          + ", ".join(f"--ctx {r['ctx']} {r['scored'] / r['long'][0] / LLAMA_CPP_XEON_PPL[r['ctx']]:.2f}x"
-                      for r in rows if r["long"] and r["ctx"] in LLAMA_CPP_XEON_PPL))
+          + ", ".join(f"--ctx {c} {v:.0f} tok/s" for c, v in LLAMA_CPP_XEON_PPL.items())
+          + (f"; ratio: {', '.join(ratios)}" if ratios else ""))
 
 
-def report(rows, a):
-    bandwidth = per_threads(c_tool(pathlib.Path(a.dir), "read_bandwidth"))
-    peak = per_threads(fma_peak(pathlib.Path(a.dir)))
+def report(rows, a, machine_peaks):
+    peak, bandwidth = machine_peaks
     print(f"\nrun benchmark: {a.reps} repetitions, median (min-max) tokens/s; generation = "
           f"{a.gen_tokens} tokens (--ignore-eos), prompt = {rows[0]['n_prompt'] if rows else '?'} tokens")
     print(f"machine: {machine()}")
-    print("read bandwidth (tools/read_bandwidth.c): " +
+    print("read bandwidth (tools/peak.c): " +
           ("; ".join(f"{t} thread(s) {g:.1f} GB/s" for t, g in sorted(bandwidth.items())) or "unknown") +
-          "; FMA peak (tools/fma_peak.c): " +
+          "; FMA peak: " +
           ("; ".join(f"{t} thread(s) {g:.0f} GFLOP/s" for t, g in sorted(peak.items())) or "unknown"))
     print("gen GB/s = generation tok/s x checkpoint bytes (its share of the read bandwidth at that thread count); "
           "prompt GFLOP/s from the shapes (its share of the FMA peak)\n")
