@@ -295,6 +295,15 @@ static void cols_f32(float *out, int ldo, int by_rows, const float *w, size_t w_
     }
 }
 
+/* Generation streams each weight matrix once, row after row: its one-row
+ * kernels ask for the bytes PREFETCH_AHEAD past the ones they read (the
+ * hardware prefetcher alone kept too few in flight). Measured at 2 threads
+ * on the AVX-512 VM, medians of 4 interleaved runs: 110M q8_0 97 tok/s
+ * without, 119 at 1 KiB ahead, 127 at 2 KiB, 137 at 4 KiB, 131 at 8 KiB, 128
+ * at 16 KiB; at 4 KiB, the AVX2 build's q8_0 81 -> 128 and float32 36 -> 41;
+ * 15M (in L3) unchanged. A prefetch never faults, past the end included. */
+#define PREFETCH_AHEAD 4096 // bytes
+
 /* dot_tile_f32_c for one row and one token (generation): four partial sums
  * of SIMD_FLOATS lanes in turn, so that consecutive FMAs do not wait for each
  * other (an FMA takes 4 cycles; one chain would run at a quarter of the FMA
@@ -305,6 +314,7 @@ static void dot_f32_avx(float *out, const float *w, const float *x, int n) {
     const int V = SIMD_FLOATS;
     int i = 0;
     for (; i + 4 * V <= n; i += 4 * V) {
+        for (int line = 0; line < 4 * V; line += 16) __builtin_prefetch(w + i + line + PREFETCH_AHEAD / 4);
         a0 = vf_fma(vf_load(w + i), vf_load(x + i), a0);
         a1 = vf_fma(vf_load(w + i + V), vf_load(x + i + V), a1);
         a2 = vf_fma(vf_load(w + i + 2 * V), vf_load(x + i + 2 * V), a2);
@@ -392,6 +402,7 @@ static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const i
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     int groups = n / gs, g = 0;
     for (; g + 2 <= groups; g += 2) {
+        __builtin_prefetch(w + (size_t)g * gs + PREFETCH_AHEAD);
         __m256i s0 = group_dot_i8_avx(w + (size_t)g * gs, x + (size_t)g * gs, gs);
         __m256i s1 = group_dot_i8_avx(w + (size_t)(g + 1) * gs, x + (size_t)(g + 1) * gs, gs);
         acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(ws[g] * xs[g]), acc0);
@@ -418,6 +429,7 @@ static void dot_q8_32_avx512(float *out, const int8_t *w, const float *ws, const
     const __m512i zero = _mm512_setzero_si512();
     int groups = n / 32, g = 0;
     for (; g + 8 <= groups; g += 8) {
+        for (int p = 0; p < 4; p++) __builtin_prefetch(w + (size_t)(g + 2 * p) * 32 + PREFETCH_AHEAD);
         __m512 d = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_loadu_ps(ws + g), _mm256_loadu_ps(xs + g)));
         for (int p = 0; p < 4; p++) { // groups g + 2p, g + 2p + 1
             __m512i xv = _mm512_loadu_si512(x + (size_t)(g + 2 * p) * 32);
