@@ -195,8 +195,9 @@ static float hsum_avx(__m256 v) { // the 8 lanes of v added
     return _mm_cvtss_f32(s);
 }
 
-/* The column kernel's vectors (kernels.h's SIMD_FLOATS): 16 floats with
- * AVX-512, else 8 with AVX2; the only place where that choice is spelled. */
+/* The float32 SIMD kernels' vectors (kernels.h's SIMD_FLOATS): 16 floats
+ * with AVX-512, else 8 with AVX2; the only place where that choice is
+ * spelled. */
 #if SIMD_FLOATS == 16
 typedef __m512 vfloat;
 #define vf_zero _mm512_setzero_ps
@@ -304,6 +305,10 @@ static void cols_f32(float *out, int ldo, int by_rows, const float *w, size_t w_
  * 15M (in L3) unchanged. A prefetch never faults, past the end included. */
 #define PREFETCH_AHEAD 4096 // bytes
 
+/* Ask for the cache line PREFETCH_AHEAD bytes past p (address arithmetic on
+ * integers: past the end of the matrix is no pointer, and no fault). */
+static inline void prefetch_ahead(const void *p) { __builtin_prefetch((const void *)((uintptr_t)p + PREFETCH_AHEAD)); }
+
 /* dot_tile_f32_c for one row and one token (generation): four partial sums
  * of SIMD_FLOATS lanes in turn, so that consecutive FMAs do not wait for each
  * other (an FMA takes 4 cycles; one chain would run at a quarter of the FMA
@@ -314,7 +319,7 @@ static void dot_f32_avx(float *out, const float *w, const float *x, int n) {
     const int V = SIMD_FLOATS;
     int i = 0;
     for (; i + 4 * V <= n; i += 4 * V) {
-        for (int line = 0; line < 4 * V; line += 16) __builtin_prefetch(w + i + line + PREFETCH_AHEAD / 4);
+        for (int line = 0; line < 4 * V; line += 16) prefetch_ahead(w + i + line); // 16 floats a line
         a0 = vf_fma(vf_load(w + i), vf_load(x + i), a0);
         a1 = vf_fma(vf_load(w + i + V), vf_load(x + i + V), a1);
         a2 = vf_fma(vf_load(w + i + 2 * V), vf_load(x + i + 2 * V), a2);
@@ -402,7 +407,7 @@ static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const i
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     int groups = n / gs, g = 0;
     for (; g + 2 <= groups; g += 2) {
-        __builtin_prefetch(w + (size_t)g * gs + PREFETCH_AHEAD);
+        prefetch_ahead(w + (size_t)g * gs);
         __m256i s0 = group_dot_i8_avx(w + (size_t)g * gs, x + (size_t)g * gs, gs);
         __m256i s1 = group_dot_i8_avx(w + (size_t)(g + 1) * gs, x + (size_t)(g + 1) * gs, gs);
         acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(ws[g] * xs[g]), acc0);
@@ -429,7 +434,7 @@ static void dot_q8_32_avx512(float *out, const int8_t *w, const float *ws, const
     const __m512i zero = _mm512_setzero_si512();
     int groups = n / 32, g = 0;
     for (; g + 8 <= groups; g += 8) {
-        for (int p = 0; p < 4; p++) __builtin_prefetch(w + (size_t)(g + 2 * p) * 32 + PREFETCH_AHEAD);
+        for (int p = 0; p < 4; p++) prefetch_ahead(w + (size_t)(g + 2 * p) * 32);
         __m512 d = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_loadu_ps(ws + g), _mm256_loadu_ps(xs + g)));
         for (int p = 0; p < 4; p++) { // groups g + 2p, g + 2p + 1
             __m512i xv = _mm512_loadu_si512(x + (size_t)(g + 2 * p) * 32);
