@@ -390,7 +390,8 @@ static inline __attribute__((always_inline)) void dot_tile_q8_avx(float *out, in
     for (int g = 0; g < groups; g++)
         for (int r = 0; r < R; r++)
             for (int t = 0; t < T; t++) {
-                __m256i isum = group_dot_i8_avx(w + (size_t)r * n + (size_t)g * gs, x + (size_t)t * n + (size_t)g * gs, gs);
+                const int8_t *wg = w + (size_t)r * n + (size_t)g * gs, *xg = x + (size_t)t * n + (size_t)g * gs;
+                __m256i isum = group_dot_i8_avx(wg, xg, gs);
                 __m256 scale = _mm256_set1_ps(ws[(size_t)r * groups + g] * xs[(size_t)t * groups + g]);
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][t]);
             }
@@ -432,6 +433,7 @@ static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const i
 static void dot_q8_32_avx512(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n) {
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     const __m512i zero = _mm512_setzero_si512();
+    const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0); // lane i: i / 8
     int groups = n / 32, g = 0;
     for (; g + 8 <= groups; g += 8) {
         for (int p = 0; p < 4; p++) prefetch_ahead(w + (size_t)(g + 2 * p) * 32);
@@ -441,8 +443,7 @@ static void dot_q8_32_avx512(float *out, const int8_t *w, const float *ws, const
             __m512i wv = _mm512_loadu_si512(w + (size_t)(g + 2 * p) * 32);
             __m512i sw = _mm512_mask_sub_epi8(wv, _mm512_movepi8_mask(xv), zero, wv);
             __m512i isum = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(xv), sw);
-            __m512i pick = _mm512_set_epi32(2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,
-                                            2 * p + 1, 2 * p + 1, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p);
+            __m512i pick = _mm512_add_epi32(_mm512_set1_epi32(2 * p), halves); // lanes 0-7: d[2p], 8-15: d[2p+1]
             acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(pick, d), acc[p]);
         }
     }
@@ -530,8 +531,8 @@ void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_
  * from the cache memory once per 128 queries: a prompt or ppl block of 128
  * tokens reads a head's keys and values once (measured: 128 against 64
  * queries, ppl --ctx 8192 on a 15M shape 8% faster, where a head's 3 MiB of
- * keys and values no longer fit in L2; no slower at --ctx 256). Per thread, scratch
- * (attention_block_floats):
+ * keys and values no longer fit in L2; no slower at --ctx 256).
+ * Per thread, scratch (attention_block_floats):
  *   q_t    (head_size, ATT_QUERIES) the tile's queries transposed, zero past them
  *   s      (ATT_KEYS, ATT_QUERIES)  scores, then p
  *   pv, o  (head_size, ATT_QUERIES) p's weighted values, the output so far
