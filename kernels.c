@@ -206,6 +206,7 @@ typedef __m512 vfloat;
 #define vf_set1 _mm512_set1_ps
 #define vf_fma _mm512_fmadd_ps // a * b + c, one rounding
 #define vf_add _mm512_add_ps
+#define vf_mul _mm512_mul_ps
 #define vf_sum _mm512_reduce_add_ps // the lanes added
 #define COLS_VECS 4            // vectors of tokens per tile: 6 x 4 sums + 4 x + 1 broadcast of 32 registers
 #else
@@ -216,10 +217,53 @@ typedef __m256 vfloat;
 #define vf_set1 _mm256_set1_ps
 #define vf_fma _mm256_fmadd_ps
 #define vf_add _mm256_add_ps
+#define vf_mul _mm256_mul_ps
 #define vf_sum hsum_avx
 #define COLS_VECS 2 // 6 x 2 sums + 2 x + 1 broadcast of 16 registers
 #endif
 #define COLS_TOKENS (COLS_VECS * SIMD_FLOATS) // tokens per tile: 64 (AVX-512) or 16 (AVX2)
+
+/* Vectors of SIMD_FLOATS int32 lanes for the q8_0 column kernel, which needs
+ * VNNI's product of unsigned by signed bytes summed in fours into each lane
+ * (AVX-512 VNNI, or AVX-VNNI at 256 bits); without VNNI, blocks of q8_0
+ * take dequantized rows and the float kernel (see matmul). */
+#if HAVE_Q8_COLS && SIMD_FLOATS == 16
+typedef __m512i vint;
+#define vi_set1 _mm512_set1_epi32
+#define vi_load(p) _mm512_loadu_si512((const void *)(p))
+#define vi_dpbusd _mm512_dpbusd_epi32 // acc + four u8 x s8 products per lane
+#define vi_to_float _mm512_cvtepi32_ps
+#define Q8_COLS_VECS 2 // 6 x 2 int sums + 6 x 2 float sums + 2 x + 1 broadcast of 32 registers
+#elif HAVE_Q8_COLS
+typedef __m256i vint;
+#define vi_set1 _mm256_set1_epi32
+#define vi_load(p) _mm256_loadu_si256((const __m256i *)(p))
+#define vi_dpbusd dot_u8s8_avx
+#define vi_to_float _mm256_cvtepi32_ps
+#define Q8_COLS_VECS 1 // 6 int sums + 6 float sums + 1 x + 1 broadcast of 16 registers
+#endif
+
+/* The first T tokens' sums of a tile, acc[r][j] = R rows x J vectors of
+ * tokens, into out: out[t * ldo + r], or out[r * ldo + t] when by_rows. */
+static inline __attribute__((always_inline)) void store_tile(float *out, int ldo, int by_rows,
+                                                            vfloat acc[6][COLS_VECS], int R, int J, int T) {
+    if (by_rows && T == J * SIMD_FLOATS) { // whole vectors straight into out's rows
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < J; j++) vf_store(out + (size_t)r * ldo + j * SIMD_FLOATS, acc[r][j]);
+        return;
+    }
+    float tile[6][COLS_TOKENS]; // stored whole first: a partial store loop over acc makes
+                                // GCC write every sum to memory at every k as well
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < J; j++) vf_store(&tile[r][j * SIMD_FLOATS], acc[r][j]);
+    T = T < J * SIMD_FLOATS ? T : J * SIMD_FLOATS; // (always T: this tells the compiler so)
+    if (by_rows)
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++) out[(size_t)r * ldo + t] = tile[r][t];
+    else // each token's R outputs side by side: measured 1.3x the rate of storing row by row (rows of out far apart)
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) out[(size_t)t * ldo + r] = tile[r][t];
+}
 
 /* The column kernel, cols_f32_c's formula (the portable version above) for
  * R <= 6 rows and up to J vectors of tokens (J <= COLS_VECS; R and J
@@ -244,22 +288,7 @@ static inline __attribute__((always_inline)) void cols_tile_f32(float *out, int 
             for (int j = 0; j < J; j++) acc[r][j] = vf_fma(wr, x[j], acc[r][j]);
         }
     }
-    if (by_rows && T == J * SIMD_FLOATS) { // whole vectors straight into out's rows
-        for (int r = 0; r < R; r++)
-            for (int j = 0; j < J; j++) vf_store(out + (size_t)r * ldo + j * SIMD_FLOATS, acc[r][j]);
-        return;
-    }
-    float tile[6][COLS_TOKENS]; // stored whole first: a partial store loop over acc makes
-                                // GCC write every sum to memory at every k as well
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < J; j++) vf_store(&tile[r][j * SIMD_FLOATS], acc[r][j]);
-    T = T < J * SIMD_FLOATS ? T : J * SIMD_FLOATS; // (always T: this tells the compiler so)
-    if (by_rows)
-        for (int r = 0; r < R; r++)
-            for (int t = 0; t < T; t++) out[(size_t)r * ldo + t] = tile[r][t];
-    else // each token's R outputs side by side: measured 1.3x the rate of storing row by row (rows of out far apart)
-        for (int t = 0; t < T; t++)
-            for (int r = 0; r < R; r++) out[(size_t)t * ldo + r] = tile[r][t];
+    store_tile(out, ldo, by_rows, acc, R, J, T);
 }
 
 /* cols_tile_f32 with R (a constant) rows and T <= COLS_TOKENS tokens: as many
@@ -453,6 +482,98 @@ static void dot_q8_32_avx512(float *out, const int8_t *w, const float *ws, const
 }
 #else
 #define HAVE_Q8_AVX512 0
+#endif
+
+#if HAVE_Q8_COLS
+/* The q8_0 column kernel: dot_tile_q8_c's formula for blocks of tokens,
+ *   out[t * ldo + r] = sum over groups g of ws_r[g] * xs_t[g] * (sum over the group of w_r[k] * xq_t[k])
+ * with the products of the column kernel (cols_tile_f32): R <= 6 rows x J
+ * vectors of tokens, one broadcast per row meeting J loads of tokens, but 4
+ * bytes at a time. VNNI multiplies unsigned by signed bytes and adds the four
+ * products of each lane, so x comes packed (pack_q8_block) as
+ *   xqt[(k / 4) * 4 * ldx + 4 * t + k % 4] = xq_t[k] + 128     (0..255)
+ * and each row's broadcast is its 4 int8 weights w_r[k..k+3]. The offset adds
+ * 128 * (sum of w_r over the group) to every token's sum: each group's integer
+ * sums start from wsum_r[g] = -128 * that sum (q8_group_sums), so they come
+ * out exact: the same integers as the one-token kernels' (whose sign trick
+ * needs weights within +-127, as export.py writes them). Then per group
+ * sums converted to float and scaled by ws_r[g] * xst[g * ldx + t] (scales
+ * transposed). int32 cannot overflow: |sum| <= 255 * 127 * gs. matmul uses
+ * it for int8 activations (run's --q8-activations int8). Measured on
+ * 110M-shaped matrices (AVX-512 VNNI, one thread): 2.1-2.3x the rate of
+ * dequantized rows through cols_tile_f32 (a VNNI instruction does 64
+ * multiply-adds, an FMA 16; measured in a loop here, 2.9 VNNI instructions
+ * per ns against 5 FMAs). */
+static inline __attribute__((always_inline)) void cols_tile_q8(float *out, int ldo, const int8_t *w, const float *ws,
+                                                              const int32_t *wsum, int n, int gs,
+                                                              const uint8_t *xqt, const float *xst, int ldx, int R,
+                                                              int J, int T) {
+    int groups = n / gs;
+    vfloat acc[6][COLS_VECS]; // (Q8_COLS_VECS of them used)
+    vint isum[6][Q8_COLS_VECS], x[Q8_COLS_VECS];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < J; j++) acc[r][j] = vf_zero();
+    for (int g = 0; g < groups; g++) {
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < J; j++) isum[r][j] = vi_set1(wsum[(size_t)r * groups + g]);
+        for (int k = g * gs; k < (g + 1) * gs; k += 4) {
+            for (int j = 0; j < J; j++) x[j] = vi_load(xqt + (size_t)k * ldx + j * 4 * SIMD_FLOATS);
+            for (int r = 0; r < R; r++) {
+                int32_t four; // w_r[k..k+3], side by side in each lane
+                memcpy(&four, w + (size_t)r * n + k, 4);
+                vint wr = vi_set1(four);
+                for (int j = 0; j < J; j++) isum[r][j] = vi_dpbusd(isum[r][j], x[j], wr);
+            }
+        }
+        for (int j = 0; j < J; j++) {
+            vfloat xs = vf_load(xst + (size_t)g * ldx + j * SIMD_FLOATS);
+            for (int r = 0; r < R; r++)
+                acc[r][j] = vf_fma(vi_to_float(isum[r][j]), vf_mul(vf_set1(ws[(size_t)r * groups + g]), xs), acc[r][j]);
+        }
+    }
+    store_tile(out, ldo, 0, acc, R, J, T);
+}
+
+/* cols_tile_q8 with R rows (a constant) and T <= Q8_COLS_VECS * SIMD_FLOATS
+ * tokens; gs = 32 (q8_0's usual group) as a constant, so its loop unrolls. */
+static inline __attribute__((always_inline)) void cols_tile_q8_rows(float *out, int ldo, const int8_t *w,
+                                                                   const float *ws, const int32_t *wsum, int n,
+                                                                   int gs, const uint8_t *xqt, const float *xst,
+                                                                   int ldx, int R, int T) {
+    int J = (T + SIMD_FLOATS - 1) / SIMD_FLOATS;
+#if Q8_COLS_VECS == 2
+    if (J == 2) {
+        if (gs == 32) cols_tile_q8(out, ldo, w, ws, wsum, n, 32, xqt, xst, ldx, R, 2, T);
+        else cols_tile_q8(out, ldo, w, ws, wsum, n, gs, xqt, xst, ldx, R, 2, T);
+        return;
+    }
+#endif
+    (void)J;
+    if (gs == 32) cols_tile_q8(out, ldo, w, ws, wsum, n, 32, xqt, xst, ldx, R, 1, T);
+    else cols_tile_q8(out, ldo, w, ws, wsum, n, gs, xqt, xst, ldx, R, 1, T);
+}
+
+/* cols_tile_q8 over `rows` rows (scales ws, sums wsum: (rows, n/gs)) and B
+ * tokens, in tiles of 6 rows (the last in 4, 2, 1) x Q8_COLS_VECS vectors. */
+static void cols_q8(float *out, int ldo, const int8_t *w, const float *ws, const int32_t *wsum, int rows, int n,
+                    int gs, const uint8_t *xqt, const float *xst, int ldx, int B) {
+    int groups = n / gs;
+    for (int i = 0, R; i < rows; i += R) {
+        R = rows - i >= 6 ? 6 : rows - i >= 4 ? 4 : rows - i >= 2 ? 2 : 1;
+        const int8_t *wi = w + (size_t)i * n;
+        const float *wsi = ws + (size_t)i * groups;
+        const int32_t *sumi = wsum + (size_t)i * groups;
+        for (int b = 0; b < B; b += Q8_COLS_VECS * SIMD_FLOATS) {
+            float *o = out + (size_t)b * ldo + i;
+            const uint8_t *x = xqt + (size_t)4 * b;
+            int T = B - b < Q8_COLS_VECS * SIMD_FLOATS ? B - b : Q8_COLS_VECS * SIMD_FLOATS;
+            if (R == 6) cols_tile_q8_rows(o, ldo, wi, wsi, sumi, n, gs, x, xst + b, ldx, 6, T);
+            else if (R == 4) cols_tile_q8_rows(o, ldo, wi, wsi, sumi, n, gs, x, xst + b, ldx, 4, T);
+            else if (R == 2) cols_tile_q8_rows(o, ldo, wi, wsi, sumi, n, gs, x, xst + b, ldx, 2, T);
+            else cols_tile_q8_rows(o, ldo, wi, wsi, sumi, n, gs, x, xst + b, ldx, 1, T);
+        }
+    }
+}
 #endif
 #endif
 
@@ -709,32 +830,47 @@ void matrix_row(float *out, Matrix m, int row, int cols) {
         memcpy(out, m.values, (size_t)cols * sizeof(float));
         return;
     }
-    const int8_t *qv = m.values;
-    for (int g = 0; g < cols / m.group_size; g++)
-        for (int i = g * m.group_size; i < (g + 1) * m.group_size; i++) out[i] = qv[i] * m.scale[g];
+    int gs = m.group_size;
+    for (int g = 0; g < cols / gs; g++) { // restrict: int8_t may alias anything, which kept GCC from vectorizing
+        const int8_t *restrict q = (const int8_t *)m.values + (size_t)g * gs;
+        float *restrict o = out + (size_t)g * gs;
+        float s = m.scale[g];
+        for (int i = 0; i < gs; i++) o[i] = q[i] * s;
+    }
 }
 
 void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs) {
-    for (size_t g = 0; g < (size_t)B * n / gs; g++) {
+    long groups = (long)B * n / gs, g; // groups in parallel for blocks (one took 18% of a q8_0 prompt's time)
+#pragma omp parallel for private(g) if ((long)B * n >= PARALLEL_MIN_WORK)
+    for (g = 0; g < groups; g++) {
         const float *xg = x + g * gs;
-        float amax = 0.0f;
-        int finite = 1;
+        int8_t *q = qv + g * gs;
+        // max |x| on the bits of |x|, which order as the values do (and are
+        // above those of FLT_MAX exactly for infinities and NaN): an integer
+        // maximum, which compilers vectorize (a float one must keep NaN's rules)
+        uint32_t amax_bits = 0;
         for (int i = 0; i < gs; i++) {
-            finite &= isfinite(xg[i]);
-            amax = fmaxf(amax, fabsf(xg[i]));
+            uint32_t bits;
+            memcpy(&bits, xg + i, 4);
+            bits &= 0x7fffffffu;
+            amax_bits = bits > amax_bits ? bits : amax_bits;
         }
-        if (!finite) { // a NaN or an infinity: no integer can hold it (converting one is undefined)
-            memset(qv + g * gs, 0, (size_t)gs);
+        if (amax_bits > 0x7f7fffffu) { // a NaN or an infinity: no integer can hold it (converting one is undefined)
+            memset(q, 0, (size_t)gs);
             scale[g] = NAN; // the group's products come out NaN, as with float32 weights
             continue;
         }
+        float amax;
+        memcpy(&amax, &amax_bits, 4);
         // 1/s overflows to infinity when s is subnormal: then divide by s (|x / s| <= 127 always)
         float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
-        int divide = isinf(inv);
-        for (int i = 0; i < gs; i++) { // round half away from zero; |qv| <= 127
-            float v = divide ? xg[i] / s : xg[i] * inv;
-            qv[g * gs + i] = (int8_t)(int)(v + (v >= 0.0f ? 0.5f : -0.5f));
-        }
+        if (isinf(inv))
+            for (int i = 0; i < gs; i++) q[i] = (int8_t)(int)(xg[i] / s + (xg[i] >= 0.0f ? 0.5f : -0.5f));
+        else
+            for (int i = 0; i < gs; i++) { // round half away from zero; |q| <= 127
+                float v = xg[i] * inv;
+                q[i] = (int8_t)(int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+            }
         scale[g] = s;
     }
 }
@@ -748,20 +884,64 @@ void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs)
 #define TILE_ROWS_Q8 4
 #define TILE_TOKENS_Q8 2
 
-/* Which q8_0 method a call uses: int8 dot products (one token: reading the
- * weights dominates, and they stay int8), or dequantized rows and the float
- * kernel (several tokens: without VNNI the float FMA does 8 multiply-adds per
- * instruction, the int8 kernel about 3, and dequantizing a chunk of rows once
- * costs little next to B tokens' products; with VNNI the int8 products do
- * more per instruction, a choice not re-measured there). The results differ by the
- * rounding of x to int8, within the q8_0 bounds the tests state. */
-static int q8_dequantize_rows(const MatmulScratch *scratch, int B) {
+/* kernels.h: the choice, and its cost in accuracy. Without VNNI the float
+ * FMA does 8 multiply-adds per instruction and the int8 kernels about 3, so
+ * int8 activations in blocks are slower there than dequantized rows;
+ * dequantizing a chunk of rows once costs little next to B tokens' products. */
+int q8_method(const MatmulScratch *scratch, int B, int gs) {
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
-    return B > 1 && scratch && scratch->w_rows && threads <= scratch->threads;
+    if (B == 1 || !scratch || threads > scratch->threads) return Q8_DOTS;
+    if (!scratch->int8_blocks) return scratch->w_rows ? Q8_ROWS : Q8_DOTS;
+    if (HAVE_Q8_COLS && use_simd && scratch->x_qt && scratch->x_scale_t && scratch->w_sums && gs % 4 == 0 &&
+        gs <= 4096) // (int32 sums: 255 * 127 * 4096 < 2^31)
+        return Q8_COLUMNS;
+    return Q8_DOTS;
 }
+
+#if HAVE_Q8_COLS
+/* The block x_q (B, n), x_scale (B, n/gs) laid out for cols_q8:
+ *   xqt[k4 * ldx + 4 * t + i] = x_q[t * n + k4 + i] + 128     (k4 = 0, 4, 8, ...; i < 4)
+ *   xst[g * ldx + t] = x_scale[t * (n/gs) + g]
+ * tokens B..ldx-1 padded with 128 (the value 0) and scale 0. */
+static void pack_q8_block(uint8_t *xqt, float *xst, const int8_t *xq, const float *xs, int B, int ldx, int n,
+                          int gs) {
+    int k4, groups = n / gs;
+#pragma omp parallel for private(k4) if ((long)B * n >= PARALLEL_MIN_WORK)
+    for (k4 = 0; k4 < n; k4 += 4)
+        for (int t = 0; t < ldx; t++)
+            for (int i = 0; i < 4; i++)
+                xqt[(size_t)k4 * ldx + 4 * t + i] = (uint8_t)(t < B ? xq[(size_t)t * n + k4 + i] + 128 : 128);
+    for (int g = 0; g < groups; g++)
+        for (int t = 0; t < ldx; t++) xst[(size_t)g * ldx + t] = t < B ? xs[(size_t)t * groups + g] : 0.0f;
+}
+
+/* sums[r * (n/gs) + g] = -128 * (sum of w_r over group g), for `rows` rows of
+ * n int8 (cols_q8's starting values: they cancel pack_q8_block's offset).
+ * 32 bytes at a time where gs allows: w + 128 (the sign bit flipped) as
+ * unsigned bytes, summed by eights into 4 lanes (psadbw against zero). */
+static void q8_group_sums(int32_t *sums, const int8_t *w, int rows, int n, int gs) {
+    const __m256i zero = _mm256_setzero_si256(), sign = _mm256_set1_epi8((char)0x80);
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < n / gs; g++) {
+            const int8_t *wg = w + (size_t)r * n + (size_t)g * gs;
+            int32_t sum = 0;
+            if (gs % 32 == 0) {
+                __m256i acc = zero;
+                for (int i = 0; i < gs; i += 32) {
+                    __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wg + i)), sign);
+                    acc = _mm256_add_epi64(acc, _mm256_sad_epu8(v, zero));
+                }
+                __m128i h = _mm_add_epi64(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+                sum = (int32_t)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 128 * gs;
+            } else
+                for (int i = 0; i < gs; i++) sum += wg[i];
+            sums[(size_t)r * (n / gs) + g] = -128 * sum;
+        }
+}
+#endif
 
 /* xt[k * ldx + b] = x[b * n + k], zero for tokens B..ldx-1:
  * x (B, n) -> xt (n, ldx), the block's tokens side by side. */
@@ -774,29 +954,42 @@ static void transpose_block(float *xt, const float *x, int B, int ldx, int n) {
 }
 
 /* out = x @ W^T        x (B, n), W (d, n) -> out (B, d)
- * W is float32 or q8_0 (see q8_dequantize_rows); kernels.h says which
+ * W is float32 or q8_0 (q8_method says how); kernels.h says which
  * scratch each needs. Chunks of ROW_CHUNK rows are split across threads; a
  * chunk, once loaded, serves all B tokens. Each output is computed by the
  * same code whatever the thread count. */
 void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const MatmulScratch *scratch) {
-    int q8 = w.type == WEIGHT_Q8_0, gs = w.group_size, dequant = q8 && q8_dequantize_rows(scratch, B);
-    int int8 = q8 && !dequant;
+    int q8 = w.type == WEIGHT_Q8_0, gs = w.group_size, method = q8 ? q8_method(scratch, B, gs) : -1;
+    int dequant = method == Q8_ROWS, int8 = q8 && !dequant, ldx = simd_round_up(B);
     if (int8) quantize_q8(scratch->x_q, scratch->x_scale, x, B, n, gs);
+#if HAVE_Q8_COLS
+    if (method == Q8_COLUMNS)
+        pack_q8_block(scratch->x_qt, scratch->x_scale_t, scratch->x_q, scratch->x_scale, B, ldx, n, gs);
+#endif
     // Several tokens against float rows (float32, or q8_0 dequantized): the
     // column kernel, on x transposed once here.
-    int by_columns = HAVE_SIMD && use_simd && B > 1 && !int8 && scratch && scratch->x_t, ldx = simd_round_up(B);
+    int by_columns = HAVE_SIMD && use_simd && B > 1 && !int8 && scratch && scratch->x_t;
     if (by_columns) transpose_block(scratch->x_t, x, B, ldx, n);
     int tile_rows = int8 ? TILE_ROWS_Q8 : TILE_ROWS_F32, tile_tokens = int8 ? TILE_TOKENS_Q8 : TILE_TOKENS_F32;
     int n_chunks = (d + ROW_CHUNK - 1) / ROW_CHUNK, chunk;
 #pragma omp parallel for private(chunk) if ((long)B * n * d >= PARALLEL_MIN_WORK)
     for (chunk = 0; chunk < n_chunks; chunk++) {
-        int start = chunk * ROW_CHUNK, end = start + ROW_CHUNK < d ? start + ROW_CHUNK : d;
-        const float *rows = q8 ? NULL : (const float *)w.values + (size_t)start * n; // (end - start, n) floats
-        if (dequant) { // this thread's slice of w_rows = rows start..end of W
-            int thread = 0;
+        int start = chunk * ROW_CHUNK, end = start + ROW_CHUNK < d ? start + ROW_CHUNK : d, thread = 0;
 #ifdef _OPENMP
-            thread = omp_get_thread_num();
+        thread = omp_get_thread_num(); // which slice of w_rows or w_sums is this thread's
 #endif
+        const float *rows = q8 ? NULL : (const float *)w.values + (size_t)start * n; // (end - start, n) floats
+#if HAVE_Q8_COLS
+        if (method == Q8_COLUMNS) {
+            const int8_t *wq = (const int8_t *)w.values + (size_t)start * n;
+            int32_t *sums = scratch->w_sums + (size_t)thread * ROW_CHUNK * (n / gs);
+            q8_group_sums(sums, wq, end - start, n, gs);
+            cols_q8(out + start, d, wq, w.scale + (size_t)start * (n / gs), sums, end - start, n, gs, scratch->x_qt,
+                    scratch->x_scale_t, ldx, B);
+            continue;
+        }
+#endif
+        if (dequant) { // this thread's slice of w_rows = rows start..end of W
             float *slice = scratch->w_rows + (size_t)thread * ROW_CHUNK * n;
             for (int i = start; i < end; i++) matrix_row(slice + (size_t)(i - start) * n, w, i, n);
             rows = slice;

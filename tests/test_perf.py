@@ -84,6 +84,30 @@ def test_q8_group_sizes(tmp_path, syn_tokenizer, text_file):
         assert abs(got["nll"] - f32) < Q8_REL_TOL * f32, (gs, got["nll"], f32)
 
 
+def test_q8_int8_activations(tmp_path, syn_tokenizer, text_file):
+    """--q8-activations int8: blocks quantize their activations as a single
+    token does, so ppl through blocks equals ppl token by token (the pre-RoPE
+    path of exact dynamic NTK, which changes nothing inside the training
+    length) up to float rounding (1e-5 relative; the integer sums are the
+    same), and both stay within the q8_0 bound of float32. The default
+    (float32 activations in blocks) differs from both. The flag wants q8_0
+    weights."""
+    ckpt, _, _ = make_model(tmp_path, seq_len=64)
+    q8 = q8_copy(ckpt, tmp_path / "q8.bin")
+    int8 = ("--q8-activations", "int8")
+    by_token = ("--rope-scaling", "dynamic", "--rope-factor", "2", "--rope-dynamic", "exact")
+    f32 = run_ppl(ckpt, syn_tokenizer, text_file, 64)["nll"]
+    default = run_ppl(q8, syn_tokenizer, text_file, 64)["nll"]
+    blocks = run_ppl(q8, syn_tokenizer, text_file, 64, extra=int8)["nll"]
+    tokens = run_ppl(q8, syn_tokenizer, text_file, 64, extra=int8 + by_token)["nll"]
+    assert abs(blocks - tokens) < 1e-5 * abs(tokens), (blocks, tokens)
+    assert abs(blocks - default) > 1e-6, (blocks, default)
+    for got in (default, blocks):
+        assert abs(got - f32) < Q8_REL_TOL * f32, (got, f32)
+    check_error(run(ckpt, "-z", syn_tokenizer, "-n", "1", *int8), 2, ["--q8-activations", "q8_0", str(ckpt)])
+    check_error(run(q8, "-z", syn_tokenizer, "-n", "1", "--q8-activations", "int4"), 2, ["--q8-activations"])
+
+
 def test_q8_stories260K(tmp_path):
     """A trained model: q8_0 within Q8_NLL_TOL of float32 on TinyStories text,
     and greedy generation still tells a story."""

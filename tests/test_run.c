@@ -565,6 +565,45 @@ static void matmul_ref(double *out, const float *x, const float *w, int B, int n
     free(f);
 }
 
+/* int8 activations in blocks (--q8-activations int8): matmul with
+ * int8_blocks takes the q8_0 column kernel in VNNI builds (int8 dot products
+ * in others: q8_method must say so) and gives the int8 dot products'
+ * results: the same integer sums in another float order, so within 1e-4
+ * relative to the output scale sqrt(n), and NaN (from a group of x that holds
+ * one) in exactly the same outputs. */
+static void check_int8_blocks(const float *x, const int8_t *wq, const float *ws, int B, int n, int d, int gs,
+                              int expect_nans) {
+    int threads = 1, ldx = simd_round_up(B);
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    float *dots = malloc(sizeof(float) * B * d), *cols = malloc(sizeof(float) * B * d);
+    float *xs = malloc(sizeof(float) * B * n / gs);
+    int8_t *xq = malloc((size_t)B * n);
+    Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+    MatmulScratch int8_only = {.x_q = xq, .x_scale = xs};
+    matmul(dots, x, mq, B, n, d, &int8_only);
+    MatmulScratch blocks = {.x_q = xq, .x_scale = xs, .threads = threads, .x_qt = malloc((size_t)n * ldx),
+                            .x_scale_t = malloc(sizeof(float) * (n / gs) * ldx),
+                            .w_sums = malloc(sizeof(int32_t) * threads * ROW_CHUNK * (n / gs)), .int8_blocks = 1};
+    int method = q8_method(&blocks, B, gs);
+    CHECK(method == (HAVE_Q8_COLS ? Q8_COLUMNS : Q8_DOTS), "q8_method with int8 activations, B=%d gs=%d: %d", B, gs,
+          method);
+    matmul(cols, x, mq, B, n, d, &blocks);
+    double worst = 0;
+    int nan_apart = 0, nans = 0;
+    for (int i = 0; i < B * d; i++) {
+        nans += isnan(cols[i]);
+        if (isnan(dots[i]) || isnan(cols[i])) nan_apart += isnan(dots[i]) != isnan(cols[i]);
+        else worst = fmax(worst, fabs(cols[i] - dots[i]));
+    }
+    CHECK(worst < 1e-4 * sqrt((double)n) && nan_apart == 0 && nans == expect_nans,
+          "q8_0 matmul B=%d n=%d d=%d gs=%d, int8 activations (%s) vs int8 dot products: %.3g, %d NaN apart, "
+          "%d NaN (expected %d)", B, n, d, gs, method == Q8_COLUMNS ? "column kernel" : "dot products", worst,
+          nan_apart, nans, expect_nans);
+    free(dots), free(cols), free(xs), free(xq), free(blocks.x_qt), free(blocks.x_scale_t), free(blocks.w_sums);
+}
+
 /* Every matmul path (SIMD column kernel, one-row kernels, portable tiles,
  * q8_0 int8 products, q8_0 dequantized rows) against run.c's
  * matmul_reference, and the reference itself against a double sum.
@@ -574,7 +613,7 @@ static void matmul_ref(double *out, const float *x, const float *w, int B, int n
  * accumulation order differs: 1e-4 relative to the output scale.
  * Shapes include edge tiles (d % 6 != 0: the last rows in tiles of 4, 2, 1;
  * B % 16 != 0; B = 70 and 128: several tiles of 64 tokens with AVX-512, of
- * 16 with AVX2) and n % 8 != 0. */
+ * 16 with AVX2; for the q8_0 column kernel, of 32 and 8) and n % 8 != 0. */
 static void test_matmul_kernels(void) {
     int shapes[][3] = {{1, 288, 36}, {5, 288, 37}, {32, 64, 16}, {7, 172, 9}, {2, 96, 5}, {3, 512, 12},
                        {17, 100, 30}, {32, 768, 13}, {70, 96, 29}, {128, 64, 7}};
@@ -645,13 +684,18 @@ static void test_matmul_kernels(void) {
 #ifdef _OPENMP
             threads = omp_get_max_threads();
 #endif
-            MatmulScratch full = {xt, xq, xs, malloc(sizeof(float) * threads * ROW_CHUNK * n), threads};
+            MatmulScratch full = {.x_t = xt, .x_q = xq, .x_scale = xs,
+                                  .w_rows = malloc(sizeof(float) * threads * ROW_CHUNK * n), .threads = threads};
+            CHECK(q8_method(&full, B, gs) == Q8_ROWS && q8_method(&full, 1, gs) == Q8_DOTS,
+                  "q8_method B=%d: %d (expected dequantized rows), B=1: %d (expected dot products)",
+                  B, q8_method(&full, B, gs), q8_method(&full, 1, gs));
             matmul(port, x, mq, B, n, d, &full);
             double worst_rows = 0;
             for (int i = 0; i < B * d; i++) worst_rows = fmax(worst_rows, fabs(port[i] - ref[i]));
             CHECK(worst_rows < 2e-4, "q8_0 matmul B=%d n=%d d=%d, dequantized rows vs reference: %.3g", B, n, d,
                   worst_rows);
             free(full.w_rows);
+            check_int8_blocks(x, wq, ws, B, n, d, gs, 0);
         }
         free(x), free(w), free(simd), free(port), free(wd), free(ws), free(xs), free(wq), free(xq), free(ref), free(xt);
     }
@@ -676,6 +720,22 @@ static void test_matmul_kernels(void) {
         CHECK(worst < 1e-4 * sqrt((double)n), "q8_0 one-token matmul gs=%d: simd vs portable %.3g", gs, worst);
         free(x), free(w), free(ws), free(xs), free(wq), free(xq);
     }
+    // int8 activations in blocks with group sizes other than 32 (several
+    // 32-byte steps per group), and with a NaN in one token's x: NaN in
+    // that token's outputs only.
+    for (int gs = 64; gs <= 128; gs *= 2)
+        for (int with_nan = 0; with_nan <= 1; with_nan++) {
+            int B = 37, n = 256, d = 13;
+            float *x = malloc(sizeof(float) * B * n), *w = malloc(sizeof(float) * d * n);
+            float *ws = malloc(sizeof(float) * d * n / gs);
+            int8_t *wq = malloc((size_t)d * n);
+            fill_randn(x, (size_t)B * n, 1.0f);
+            fill_randn(w, (size_t)d * n, 1.0f);
+            if (with_nan) x[5 * n + 77] = NAN;
+            quantize_q8(wq, ws, w, d, n, gs);
+            check_int8_blocks(x, wq, ws, B, n, d, gs, with_nan ? d : 0);
+            free(x), free(w), free(ws), free(wq);
+        }
     // matrix_row dequantizes one row (the embedding lookup)
     int8_t q[8] = {1, -2, 3, -4, 127, 0, -127, 5};
     float sc[2] = {0.5f, 2.0f}, row[4];
