@@ -171,7 +171,7 @@ def main(argv=None):
                 text, n_prompt = prompt_text(run, ckpt, tok, a.prompt_tokens)
                 for threads in [int(t) for t in a.threads.split(",")]:
                     base = [run, ckpt, "-z", tok, "-t", "0", "--ignore-eos", "-s", "1"]
-                    gen, pp, mem = [], [], []
+                    gen, pp, pp8, mem = [], [], [], []
                     for _ in range(a.reps):
                         t1, _m = timed(base + ["-n", "1", "-i", ""], threads)
                         tg, m = timed(base + ["-n", str(a.gen_tokens + 1), "-i", ""], threads)
@@ -180,12 +180,18 @@ def main(argv=None):
                             gen.append(a.gen_tokens / (tg - t1))
                         if t1 is not None and tp is not None and tp > t1:
                             pp.append((n_prompt - 1) / (tp - t1))
+                        if dtype == "q8_0":  # the same prompt with int8 activations
+                            tp8, _m3 = timed(base + ["--q8-activations", "int8", "-n", "1", "-i", text], threads)
+                            if t1 is not None and tp8 is not None and tp8 > t1:
+                                pp8.append((n_prompt - 1) / (tp8 - t1))
                         mem.append(m)
                     row = dict(shape=shape, dtype=dtype, threads=threads, gen=stats(gen), prompt=stats(pp),
-                               mem=stats(mem), n_prompt=n_prompt, bytes=os.path.getsize(ckpt))
+                               prompt_int8=stats(pp8), mem=stats(mem), n_prompt=n_prompt,
+                               bytes=os.path.getsize(ckpt))
                     rows.append(row)
                     print(f"bench: {shape} {dtype} {threads} thread(s): gen {fmt(row['gen'])}, "
-                          f"prompt {fmt(row['prompt'])} tok/s", file=sys.stderr)
+                          f"prompt {fmt(row['prompt'])} tok/s"
+                          + (f", int8 activations {fmt(row['prompt_int8'])}" if pp8 else ""), file=sys.stderr)
         long_rows = long_windows(run, directory, tok, a) if a.long_ctx else []
     except Exception as e:  # a benchmark reports, it does not fail
         print(f"bench: stopped early: {e}", file=sys.stderr)
@@ -328,6 +334,10 @@ def report(rows, a, machine_peaks):
         gfs = f"{gf:4.0f} {share(gf, peak.get(r['threads'])):>6}" if gf else "-"
         print(f"{r['shape']:5} {r['dtype']:7} {r['threads']:>3} | {fmt(r['gen']):>20} {gbs:>12} {fmt(r['prompt']):>22} "
               f"{gfs:>11} {mem} | {ratio(g, l2c):>12} {ratio(g, lcpp_gen):>13} {ratio(pp, lcpp_pp):>16} | {target}")
+    int8 = [r for r in rows if r.get("prompt_int8")]
+    if int8:
+        print("\nq8_0 prompts with --q8-activations int8 (activations quantized, as llama.cpp and llama2.c's runq do): "
+              + "; ".join(f"{r['shape']} {r['threads']} thread(s) {fmt(r['prompt_int8'])}" for r in int8))
     print("\nReference: llama2.c run/runq and llama.cpp f32/q8_0 on a 2-core AMD EPYC Zen 4; "
           "gen/llama2.c compares f32 with run and q8_0 with runq.")
     xeon = [(r, LLAMA_CPP_XEON[(r["shape"], r["dtype"])]) for r in rows
@@ -340,6 +350,10 @@ def report(rows, a, machine_peaks):
             parts = [f"gen {g:.0f} / {lg} = {g / lg:.2f}x" if g else "gen -"]
             if lp:
                 parts.append(f"prompt {pp:.0f} / {lp} = {pp / lp:.2f}x" if pp else "prompt -")
+            if lp and r.get("prompt_int8"):
+                p8 = r["prompt_int8"][0]
+                parts.append(f"prompt with --q8-activations int8 (llama.cpp's arithmetic) {p8:.0f} / {lp} = "
+                             f"{p8 / lp:.2f}x")
             print(f"  {r['shape']} {r['dtype']}: " + ", ".join(parts))
 
 
