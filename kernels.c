@@ -225,8 +225,8 @@ typedef __m256 vfloat;
 
 /* Vectors of SIMD_FLOATS int32 lanes for the q8_0 column kernel, which needs
  * VNNI's product of unsigned by signed bytes summed in fours into each lane
- * (AVX-512 VNNI, or AVX-VNNI at 256 bits); without VNNI, blocks of q8_0
- * take dequantized rows and the float kernel (see matmul). */
+ * (AVX-512 VNNI, or AVX-VNNI at 256 bits); without VNNI, blocks with int8
+ * activations take the int8 dot products (q8_method). */
 #if HAVE_Q8_COLS && SIMD_FLOATS == 16
 typedef __m512i vint;
 #define vi_set1 _mm512_set1_epi32
