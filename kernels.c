@@ -381,9 +381,10 @@ static void dot8_f32_avx(float *out, const float *q, const float *k, int stride,
 /* acc + the products a[i] * b[i] of 32 unsigned bytes a and signed bytes b,
  * summed in fours into acc's 8 int32 lanes. One instruction with VNNI
  * (AVX-512 VNNI, or AVX-VNNI on CPUs without AVX-512); else
- * _mm256_maddubs_epi16 sums pairs to int16 (at most 2 * 127 * 127 here, no
- * overflow: both operands are within +-127) and _mm256_madd_epi16 pairs of
- * those to int32. The sums are exact either way, so both give the same bits. */
+ * _mm256_maddubs_epi16 sums pairs to int16 (at most 2 * 128 * 127 here, no
+ * overflow: a <= 128 and |b| <= 127 in every caller) and _mm256_madd_epi16
+ * pairs of those to int32. The sums are exact either way, so both give the
+ * same bits. */
 static inline __m256i dot_u8s8_avx(__m256i acc, __m256i a, __m256i b) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(acc, a, b);
@@ -396,12 +397,14 @@ static inline __m256i dot_u8s8_avx(__m256i acc, __m256i a, __m256i b) {
 
 /* The int32 sums of w[i] * x[i] over one group of gs int8 values (gs a
  * multiple of 32), in 8 lanes. The products take unsigned bytes on one side,
- * so the sign of x moves onto w: |x| * (sign(x) w) = x w. */
+ * so the sign of w moves onto x: |w| * (sign(w) x) = w x. That way round it is
+ * exact for every int8 weight: |-128| is 128 as an unsigned byte, and x, our
+ * own quantization, stays within +-127, so negating it cannot wrap. */
 static inline __m256i group_dot_i8_avx(const int8_t *w, const int8_t *x, int gs) {
     __m256i isum = _mm256_setzero_si256();
     for (int i = 0; i < gs; i += 32) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x + i)), wv = _mm256_loadu_si256((const __m256i *)(w + i));
-        isum = dot_u8s8_avx(isum, _mm256_sign_epi8(xv, xv), _mm256_sign_epi8(wv, xv));
+        isum = dot_u8s8_avx(isum, _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
     }
     return isum;
 }
@@ -453,8 +456,9 @@ static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const i
 #if SIMD_FLOATS == 16 && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define HAVE_Q8_AVX512 1
 /* dot_q8_avx for gs = 32 with 512-bit vectors and VNNI: two groups per
- * vector, eight per step. abs(x) and w with x's sign (AVX-512 has no
- * sign_epi8: w negated where x < 0, by mask), one VNNI product into 16 int32
+ * vector, eight per step. abs(w) and x with w's sign (AVX-512 has no
+ * sign_epi8: x negated where w < 0, by mask; exact for every int8 weight, as
+ * in group_dot_i8_avx), one VNNI product into 16 int32
  * lanes (lanes 0-7 group g, 8-15 group g+1), converted and scaled by
  * [d_g x 8 | d_g+1 x 8], d = ws * xs, eight of which are computed at once.
  * About half the instructions per weight byte of the 256-bit kernel; the
@@ -470,8 +474,8 @@ static void dot_q8_32_avx512(float *out, const int8_t *w, const float *ws, const
         for (int p = 0; p < 4; p++) { // groups g + 2p, g + 2p + 1
             __m512i xv = _mm512_loadu_si512(x + (size_t)(g + 2 * p) * 32);
             __m512i wv = _mm512_loadu_si512(w + (size_t)(g + 2 * p) * 32);
-            __m512i sw = _mm512_mask_sub_epi8(wv, _mm512_movepi8_mask(xv), zero, wv);
-            __m512i isum = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(xv), sw);
+            __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), zero, xv);
+            __m512i isum = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sx);
             __m512i pick = _mm512_add_epi32(_mm512_set1_epi32(2 * p), halves); // lanes 0-7: d[2p], 8-15: d[2p+1]
             acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(pick, d), acc[p]);
         }
@@ -495,10 +499,9 @@ static void dot_q8_32_avx512(float *out, const int8_t *w, const float *ws, const
  * and each row's broadcast is its 4 int8 weights w_r[k..k+3]. The offset adds
  * 128 * (sum of w_r over the group) to every token's sum: each group's integer
  * sums start from wsum_r[g] = -128 * that sum (q8_group_sums), so they come
- * out exact: the same integers as the one-token kernels' (whose sign trick
- * needs weights within +-127, as export.py writes them). Then per group
+ * out exact: the same integers as the one-token kernels'. Then per group
  * sums converted to float and scaled by ws_r[g] * xst[g * ldx + t] (scales
- * transposed). int32 cannot overflow: |sum| <= 255 * 127 * gs. matmul uses
+ * transposed). int32 cannot overflow: |sum| <= 255 * 128 * gs. matmul uses
  * it for int8 activations (run's --q8-activations int8). Measured on
  * 110M-shaped matrices (AVX-512 VNNI, one thread): 2.1-2.3x the rate of
  * dequantized rows through cols_tile_f32 (a VNNI instruction does 64
@@ -896,7 +899,7 @@ int q8_method(const MatmulScratch *scratch, int B, int gs) {
     if (B == 1 || !scratch || threads > scratch->threads) return Q8_DOTS;
     if (!scratch->int8_blocks) return scratch->w_rows ? Q8_ROWS : Q8_DOTS;
     if (HAVE_Q8_COLS && use_simd && scratch->x_qt && scratch->x_scale_t && scratch->w_sums && gs % 4 == 0 &&
-        gs <= 4096) // (int32 sums: 255 * 127 * 4096 < 2^31)
+        gs <= 4096) // (int32 sums: 255 * 128 * 4096 < 2^31)
         return Q8_COLUMNS;
     return Q8_DOTS;
 }

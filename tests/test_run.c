@@ -662,6 +662,9 @@ static void test_matmul_kernels(void) {
         // q8_0: quantize W; the kernels against each other and against the
         // float matmul with the dequantized W (error from quantizing x only).
         quantize_q8(wq, ws, w, d, n, gs);
+        // -128: outside the format's -127..127 (export never writes it) but an
+        // int8 all the same; every kernel must still be exact (no sign wrap)
+        wq[0] = wq[(size_t)d * n - 1] = -128;
         for (size_t i = 0; i < (size_t)d * n; i++) wd[i] = wq[i] * ws[i / gs];
         Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
         MatmulScratch int8_only = {.x_q = xq, .x_scale = xs}; // no w_rows: int8 dot products for any B
