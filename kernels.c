@@ -663,14 +663,16 @@ void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_
  *   k, v   (ATT_KEYS, head_size)    an f16 cache's key and value tile as float32
  *   m, l, alpha, tile_max, shift (ATT_QUERIES)  running maximum and sum,
  *                                   exp(m - m'), online_softmax_tile's scratch
+ *   qg_t, s_g                       Self-Extend: the grouped queries
+ *                                   transposed, their scores against grouped keys
  * The products read whole vectors of q_t's and s's rows: their columns past
  * the tile's queries are zero (s: set once, never written after). */
 #define ATT_QUERIES 128
 #define ATT_KEYS 48
 
 size_t attention_block_floats(int head_size) {
-    size_t hs = (size_t)head_size;
-    return 3 * hs * ATT_QUERIES + ATT_KEYS * ATT_QUERIES + 2 * ATT_KEYS * hs + 5 * ATT_QUERIES;
+    size_t hs = (size_t)head_size; // and with Self-Extend the grouped queries and scores: qg_t, s_g
+    return 4 * hs * ATT_QUERIES + 2 * ATT_KEYS * ATT_QUERIES + 2 * ATT_KEYS * hs + 5 * ATT_QUERIES;
 }
 
 /* Rows k0 .. k0+n-1 of a head's slice of the cache (head_size values from
@@ -746,22 +748,36 @@ static void online_softmax_tile(float *s, int nk, int nq, int k0, int pos, int w
     }
 }
 
+/* q_t[i * ATT_QUERIES + j] = q_j[i] (q_j = q + j * ldq) for j < nq, zero
+ * past them: a tile's queries side by side. */
+static void transpose_queries(float *q_t, const float *q, int ldq, int nq, int head_size) {
+    for (int i = 0; i < head_size; i++)
+        for (int j = 0; j < ATT_QUERIES; j++) q_t[(size_t)i * ATT_QUERIES + j] = j < nq ? q[(size_t)j * ldq + i] : 0.0f;
+}
+
 /* One head, nq <= ATT_QUERIES queries at positions pos .. pos+nq-1
  * (q_j = q + j * ldq, out_j = out + j * ldo), against the keys and values of
  * the head's slice of the caches (from `offset` in each row, rows kv_dim
  * apart): kernels.h's formula over the tiles of keys first .. pos+nq-1,
  * first = the first query's first key. Tiles past the last query's key are
- * never read, nor keys older than the first query's window. */
+ * never read, nor keys older than the first query's window. With Self-Extend
+ * (qg not NULL: query j's grouped query at qg + j * ldq; keys_g the grouped
+ * keys, float32, laid out as the cache), key t scores against query j's
+ * grouped query and grouped key t when pos + j - t >= se_window: a tile
+ * wholly on that side computes those scores alone, a tile across the line
+ * both, and takes each score from its side. */
 static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq, int pos, int window,
-                           const void *keys, int key_type, const void *values, int value_type, size_t offset,
-                           int kv_dim, int head_size, float *scratch) {
+                           const void *keys, int key_type, const void *values, int value_type, const float *qg,
+                           const float *keys_g, int se_window, size_t offset, int kv_dim, int head_size,
+                           float *scratch) {
     size_t hs = (size_t)head_size, Q = ATT_QUERIES;
     float *q_t = scratch, *s = q_t + hs * Q, *pv = s + ATT_KEYS * Q, *o = pv + hs * Q, *k_buf = o + hs * Q;
     float *v_buf = k_buf + ATT_KEYS * hs, *m = v_buf + ATT_KEYS * hs, *l = m + Q, *alpha = l + Q, *tile_max = alpha + Q;
-    float *shift = tile_max + Q;
+    float *shift = tile_max + Q, *qg_t = shift + Q, *s_g = qg_t + hs * Q;
     float scale = 1.0f / sqrtf((float)head_size);
-    for (size_t i = 0; i < hs; i++)
-        for (int j = 0; j < ATT_QUERIES; j++) q_t[i * Q + j] = j < nq ? q[(size_t)j * ldq + i] : 0.0f;
+    int W = qg ? se_window : 0;
+    transpose_queries(q_t, q, ldq, nq, head_size);
+    if (W) transpose_queries(qg_t, qg, ldq, nq, head_size);
     memset(o, 0, hs * Q * sizeof(float));
     memset(s, 0, ATT_KEYS * Q * sizeof(float)); // the columns past nq stay zero
     for (int j = 0; j < ATT_QUERIES; j++) m[j] = -INFINITY, l[j] = 0.0f;
@@ -769,9 +785,20 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0, end = pos + nq;
     for (int k0 = first; k0 < end; k0 += ATT_KEYS) {
         int nk = end - k0 < ATT_KEYS ? end - k0 : ATT_KEYS, ldk, ldv;
-        const float *k = kv_tile(k_buf, &ldk, keys, key_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
+        int all_grouped = W && pos - (k0 + nk - 1) >= W, some_grouped = W && pos + nq - 1 - k0 >= W;
         const float *v = kv_tile(v_buf, &ldv, values, value_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
-        cols_product(s, ATT_QUERIES, k, (size_t)ldk, 1, nk, head_size, q_t, ATT_QUERIES, nq);   // s = K q_t
+        if (!all_grouped) {
+            const float *k = kv_tile(k_buf, &ldk, keys, key_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
+            cols_product(s, ATT_QUERIES, k, (size_t)ldk, 1, nk, head_size, q_t, ATT_QUERIES, nq); // s = K q_t
+        }
+        if (some_grouped) { // Self-Extend: s_g = K_g qg_t, grouped keys (float32) against grouped queries
+            float *dst = all_grouped ? s : s_g;
+            cols_product(dst, ATT_QUERIES, keys_g + offset + (size_t)k0 * kv_dim, (size_t)kv_dim, 1, nk, head_size,
+                         qg_t, ATT_QUERIES, nq);
+            for (int c = 0; !all_grouped && c < nk; c++) // query j takes key k0 + c's grouped score when
+                for (int j = 0; j < nq; j++)              // it lies W or more positions back
+                    if (pos + j - (k0 + c) >= W) s[(size_t)c * Q + j] = s_g[(size_t)c * Q + j];
+        }
         online_softmax_tile(s, nk, nq, k0, pos, window, scale, m, l, alpha, tile_max, shift); // s -> p
         cols_product(pv, ATT_QUERIES, v, 1, (size_t)ldv, head_size, nk, s, ATT_QUERIES, nq);  // pv = V^T p
         for (size_t i = 0; i < hs; i++) { // o = o * alpha + pv
@@ -789,8 +816,8 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
  * items, split over the threads; each one's result is the same whatever
  * thread computes it. */
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
-                     int B, int pos0, int window, int n_heads, int n_kv_heads, int head_size, float *scratch,
-                     int threads) {
+                     const GroupedQueries *grouped, int B, int pos0, int window, int n_heads, int n_kv_heads,
+                     int head_size, float *scratch, int threads) {
     int dim = n_heads * head_size, kv_dim = n_kv_heads * head_size, kv_mul = n_heads / n_kv_heads;
     int n_tiles = (B + ATT_QUERIES - 1) / ATT_QUERIES, item;
     size_t per_thread = attention_block_floats(head_size);
@@ -807,7 +834,9 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
         thread = omp_get_thread_num();
 #endif
         size_t at = (size_t)b0 * dim + (size_t)h * head_size; // query b0's head h in q and out
+        int se = grouped && grouped->q;
         attention_tile(out + at, dim, q + at, dim, nq, pos0 + b0, window, keys, key_type, values, value_type,
+                       se ? grouped->q + at : NULL, se ? grouped->keys : NULL, se ? grouped->window : 0,
                        (size_t)(h / kv_mul) * head_size, kv_dim, head_size, scratch + (size_t)thread * per_thread);
     }
 }

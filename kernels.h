@@ -152,7 +152,8 @@ static inline uint16_t float_to_half(float x) {
  *   l     = l * exp(m - m') + sum_t exp(s_t - m'),   m = m'
  * and at the end out = o / l: softmax(s) . v, as run.c's attention states
  * it, equal to the one-query path up to float rounding (exp is exp_fast, and
- * the sums go in another order).
+ * the sums go in another order). With Self-Extend (grouped, below) s_t is
+ * the grouped pair's score for the keys W or more positions back.
  * out, q: (B, n_heads, head_size); keys, values: one layer's (n_ctx, kv_dim)
  * of key_type / value_type, KV_F32 or KV_F16 (an f16 tile is converted to
  * float32 first, then the same code). Tiles of 128 queries x 48 keys
@@ -163,9 +164,19 @@ static inline uint16_t float_to_half(float x) {
  * code whatever their number. SIMD tiles (AVX-512 or AVX2) for every
  * head_size, portable loops in a build without them. */
 size_t attention_block_floats(int head_size);
+/* Self-Extend's grouped scores (run.c's rope_stage, docs/rope.md §10): key t
+ * W or more positions before query b's position is scored against query b's
+ * grouped query (rotated at its group position) and t's grouped key (rotated
+ * at floor(t / G)) instead of q_b and k_t. attention_block takes NULL, or a
+ * GroupedQueries with q NULL, for none. */
+typedef struct {
+    const float *q;    // (B, n_heads, head_size) the block's queries at their group positions
+    const float *keys; // one layer's (n_ctx, kv_dim), float32: the keys at their group positions
+    int window;        // W
+} GroupedQueries;
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
-                     int B, int pos0, int window, int n_heads, int n_kv_heads, int head_size, float *scratch,
-                     int threads);
+                     const GroupedQueries *grouped, int B, int pos0, int window, int n_heads, int n_kv_heads,
+                     int head_size, float *scratch, int threads);
 
 /* ------------------------------------------------------------------------
  * Weight matrices (model.h's Matrix: float32 or q8_0) and matmul

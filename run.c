@@ -119,9 +119,10 @@ typedef struct {
     float *rope_cos;    // (n_ctx, n_pairs) mscale * cos(pos * inv_freq[i]); n_pairs = rot_dim/2
     float *rope_sin;    // (n_ctx, n_pairs) mscale * sin(pos * inv_freq[i])
     double *inv_freq;   // (n_pairs) scratch for rebuilding table rows
-    float *q_grouped;   // (dim) Self-Extend: the query rotated at its group position
+    float *q_grouped;   // (B, dim) Self-Extend: the queries rotated at their group positions
     float *key_rot;     // (n_ctx, kv_dim) pre-RoPE cache only: one layer's keys rotated for
                         // this step, float32 whatever the cache's type
+    float *key_grouped; // (n_ctx, kv_dim) Self-Extend: one layer's keys rotated at their group positions
 } RunState;
 
 typedef struct {
@@ -700,31 +701,41 @@ int cache_place(const Transformer *t, int slot, int pos) {
     return t->n_ctx - 1 - ((cache_slot(t, pos) - slot) % R + R) % R;
 }
 
-/* Pre-RoPE key cache: rotate each cached key (slots 0..pos, or the whole
- * cache once sinks have wrapped it) into key_rot at the position it has for
- * the query at pos: its own (its place, with sinks), or with Self-Extend,
- * when it is W or more tokens back, its group position floor(t / G).
- * keys: one layer's (n_ctx, kv_dim) of t->kv_type; key_rot: (n_ctx, kv_dim) float32. */
-void rotate_cached_keys(float *key_rot, const void *keys, int pos, const Transformer *t) {
+/* Pre-RoPE key cache: rotate the cached keys the queries at positions
+ * pos .. pos+B-1 read (slots 0..pos+B-1, or the whole cache once sinks have
+ * wrapped it) into key_rot at their own positions (their places, with
+ * sinks), and with Self-Extend into key_grouped at their group positions
+ * floor(t / G). One query (B = 1) reads each key one way only (grouped when
+ * it lies W or more positions back), so only that rotation is made; a block
+ * makes both for every key, since attention_block's tiles across the line
+ * compute both scores for all their keys (and keep one).
+ * keys: one layer's (n_ctx, kv_dim) of t->kv_type; key_rot, key_grouped:
+ * (n_ctx, kv_dim) float32. */
+void rotate_cached_keys(float *key_rot, float *key_grouped, const void *keys, int pos, int B, const Transformer *t) {
     const Config *c = &t->config;
     int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, n_pairs = t->rope.rot_dim / 2;
-    int G = t->rope.se_group, W = t->rope.se_window, n = pos < t->n_ctx ? pos + 1 : t->n_ctx, i;
+    int last = pos + B - 1, n = last < t->n_ctx ? last + 1 : t->n_ctx, i;
+    int G = t->rope.se_group, W = t->rope.se_window, n_grouped = G > 0 && last >= W ? last - W + 1 : 0;
+    int first_own = B == 1 ? n_grouped : 0, last_grouped = B == 1 || !n_grouped ? n_grouped : n; // ranges [first, last)
 #pragma omp parallel for private(i) if ((long)n * kv_dim >= PARALLEL_MIN_WORK)
-    for (i = 0; i < n; i++) {
-        int key_pos = G > 0 && pos - i >= W ? i / G : cache_place(t, i, pos);
-        float *k = key_rot + (size_t)i * kv_dim;
-        kv_load(k, keys, t->kv_type, (size_t)i * kv_dim, kv_dim);
-        rope(k, t->state.rope_cos + (size_t)key_pos * n_pairs, t->state.rope_sin + (size_t)key_pos * n_pairs, 1,
-             c->n_kv_heads, head_size, t->rope.rot_dim, t->rope.layout);
-    }
+    for (i = 0; i < n; i++)
+        for (int grouped = 0; grouped < 2; grouped++) {
+            if (grouped ? i >= last_grouped : i < first_own) continue;
+            int key_pos = grouped ? i / G : cache_place(t, i, last);
+            float *k = (grouped ? key_grouped : key_rot) + (size_t)i * kv_dim;
+            kv_load(k, keys, t->kv_type, (size_t)i * kv_dim, kv_dim);
+            rope(k, t->state.rope_cos + (size_t)key_pos * n_pairs, t->state.rope_sin + (size_t)key_pos * n_pairs, 1,
+                 c->n_kv_heads, head_size, t->rope.rot_dim, t->rope.layout);
+        }
 }
 
 /* The keys attention scores the queries against, as the RoPE stage left them. */
 typedef struct {
     const void *keys;       // (n_ctx, kv_dim) of one layer, rotated
     int key_type;           // KV_F32 | KV_F16
-    const float *q_grouped; // Self-Extend (B = 1): (n_heads, head_size) the query at its group position
-    int n_grouped;          // keys 0..n_grouped-1 are scored against q_grouped; 0 = none
+    const float *q_grouped; // Self-Extend: (B, n_heads, head_size) the queries at their group positions
+    const float *grouped;   // Self-Extend: (n_ctx, kv_dim) float32, the keys at their group positions
+    int n_grouped;          // the last query scores keys 0..n_grouped-1 against q_grouped; 0 = none
 } RotatedKeys;
 
 /* The RoPE stage of one layer: give the block's queries and keys their
@@ -740,10 +751,12 @@ typedef struct {
  *      unrotated too; a key W or more tokens back is rotated at its group
  *      position floor(t/G) and scored against a second query rotated at
  *      floor(pos/G) + W - floor(W/G); nearer keys keep their own positions.
+ *      Neither rotation depends on the query, so a block rotates each key
+ *      both ways once (key_rot, key_grouped) and attention picks per pair.
  *   (d) attention sinks (--sinks S): keys enter unrotated; once the cache is
  *      full each new token overwrites the oldest after the S sinks, and every
  *      key is rotated at its place in the cache (cache_slot, cache_place).
- * (b), (c) and (d) go one token at a time (block_limit). docs/rope.md §11
+ * (b) and (d) go one token at a time (block_limit). docs/rope.md §11
  * has the details, §10 Self-Extend's position map and §13 the sinks.
  * In: s->q (B, n_heads, head_size) and s->k (B, kv_dim) from the projections.
  * Out: s->q rotated in place; the B keys written into key_cache (one layer's
@@ -758,30 +771,38 @@ static RotatedKeys rope_stage(Transformer *t, void *key_cache, int B, int pos0) 
     const float *cos_rows = s->rope_cos + (size_t)place * n_pairs; // (B, n_pairs): the B positions' rows
     const float *sin_rows = s->rope_sin + (size_t)place * n_pairs;
     int G = r->se_group, W = r->se_window;
-    int n_grouped = G > 0 && pos0 >= W ? pos0 - W + 1 : 0; // keys W or more tokens back
-    if (n_grouped) { // (c): the query at its group position
-        size_t row = (size_t)(pos0 / G + W - W / G) * n_pairs;
-        memcpy(s->q_grouped, s->q, (size_t)c->dim * sizeof(float));
-        rope(s->q_grouped, s->rope_cos + row, s->rope_sin + row, 1, c->n_heads, head_size, r->rot_dim, r->layout);
+    int n_grouped = G > 0 && pos0 + B - 1 >= W ? pos0 + B - W : 0; // keys W or more tokens before the last query
+    if (n_grouped) { // (c): the queries at their group positions
+        memcpy(s->q_grouped, s->q, (size_t)B * c->dim * sizeof(float));
+        for (int b = 0; b < B; b++) {
+            size_t row = (size_t)((pos0 + b) / G + W - W / G) * n_pairs;
+            rope(s->q_grouped + (size_t)b * c->dim, s->rope_cos + row, s->rope_sin + row, 1, c->n_heads, head_size,
+                 r->rot_dim, r->layout);
+        }
     }
     rope(s->q, cos_rows, sin_rows, B, c->n_heads, head_size, r->rot_dim, r->layout);
     if (!t->prerope) { // (a): keys rotated once, as they enter the cache
         rope(s->k, cos_rows, sin_rows, B, c->n_kv_heads, head_size, r->rot_dim, r->layout);
         kv_store(key_cache, t->kv_type, (size_t)pos0 * kv_dim, s->k, B * kv_dim);
-        return (RotatedKeys){key_cache, t->kv_type, NULL, 0};
+        return (RotatedKeys){key_cache, t->kv_type, NULL, NULL, 0};
     }
     kv_store(key_cache, t->kv_type, (size_t)cache_slot(t, pos0) * kv_dim, s->k, B * kv_dim); // (b)-(d): unrotated
-    rotate_cached_keys(s->key_rot, key_cache, pos0, t);
-    return (RotatedKeys){s->key_rot, KV_F32, s->q_grouped, n_grouped};
+    rotate_cached_keys(s->key_rot, s->key_grouped, key_cache, pos0, B, t);
+    return (RotatedKeys){s->key_rot, KV_F32, s->q_grouped, s->key_grouped, n_grouped};
 }
 
 /* ==========================================================================
  * 4. Building and freeing the model: checkpoint + RoPE table + run state
  * ========================================================================== */
 
-/* How many tokens forward_block may take at once. A pre-RoPE key cache
- * rotates the keys for each query position separately, so it goes 1 by 1. */
-int block_limit(const Transformer *t) { return t->prerope ? 1 : FORWARD_BLOCK; }
+/* How many tokens forward_block may take at once. A pre-RoPE key cache for
+ * exact dynamic NTK or sinks rotates the keys for each query position
+ * separately, so it goes 1 by 1; Self-Extend's two rotations of a key do not
+ * depend on the query (rope_stage), so it takes blocks. */
+int block_limit(const Transformer *t) {
+    int per_query = t->rope.sinks >= 0 || (rope_length_dependent(&t->rope) && t->rope.dynamic_exact);
+    return t->prerope && per_query ? 1 : FORWARD_BLOCK;
+}
 
 /* Allocate the activations and KV cache for n_ctx positions and build the
  * RoPE table from t->rope. Returns -1 with a message if memory runs out. */
@@ -806,8 +827,10 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
         {&s->key_cache, cache_values, kv_elem_bytes(t->kv_type)},
         {&s->value_cache, cache_values, kv_elem_bytes(t->kv_type)},
         FLOATS(s->rope_cos, n_ctx * n_pairs), FLOATS(s->rope_sin, n_ctx * n_pairs),
-        // only with a pre-RoPE key cache: the query at its group position, one layer of rotated keys
-        FLOATS(s->q_grouped, t->prerope ? dim : 0), FLOATS(s->key_rot, t->prerope ? n_ctx * kv_dim : 0),
+        // only with a pre-RoPE key cache: one layer of rotated keys; and with Self-Extend the
+        // block's queries and the layer's keys at their group positions
+        FLOATS(s->key_rot, t->prerope ? n_ctx * kv_dim : 0), FLOATS(s->q_grouped, t->rope.se_group > 0 ? B * dim : 0),
+        FLOATS(s->key_grouped, t->rope.se_group > 0 ? n_ctx * kv_dim : 0),
         // matmul's input transposed (blocks); with q8_0 weights, quantized
         FLOATS(s->mm.x_t, B > 1 ? widest * simd_round_up((int)B) : 0),
         {(void **)&s->mm.x_q, q8 ? B * widest : 0, sizeof(int8_t)},
@@ -895,7 +918,8 @@ int build_transformer(Transformer *t, const char *path, const RopeConfig *rope_o
 void free_transformer(Transformer *t) {
     RunState *s = &t->state;
     void *bufs[] = {s->x, s->xb, s->xb2, s->hb, s->hb2, s->q, s->k, s->v, s->scores, s->attn_tiles, s->logits,
-                    s->key_cache, s->value_cache, s->rope_cos, s->rope_sin, s->q_grouped, s->key_rot, s->mm.x_q,
+                    s->key_cache, s->value_cache, s->rope_cos, s->rope_sin, s->q_grouped, s->key_rot, s->key_grouped,
+                    s->mm.x_q,
                     s->mm.x_scale, s->mm.w_rows, s->mm.x_t, s->mm.x_qt, s->mm.x_scale_t, s->mm.w_sums};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->inv_freq);
@@ -973,16 +997,17 @@ static int window_start(int n, int window) { return window > 0 && n > window ? n
  * with lo_b = 0, or with a sliding window of W positions (window = W > 0)
  * lo_b = max(0, pos0 + b + 1 - W): the W most recent keys, its own included.
  * Query head h reads kv head h / (n_heads / n_kv_heads): the contiguous
- * grouping of GQA/MQA, as Hugging Face's repeat_kv. With Self-Extend the
- * first n_grouped keys are scored against keys.q_grouped instead of q.
+ * grouping of GQA/MQA, as Hugging Face's repeat_kv. With Self-Extend, keys
+ * W or more positions before row b's are scored as q_grouped_b . k_grouped_t
+ * instead (keys.q_grouped, keys.grouped: rope_stage's (c)).
  * out, q: (B, n_heads, head_size); values: one layer's (n_ctx, kv_dim) of
  * t->kv_type.
  * A block (B > 1: prompts, ppl windows) goes to kernels.c's attention_block,
  * which computes this formula in tiles of queries x keys with an online
  * softmax (a running maximum and sum per query, kernels.h), never storing a
- * row of scores. One query (generation; B = 1 also for the pre-RoPE cache,
- * hence for Self-Extend and attention sinks) goes as written above, head by
- * head: kv_scores, attention_weights, kv_mix. The two agree to float
+ * row of scores. One query (generation; B = 1 also for exact dynamic NTK and
+ * attention sinks, whose keys move with each query) goes as written above,
+ * head by head: kv_scores, attention_weights, kv_mix. The two agree to float
  * rounding. t gives the shapes, and its state the scratch: scores for one
  * query, attn_tiles for a block. */
 void attention(float *out, const float *q, const RotatedKeys *keys, const void *values, int B, int pos0,
@@ -990,25 +1015,23 @@ void attention(float *out, const float *q, const RotatedKeys *keys, const void *
     const Config *c = &t->config;
     int n_heads = c->n_heads, head_size = c->dim / n_heads, kv_dim = head_size * c->n_kv_heads;
     int kv_mul = n_heads / c->n_kv_heads, n_ctx = t->n_ctx;
-    if (B > 1 && keys->n_grouped == 0) {
-        attention_block(out, q, keys->keys, keys->key_type, values, t->kv_type, B, pos0, window, n_heads,
-                        c->n_kv_heads, head_size, t->state.attn_tiles, t->state.mm.threads);
+    if (B > 1) {
+        GroupedQueries grouped = {keys->q_grouped, keys->grouped, t->rope.se_window};
+        attention_block(out, q, keys->keys, keys->key_type, values, t->kv_type, keys->n_grouped ? &grouped : NULL, B,
+                        pos0, window, n_heads, c->n_kv_heads, head_size, t->state.attn_tiles, t->state.mm.threads);
         return;
     }
-    for (int b = 0; b < B; b++) {
-        int n = pos0 + b + 1, g = keys->n_grouped, h; // n keys; the first g grouped
-        int lo = window_start(n, window);            // keys lo..n-1; Self-Extend (g > 0) has no window
+    int n = pos0 + 1, g = keys->n_grouped, h; // one query: n keys, the first g grouped
+    int lo = window_start(n, window);        // keys lo..n-1; Self-Extend (g > 0) has no window
 #pragma omp parallel for private(h) if ((long)n_heads * head_size * n >= PARALLEL_MIN_WORK)
-        for (h = 0; h < n_heads; h++) {
-            size_t row = ((size_t)b * n_heads + h) * head_size, kv_offset = (size_t)(h / kv_mul) * head_size;
-            float *S = t->state.scores + (size_t)h * n_ctx;
-            if (g) kv_scores(S, keys->q_grouped + (size_t)h * head_size, keys->keys, keys->key_type, kv_offset,
-                             kv_dim, g, head_size);
-            kv_scores(S + g + lo, q + row, keys->keys, keys->key_type, (size_t)(g + lo) * kv_dim + kv_offset, kv_dim,
-                      n - g - lo, head_size);
-            attention_weights(S, lo, n, n, head_size);
-            kv_mix(out + row, S + lo, values, t->kv_type, (size_t)lo * kv_dim + kv_offset, kv_dim, n - lo, head_size);
-        }
+    for (h = 0; h < n_heads; h++) {
+        size_t row = (size_t)h * head_size, kv_offset = (size_t)(h / kv_mul) * head_size;
+        float *S = t->state.scores + (size_t)h * n_ctx;
+        if (g) kv_scores(S, keys->q_grouped + row, keys->grouped, KV_F32, kv_offset, kv_dim, g, head_size);
+        kv_scores(S + g + lo, q + row, keys->keys, keys->key_type, (size_t)(g + lo) * kv_dim + kv_offset, kv_dim,
+                  n - g - lo, head_size);
+        attention_weights(S, lo, n, n, head_size);
+        kv_mix(out + row, S + lo, values, t->kv_type, (size_t)lo * kv_dim + kv_offset, kv_dim, n - lo, head_size);
     }
 }
 

@@ -319,7 +319,7 @@ static void test_ops(void) {
     float keys[2 * 4] = {1, 0, 0, 1, 0, 0, 0, 0}, values[2 * 4] = {10, 20, 30, 40, 0, 0, 0, 0};
     float q[4 * 2] = {1, 0, 1, 0, 1, 0, 1, 0}, scores[4 * 2], o[4 * 2];
     Transformer t = attention_fixture(4, 2, 2, 2, scores, NULL);
-    attention(o, q, &(RotatedKeys){keys, KV_F32, NULL, 0}, values, 1, 0, 0, &t);
+    attention(o, q, &(RotatedKeys){.keys = keys, .key_type = KV_F32}, values, 1, 0, 0, &t);
     CHECK(o[0] == 10 && o[2] == 10 && o[4] == 30 && o[6] == 30, "GQA grouping: got %g %g %g %g", o[0], o[2], o[4],
           o[6]);
     // Bucket edges for L = 256, ctx = 4096.
@@ -792,6 +792,59 @@ static void attention_ref(double *out, const float *q, const float *keys, const 
 /* |a - b|, infinity when either is NaN (fmax would drop a NaN) */
 static double abs_err(double a, double b) { return isnan(a) || isnan(b) ? INFINITY : fabs(a - b); }
 
+/* Self-Extend in blocks: attention_block with grouped queries and keys (a
+ * score from the grouped pair when the key lies W or more positions before
+ * the query) against the one-query path, which reads the same arrays; blocks
+ * of 2 to 260 queries whose key tiles lie wholly on either side of the line
+ * or across it, 1 to 2 threads, GQA and a head size off the vector width.
+ * Both sum in float in other orders, with exp_fast: the 2e-5 of the plain
+ * block test. (End to end, tests/test_extrapolation.py checks Self-Extend's
+ * NLL in blocks against a float64 numpy forward pass.) */
+static void test_attention_block_self_extend(void) {
+    int cases[][5] = {{16, 130, 150, 5, 1}, {20, 7, 200, 60, 2}, {16, 260, 0, 1, 2}, {8, 2, 100, 3, 1},
+                      {16, 40, 30, 200, 1}, // head_size, B, pos0, W, threads; then the lines' edges at a tile's:
+                      {16, 60, 51, 5, 1},   // key 47, the last of tile 0, is W - 1 before the first query
+                      {16, 3, 51, 5, 1}};   // key 48, the first of tile 1, is W before the last query
+    int nh = 4, nkv = 2, n_ctx = 300;
+    double worst = 0;
+#ifdef _OPENMP
+    int max_threads = omp_get_max_threads();
+#endif
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int hs = cases[c][0], B = cases[c][1], pos0 = cases[c][2], W = cases[c][3], dim = nh * hs, kv_dim = nkv * hs;
+        size_t cache_n = (size_t)n_ctx * kv_dim;
+        float *q = malloc(sizeof(float) * B * dim), *qg = malloc(sizeof(float) * B * dim);
+        float *out = malloc(sizeof(float) * B * dim), *out2 = malloc(sizeof(float) * B * dim);
+        float *keys = malloc(sizeof(float) * cache_n), *grouped = malloc(sizeof(float) * cache_n);
+        float *values = malloc(sizeof(float) * cache_n), *scores = malloc(sizeof(float) * nh * n_ctx);
+        float *tiles = malloc(sizeof(float) * 2 * attention_block_floats(hs));
+        fill_randn(q, (size_t)B * dim, 2.0f);
+        fill_randn(qg, (size_t)B * dim, 2.0f);
+        fill_randn(keys, cache_n, 1.0f);
+        fill_randn(grouped, cache_n, 1.0f);
+        fill_randn(values, cache_n, 1.0f);
+        Transformer t = attention_fixture(nh, nkv, hs, n_ctx, scores, tiles);
+        t.rope.se_window = W;
+#ifdef _OPENMP
+        omp_set_num_threads(cases[c][4]);
+#endif
+        t.state.mm.threads = cases[c][4];
+        int last = pos0 + B - 1;
+        RotatedKeys rk = {keys, KV_F32, qg, grouped, last >= W ? last - W + 1 : 0};
+        attention(out, q, &rk, values, B, pos0, 0, &t);
+        for (int b = 0; b < B; b++) {
+            RotatedKeys one = {keys, KV_F32, qg + (size_t)b * dim, grouped, pos0 + b >= W ? pos0 + b - W + 1 : 0};
+            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &one, values, 1, pos0 + b, 0, &t);
+        }
+        for (int e = 0; e < B * dim; e++) worst = fmax(worst, abs_err(out[e], out2[e]));
+        free(q), free(qg), free(out), free(out2), free(keys), free(grouped), free(values), free(scores), free(tiles);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(max_threads);
+#endif
+    CHECK(worst < 2e-5, "Self-Extend attention: block vs one query at a time %.3g (expected < 2e-5)", worst);
+}
+
 /* attention against the double reference, on every path: a block of B
  * tokens (kernels.c's attention_block: tiles of 128 queries x 48 keys, online
  * softmax; SIMD tiles in a SIMD build), the same block with the portable
@@ -869,7 +922,7 @@ static void test_attention_block(void) {
                     for (int f16 = 0; f16 < 2; f16++) {
                         const void *keys = f16 ? (void *)half[0] : (void *)cache[0];
                         const void *values = f16 ? (void *)half[1] : (void *)cache[1];
-                        RotatedKeys rk = {keys, f16 ? KV_F16 : KV_F32, NULL, 0};
+                        RotatedKeys rk = {.keys = keys, .key_type = f16 ? KV_F16 : KV_F32};
                         t.kv_type = rk.key_type;
                         double *r = ref[f16];
                         t.state.mm.threads = 1;
@@ -1038,9 +1091,41 @@ static void test_block_prefill(void) {
     CHECK(worst < 1e-4, "block prefill vs token by token: max logit difference %.3g (expected < 1e-4)", worst);
     CHECK(worst_f16 < 2e-2 && worst_f16 > 0, "f16 KV cache vs f32: max logit difference %.3g (expected (0, 2e-2))",
           worst_f16);
-    free(block);
     free_transformer(&a);
     free_transformer(&b);
+    // Self-Extend (G 3, W 7) goes in blocks too: the same 1e-4 against one
+    // token at a time (generation's path: its own rotations of the cached
+    // keys), and it must differ from plain RoPE past W.
+    RopeConfig se = {.base = NAN, .layout = -1, .rot_dim = -1, .scaling = -1, .factor = NAN, .orig_ctx = -1,
+                     .beta_fast = NAN, .beta_slow = NAN, .attn_factor = NAN, .low_freq = NAN, .high_freq = NAN,
+                     .dynamic_exact = -1, .sinks = -1, .window = -1, .se_group = 3, .se_window = 7};
+    ok = build_transformer(&a, path, &se, 0, KV_F32, err, sizeof err) == 0 &&
+         build_transformer(&b, path, &se, 0, KV_F32, err, sizeof err) == 0;
+    CHECK(ok && block_limit(&a) > 1, "Self-Extend: %s, block limit %d", ok ? "built" : err, ok ? block_limit(&a) : 0);
+    if (ok) {
+        float *plain = malloc(sizeof(float) * 45 * V);
+        memcpy(plain, block, sizeof(float) * 45 * V);
+        for (int p0 = 0; p0 < 45; p0 += 20) {
+            int B = 45 - p0 < 20 ? 45 - p0 : 20;
+            CHECK(forward_block(&a, tokens + p0, B, p0, LOGITS_ALL) == 0, "Self-Extend block at %d failed", p0);
+            memcpy(block + (size_t)p0 * V, a.state.logits, sizeof(float) * B * V);
+        }
+        double worst_se = 0, moved = 0;
+        for (int p = 0; p < 45; p++) {
+            float *one = forward(&b, tokens[p], p, NULL);
+            for (int i = 0; i < V; i++) {
+                worst_se = fmax(worst_se, fabs(one[i] - block[(size_t)p * V + i]));
+                moved = fmax(moved, fabs(one[i] - plain[(size_t)p * V + i]));
+            }
+        }
+        CHECK(worst_se < 1e-4 && moved > 1e-2,
+              "Self-Extend: block vs token by token %.3g (expected < 1e-4), vs plain RoPE %.3g (expected > 1e-2)",
+              worst_se, moved);
+        free(plain);
+        free_transformer(&a);
+        free_transformer(&b);
+    }
+    free(block);
     free_transformer(&h);
     remove(path);
 }
@@ -1178,6 +1263,7 @@ int main(void) {
     test_attention_scores();
     test_exp_fast();
     test_attention_block();
+    test_attention_block_self_extend();
     test_half();
     test_block_prefill();
     test_ppl_score_arguments();
