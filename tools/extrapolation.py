@@ -22,7 +22,8 @@ Studies (each skipped with a message when its files are absent):
                SmolLM2-135M-Instruct, L = 8192), k = 1/4, 1/2, 1, 2, methods none,
                ntk, yarn, self-extend, sinks; few windows and trials (it scores about
                60-100 tokens/s on one core), which its tables say; at 2x Self-Extend
-               and sinks, which go token by token, are left out (an hour or more each)
+               and sinks are left out (sinks go token by token, an hour or more;
+               Self-Extend did too when the results were made, and takes minutes now)
 
 Methods at context E = k L (the literature's choices; at k <= 1 no scaling):
     none          plain RoPE
@@ -114,16 +115,20 @@ FULL = {
     "bundled": dict(kind="ppl", factors=FACTORS, rows=ROWS, tokens=16384),
     "stories260K": dict(kind="ppl", factors=FACTORS, rows=ROWS, tokens=16384),
     "retrieval": dict(kind="passkey", factors=FACTORS, rows=ROWS, depths=DEPTHS, trials=5),
-    # Self-Extend and sinks go token by token through the pre-RoPE cache; on
-    # SmolLM2 at 2x (one window of 16384 tokens) each such cell was still
-    # running after 15 CPU-minutes, an hour or more each: not run.
+    # Self-Extend and sinks went token by token through the pre-RoPE cache
+    # when these results were made; on SmolLM2 at 2x (one window of 16384
+    # tokens) each such cell was still running after 15 CPU-minutes: not run.
+    # Self-Extend now goes in blocks (run.c, rope_stage): its 2x cell took 217 s
+    # on 2 threads by hand (README); sinks still go token by token.
     "smollm2": dict(kind="ppl", factors=SMOL_FACTORS, rows=SMOL_ROWS, tokens=16384,
                     at={2: dict(rows=("none", "ntk", "yarn"))},
-                    note="Self-Extend and sinks score SmolLM2 token by token through the pre-RoPE cache: at 2x "
-                         "each cell was still running after 15 CPU-minutes, about an hour or more each"),
+                    note="sinks score SmolLM2 token by token through the pre-RoPE cache: at 2x a cell was still "
+                         "running after 15 CPU-minutes, about an hour or more; Self-Extend, left out with it when it "
+                         "went token by token too, now goes in blocks (its 2x cell took 217 s on 2 threads)"),
     # A 16k-token prompt costs SmolLM2 5-6 CPU-minutes (none, yarn), and more
-    # than twice that through the pre-RoPE cache of Self-Extend and sinks: at 2x
-    # one key, at depth 0 (the farthest), for none and yarn; the rest not run.
+    # than twice that through the pre-RoPE cache of sinks (and of Self-Extend
+    # when these results were made; it goes in blocks now): at 2x one key, at
+    # depth 0 (the farthest), for none and yarn; the rest not run.
     "smollm2-passkey": dict(kind="passkey", factors=SMOL_FACTORS, rows=SMOL_ROWS, depths=(0, 0.5, 1), trials=1,
                             at={0.25: dict(trials=2), 0.5: dict(trials=2),
                                 2: dict(rows=("none", "yarn"), depths=(0,))},
@@ -499,9 +504,9 @@ def job_cost(study, method, tokens, E):
     """A rough relative cost, only to start the longest runs first: tokens fed,
     times the attention span, times the model's size (SmolLM2 ~100x the
     small models), times ~4 for the methods run one token at a time (the
-    pre-RoPE cache: exact dynamic NTK, Self-Extend, sinks)."""
+    pre-RoPE cache of exact dynamic NTK and sinks)."""
     size = 100 if "smollm2" in study.name else 1
-    one_at_a_time = method in ("dynamic-exact", "self-extend", "sinks")
+    one_at_a_time = method in ("dynamic-exact", "sinks")
     return tokens * (1 + E / 2048) * size * (4 if one_at_a_time else 1)
 
 
