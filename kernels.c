@@ -305,13 +305,18 @@ static inline __attribute__((always_inline)) void cols_tile_rows(float *out, int
 #endif
 }
 
+/* The rows of the next tile when `left` rows remain: 6, and for the last
+ * rows 4, 2 and 1 (the column kernels' tile heights, each a constant in its
+ * own instance). */
+static inline int tile_height(int left) { return left >= 6 ? 6 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+
 /* cols_f32_c's formula (its strides; xt's rows readable up to B
  * rounded up to SIMD_FLOATS) in tiles of 6 rows x COLS_TOKENS tokens, the
  * last rows in tiles of 4, 2 and 1. */
 static void cols_f32(float *out, int ldo, int by_rows, const float *w, size_t w_row, size_t w_col, int rows, int n,
                      const float *xt, int ldx, int B) {
     for (int i = 0, R; i < rows; i += R) {
-        R = rows - i >= 6 ? 6 : rows - i >= 4 ? 4 : rows - i >= 2 ? 2 : 1;
+        R = tile_height(rows - i);
         const float *wi = w + (size_t)i * w_row;
         for (int b = 0; b < B; b += COLS_TOKENS) {
             float *o = out + (by_rows ? (size_t)i * ldo + b : (size_t)b * ldo + i);
@@ -562,7 +567,7 @@ static void cols_q8(float *out, int ldo, const int8_t *w, const float *ws, const
                     int gs, const uint8_t *xqt, const float *xst, int ldx, int B) {
     int groups = n / gs;
     for (int i = 0, R; i < rows; i += R) {
-        R = rows - i >= 6 ? 6 : rows - i >= 4 ? 4 : rows - i >= 2 ? 2 : 1;
+        R = tile_height(rows - i);
         const int8_t *wi = w + (size_t)i * n;
         const float *wsi = ws + (size_t)i * groups;
         const int32_t *sumi = wsum + (size_t)i * groups;
@@ -795,9 +800,10 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
             float *dst = all_grouped ? s : s_g;
             cols_product(dst, ATT_QUERIES, keys_g + offset + (size_t)k0 * kv_dim, (size_t)kv_dim, 1, nk, head_size,
                          qg_t, ATT_QUERIES, nq);
-            for (int c = 0; !all_grouped && c < nk; c++) // query j takes key k0 + c's grouped score when
-                for (int j = 0; j < nq; j++)              // it lies W or more positions back
-                    if (pos + j - (k0 + c) >= W) s[(size_t)c * Q + j] = s_g[(size_t)c * Q + j];
+            if (!all_grouped) // across the line: query j takes key k0 + c's grouped score when it lies
+                for (int c = 0; c < nk; c++) // W or more positions back
+                    for (int j = 0; j < nq; j++)
+                        if (pos + j - (k0 + c) >= W) s[(size_t)c * Q + j] = s_g[(size_t)c * Q + j];
         }
         online_softmax_tile(s, nk, nq, k0, pos, window, scale, m, l, alpha, tile_max, shift); // s -> p
         cols_product(pv, ATT_QUERIES, v, 1, (size_t)ldv, head_size, nk, s, ATT_QUERIES, nq);  // pv = V^T p

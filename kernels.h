@@ -189,17 +189,14 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
 
 /* What matmul needs besides its operands.
  * Several tokens (SIMD build): x is transposed into x_t, so that one load
- * gives SIMD_FLOATS tokens' values of one column. q8_0 weights: with one
- * token, x is quantized into x_q and x_scale and the products are int8 dot
- * products. With several, two choices (int8_blocks, run's --q8-activations):
- * float32 activations (0): each thread dequantizes ROW_CHUNK rows at a time
- * into its slice of w_rows and uses the float kernel; int8 activations (1),
- * as one token has them: x_q is packed into x_qt and x_scale_t for the q8_0
- * column kernel (VNNI), which takes each thread's chunk of rows with their
- * group sums in its slice of w_sums (without VNNI, int8 dot products). Float32
- * weights need no scratch (NULL: blocks then take the portable tiles); q8_0
- * weights need at least x_q and x_scale (then int8 dot products for any B).
- * n below is max(dim, hidden_dim). */
+ * gives SIMD_FLOATS tokens' values of one column. q8_0 weights (q8_method
+ * below says which way): x is quantized into x_q and x_scale for int8
+ * products; dequantized rows go into each thread's slice of w_rows
+ * (ROW_CHUNK rows at a time); the q8_0 column kernel reads x_q packed into
+ * x_qt and x_scale_t, and each thread's chunk's group sums from its slice of
+ * w_sums. Float32 weights need no scratch (NULL: blocks then take the
+ * portable tiles); q8_0 weights need at least x_q and x_scale (then int8 dot
+ * products for any B). n below is max(dim, hidden_dim). */
 typedef struct {
     float *x_t;       // (n, simd_round_up(B)) the input transposed, B > 1 only
     int8_t *x_q;      // (B, n) the input, quantized
@@ -209,7 +206,7 @@ typedef struct {
     uint8_t *x_qt;    // (n / 4, simd_round_up(B), 4) x_q + 128, 4 columns per token side by side, or NULL
     float *x_scale_t; // (n / group_size, simd_round_up(B)) x_scale transposed
     int32_t *w_sums;  // (threads, ROW_CHUNK, n / group_size) -128 x each group's sum of weights
-    int int8_blocks;  // 1: q8_0 blocks quantize their activations to int8 (see above)
+    int int8_blocks;  // 1: q8_0 blocks quantize their activations to int8 (run's --q8-activations; q8_method)
 } MatmulScratch;
 
 /* Rows [first_row, ...) of a stacked matrix of `cols` columns: layer l of wq

@@ -716,11 +716,12 @@ void rotate_cached_keys(float *key_rot, float *key_grouped, const void *keys, in
     int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, n_pairs = t->rope.rot_dim / 2;
     int last = pos + B - 1, n = last < t->n_ctx ? last + 1 : t->n_ctx, i;
     int G = t->rope.se_group, W = t->rope.se_window, n_grouped = G > 0 && last >= W ? last - W + 1 : 0;
-    int first_own = B == 1 ? n_grouped : 0, last_grouped = B == 1 || !n_grouped ? n_grouped : n; // ranges [first, last)
+    // keys first_own..n-1 at their own positions, keys 0..end_grouped-1 at their group positions
+    int first_own = B == 1 ? n_grouped : 0, end_grouped = B == 1 || !n_grouped ? n_grouped : n;
 #pragma omp parallel for private(i) if ((long)n * kv_dim >= PARALLEL_MIN_WORK)
     for (i = 0; i < n; i++)
         for (int grouped = 0; grouped < 2; grouped++) {
-            if (grouped ? i >= last_grouped : i < first_own) continue;
+            if (grouped ? i >= end_grouped : i < first_own) continue;
             int key_pos = grouped ? i / G : cache_place(t, i, last);
             float *k = (grouped ? key_grouped : key_rot) + (size_t)i * kv_dim;
             kv_load(k, keys, t->kv_type, (size_t)i * kv_dim, kv_dim);
@@ -919,8 +920,7 @@ void free_transformer(Transformer *t) {
     RunState *s = &t->state;
     void *bufs[] = {s->x, s->xb, s->xb2, s->hb, s->hb2, s->q, s->k, s->v, s->scores, s->attn_tiles, s->logits,
                     s->key_cache, s->value_cache, s->rope_cos, s->rope_sin, s->q_grouped, s->key_rot, s->key_grouped,
-                    s->mm.x_q,
-                    s->mm.x_scale, s->mm.w_rows, s->mm.x_t, s->mm.x_qt, s->mm.x_scale_t, s->mm.w_sums};
+                    s->mm.x_q, s->mm.x_scale, s->mm.w_rows, s->mm.x_t, s->mm.x_qt, s->mm.x_scale_t, s->mm.w_sums};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->inv_freq);
     if (t->mapping) munmap(t->mapping, t->file_size);
