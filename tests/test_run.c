@@ -1,8 +1,8 @@
 /* test_run.c: unit tests for run.c's RoPE, ops, sampler and checkpoint loader.
  *
- * Build: cc -O2 -fopenmp -I. -o tests/test_run tests/test_run.c kernels.c tokenizer.c -lm   (make test-c)
- * run.c is #included with TESTING defined, so main() is left out and every
- * static function is reachable. Each check prints a line on
+ * Build (make test-c): the sources compiled with -DTESTING, which leaves
+ * run.c's main out, and linked with this file; it calls what run.h, ppl.h and
+ * passkey.h declare. Each check prints a line on
  * failure with the expected and actual values; the last line is
  * "run: N passed, N failed" and the exit status is 1 on any failure.
  *
@@ -14,8 +14,18 @@
  * - shift invariance at positions up to 4096: |q||k| * (pos * 2^-24 + 1e-6),
  *   the float table's angle error grows with position (docs/rope.md §5.2).
  */
-#define TESTING
-#include "../run.c"
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "passkey.h"
+#include "ppl.h"
+#include "run.h"
 
 static int n_pass, n_fail;
 
@@ -824,7 +834,7 @@ static void test_attention_block_self_extend(void) {
         fill_randn(grouped, cache_n, 1.0f);
         fill_randn(values, cache_n, 1.0f);
         Transformer t = attention_fixture(nh, nkv, hs, n_ctx, scores, tiles);
-        t.rope.se_window = W;
+        t.pos.se_window = W, t.keys = KEYS_SELF_EXTEND;
 #ifdef _OPENMP
         omp_set_num_threads(cases[c][4]);
 #endif
@@ -1096,9 +1106,7 @@ static void test_block_prefill(void) {
     // Self-Extend (G 3, W 7) goes in blocks too: the same 1e-4 against one
     // token at a time (generation's path: its own rotations of the cached
     // keys), and it must differ from plain RoPE past W.
-    RopeConfig se = {.base = NAN, .layout = -1, .rot_dim = -1, .scaling = -1, .factor = NAN, .orig_ctx = -1,
-                     .beta_fast = NAN, .beta_slow = NAN, .attn_factor = NAN, .low_freq = NAN, .high_freq = NAN,
-                     .dynamic_exact = -1, .sinks = -1, .window = -1, .se_group = 3, .se_window = 7};
+    PositionOverrides se = {.se_group = {1, 3}, .se_window = {1, 7}};
     ok = build_transformer(&a, path, &se, 0, KV_F32, err, sizeof err) == 0 &&
          build_transformer(&b, path, &se, 0, KV_F32, err, sizeof err) == 0;
     CHECK(ok && block_limit(&a) > 1, "Self-Extend: %s, block limit %d", ok ? "built" : err, ok ? block_limit(&a) : 0);
@@ -1185,7 +1193,7 @@ static void test_cache_map(void) {
     memset(&t, 0, sizeof t);
     const int sinks[] = {0, 1, 3, 9};
     for (size_t k = 0; k < sizeof sinks / sizeof sinks[0]; k++) {
-        t.n_ctx = 10, t.rope.sinks = sinks[k];
+        t.n_ctx = 10, t.pos.n_sinks = sinks[k], t.keys = KEYS_SINKS;
         int S = sinks[k], ok = 1, prev_place[10];
         for (int pos = 0; pos < 60 && ok; pos++) {
             int n = pos < t.n_ctx ? pos + 1 : t.n_ctx, seen[10] = {0}, slot = cache_slot(&t, pos);
@@ -1201,7 +1209,7 @@ static void test_cache_map(void) {
             CHECK(ok, "cache map, %d sinks, position %d: slot %d", S, pos, slot);
         }
     }
-    t.rope.sinks = -1; // no sinks: slot and place are the position
+    t.keys = KEYS_ROTATED_ONCE; // no sinks: slot and place are the position
     CHECK(cache_slot(&t, 7) == 7 && cache_place(&t, 7, 7) == 7, "cache map without sinks");
 }
 

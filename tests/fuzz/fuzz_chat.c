@@ -10,9 +10,14 @@
  * vocabularies) is refused the same way. The rendered ids must lie inside the
  * vocabulary. Tokenizers as in fuzz_encode.c ($FUZZ_TOKENIZERS). */
 #define _GNU_SOURCE
-#define TESTING
-#define FUZZING
-#include "../../run.c"
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat.h"
+#include "run.h" /* die_jump: built with -DFUZZING, die() returns here */
 
 static Tokenizer toks[2];
 

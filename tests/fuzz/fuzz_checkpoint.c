@@ -15,10 +15,12 @@
  * Any crash, sanitizer report (address, undefined, float-cast-overflow) or
  * leak is a finding; a one-line refusal is the expected answer to a bad file. */
 #define _GNU_SOURCE
-#define TESTING
-#include "../../run.c"
-
+#include <stdint.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <unistd.h>
+
+#include "run.h"
 
 /* A file descriptor's path for the loader; the descriptor stays open. */
 static int memory_file(const uint8_t *data, size_t size, char *path, size_t path_len) {
@@ -38,24 +40,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[64], err[512];
     int fd = memory_file(data + 2, size - 2, path, sizeof path);
     if (fd < 0) return 0;
-    RopeConfig o = {.base = NAN, .scaling = -1, .factor = NAN, .orig_ctx = -1, .beta_fast = NAN, .beta_slow = NAN,
-                    .attn_factor = NAN, .low_freq = NAN, .high_freq = NAN, .dynamic_exact = -1, .sinks = -1,
-                    .window = -1};
+    PositionOverrides o = {0};
     switch ((opt >> 2) & 3) {
-    case 1: o.scaling = ROPE_DYNAMIC, o.factor = 2, o.dynamic_exact = 1; break;
-    case 2: o.se_group = 2, o.se_window = 4; break;
-    case 3: o.sinks = 2; break;
+    case 1:
+        o.scaling = (IntSetting){1, ROPE_DYNAMIC}, o.factor = (RealSetting){1, 2};
+        o.dynamic_exact = (IntSetting){1, 1};
+        break;
+    case 2: o.se_group = (IntSetting){1, 2}, o.se_window = (IntSetting){1, 4}; break;
+    case 3: o.sinks = (IntSetting){1, 2}; break;
     }
-    if (((opt >> 4) & 3) == 1) o.window = 3;
-    if (((opt >> 4) & 3) == 2) o.window = 0;
-    if (opt & 64 && ((opt >> 2) & 3) != 1) o.scaling = ROPE_YARN, o.factor = 2;
+    if (((opt >> 4) & 3) == 1) o.window = (IntSetting){1, 3};
+    if (((opt >> 4) & 3) == 2) o.window = (IntSetting){1, 0};
+    if (opt & 64 && ((opt >> 2) & 3) != 1) o.scaling = (IntSetting){1, ROPE_YARN}, o.factor = (RealSetting){1, 2};
 #if HAVE_SIMD
     use_simd = !(opt & 2);
 #endif
     Transformer t;
     int rc = build_transformer(&t, path, &o, n_ctx, opt & 1 ? KV_F16 : KV_F32, err, sizeof err);
     if (rc == 0) {
-        int V = t.config.vocab_size, n = t.rope.sinks >= 0 ? n_ctx + 3 : n_ctx, tokens[64];
+        int V = t.config.vocab_size, n = t.keys == KEYS_SINKS ? n_ctx + 3 : n_ctx, tokens[64];
         for (int i = 0; i < n && i < 64; i++) tokens[i] = (i * 7 + 1) % V;
         int prompt = n < 5 ? n : 5, status;
         float *logits = prefill(&t, tokens, prompt, 0, &status);

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "tokenizer.h"
 
 static Tokenizer toks[2];
 

@@ -17,7 +17,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "model.h"
+#include "tokenizer.h"
 
 static const char *const TEXTS[] = {
     "the cat sat on the mat", " leading space", "caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80",

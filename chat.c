@@ -1,0 +1,415 @@
+/* chat.c: -m chat. A conversation is a list of messages: an optional system
+ * prompt, then user and assistant turns in alternation. A chat template
+ * renders it to token ids the way the model was trained to read it (plain,
+ * llama2, chatml, llama3: render_chat); the chat loop re-renders the whole
+ * conversation every turn and runs only the tokens the KV cache does not
+ * already hold. Conversations can also come from a file of "role: text" lines
+ * (--chat; parse_conversation), which -m tokenize --chat renders too.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "chat.h"
+#include "modes.h"
+
+const char *const ROLE_NAMES[] = {"system", "user", "assistant", NULL};
+const char *const CHAT_TEMPLATE_NAMES[] = {"unstated", "plain", "llama2", "chatml", "llama3", NULL};
+
+
+void conversation_add(Conversation *c, int role, const char *text, size_t len) {
+    if (c->n == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 8;
+        c->m = realloc(c->m, (size_t)c->cap * sizeof *c->m);
+        if (!c->m) die(EXIT_BAD_INPUT, "out of memory");
+    }
+    char *copy = malloc(len + 1);
+    if (!copy) die(EXIT_BAD_INPUT, "out of memory");
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+    c->m[c->n++] = (Message){role, copy, len};
+}
+
+void conversation_free(Conversation *c) {
+    for (int i = 0; i < c->n; i++) free(c->m[i].text);
+    free(c->m);
+    *c = (Conversation){0};
+}
+
+
+/* The id of the special piece whose text is `text`, or -1. */
+static int special_piece(const Tokenizer *tok, const char *text) {
+    size_t n = strlen(text);
+    for (int i = 0; i < tok->vocab_size; i++)
+        if (tok->kind[i] == PIECE_SPECIAL && (size_t)tok->vocab_len[i] == n && !memcmp(tok->vocab[i], text, n))
+            return i;
+    return -1;
+}
+
+/* Resolve template `kind` against tok: the special pieces it needs must be
+ * there. The system texts come from the tokenizer file only when kind is the
+ * template the file names (they belong to it). Exits with a usage error
+ * naming the missing piece. */
+ChatTemplate chat_template(const Tokenizer *tok, int kind, const char *tok_path) {
+    ChatTemplate ct = {kind, tok->bos_id, tok->eos_id, -1, -1, -1, tok->add_bos, "", ""};
+    if (kind == tok->chat_template) {
+        ct.system_default = tok->system_default;
+        ct.system_prefix = tok->system_prefix;
+    }
+    const char *need[3] = {NULL, NULL, NULL};
+    int *slot[3] = {&ct.open, &ct.close, &ct.eot};
+    if (kind == CHAT_CHATML) need[0] = "<|im_start|>", need[1] = "<|im_end|>";
+    if (kind == CHAT_LLAMA3) need[0] = "<|start_header_id|>", need[1] = "<|end_header_id|>", need[2] = "<|eot_id|>";
+    for (int k = 0; k < 3; k++)
+        if (need[k] && (*slot[k] = special_piece(tok, need[k])) < 0)
+            die(EXIT_USAGE, "--chat-template %s: tokenizer %s has no special piece %s", CHAT_TEMPLATE_NAMES[kind],
+                tok_path, need[k]);
+    if ((kind == CHAT_LLAMA2 && (ct.bos < 0 || ct.eos < 0)) || (kind == CHAT_LLAMA3 && ct.bos < 0))
+        die(EXIT_USAGE, "--chat-template %s: tokenizer %s has no %s", CHAT_TEMPLATE_NAMES[kind], tok_path,
+            ct.bos < 0 ? "BOS" : "EOS");
+    return ct;
+}
+
+
+static void put_text(Rendering *r, const char *s, size_t n) {
+    if (r->len + n + 1 > r->text_cap) {
+        r->text_cap = 2 * (r->len + n + 1);
+        r->text = realloc(r->text, r->text_cap);
+        if (!r->text) die(EXIT_BAD_INPUT, "out of memory");
+    }
+    memcpy(r->text + r->len, s, n);
+    r->len += n;
+}
+static void put_str(Rendering *r, const char *s) { put_text(r, s, strlen(s)); }
+
+static void reserve_ids(Rendering *r, size_t more) {
+    if ((size_t)r->n + more <= (size_t)r->cap) return;
+    if ((size_t)r->n + more > INT_MAX / 2) die(EXIT_BAD_INPUT, "chat: the conversation is too long to encode");
+    r->cap = 2 * (r->n + (int)more);
+    r->ids = realloc(r->ids, (size_t)r->cap * sizeof(int));
+    if (!r->ids) die(EXIT_BAD_INPUT, "out of memory");
+}
+
+/* Encode the pending text (no BOS) onto the ids. */
+static void flush_text(Rendering *r) {
+    if (r->len == 0) return;
+    reserve_ids(r, tokenizer_bound(r->len));
+    int n = tokenizer_encode(r->tok, r->text, r->len, 0, 0, r->ids + r->n);
+    if (n < 0) die(EXIT_BAD_INPUT, "chat: out of memory while encoding %zu bytes", r->len);
+    r->n += n;
+    r->len = 0;
+}
+
+static void put_token(Rendering *r, int id) {
+    flush_text(r);
+    reserve_ids(r, 1);
+    r->ids[r->n++] = id;
+}
+
+/* Bytes of Unicode white space (Python's str.isspace, which Jinja's trim and
+ * str.strip use) at s[0..n): the length of the one at the start (from_end = 0)
+ * or at the end (1), or 0 when there is none. */
+static size_t space_at(const char *s, size_t n, int from_end) {
+    static const uint32_t spaces[] = {0x85, 0xA0, 0x1680, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000};
+    for (size_t k = 1; k <= 3 && k <= n; k++) { // candidate lengths 1..3 bytes
+        const unsigned char *p = (const unsigned char *)(from_end ? s + n - k : s);
+        uint32_t cp;
+        if (k == 1 && p[0] < 0x80) cp = p[0];
+        else if (k == 2 && (p[0] & 0xE0) == 0xC0 && (p[1] & 0xC0) == 0x80) cp = (p[0] & 0x1Fu) << 6 | (p[1] & 0x3F);
+        else if (k == 3 && (p[0] & 0xF0) == 0xE0 && (p[1] & 0xC0) == 0x80 && (p[2] & 0xC0) == 0x80)
+            cp = (p[0] & 0x0Fu) << 12 | (p[1] & 0x3Fu) << 6 | (p[2] & 0x3F);
+        else continue;
+        int space = (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || (cp >= 0x2000 && cp <= 0x200A);
+        for (size_t j = 0; j < sizeof spaces / sizeof spaces[0]; j++) space |= cp == spaces[j];
+        return space ? k : 0;
+    }
+    return 0;
+}
+
+/* s[0..n) without white space at either end (Python's str.strip()). */
+static void put_stripped(Rendering *r, const char *s, size_t n) {
+    size_t k;
+    while (n > 0 && (k = space_at(s, n, 0)) > 0) s += k, n -= k;
+    while (n > 0 && (k = space_at(s, n, 1)) > 0) n -= k;
+    put_text(r, s, n);
+}
+
+/* Render conversation c with template ct into r->ids, as Hugging Face's
+ * apply_chat_template renders the template the tokenizer file names and then
+ * tokenizes the text (special tokens as their ids). With generation_prompt
+ * the ids end where the assistant's reply starts.
+ *   plain   BOS (when the tokenizer adds one), then every message's text and "\n"
+ *   llama2  per user turn: BOS "[INST] " strip(text) " [/INST]", the system prompt
+ *           put before the first user text as "<<SYS>>\n" system "\n<</SYS>>\n\n";
+ *           per reply: " " strip(text) " " EOS
+ *   chatml  per message: <|im_start|> role "\n" text <|im_end|> "\n"; the system
+ *           turn is prefix + system, with the template's default system prompt
+ *           when the conversation has none;
+ *           prompt: <|im_start|> "assistant\n"
+ *   llama3  BOS, then per message: <|start_header_id|> role <|end_header_id|>
+ *           "\n\n" trim(text) <|eot_id|>; the system turn is prefix + trim(system),
+ *           written whenever either is non-empty;
+ *           prompt: <|start_header_id|> "assistant" <|end_header_id|> "\n\n" */
+void render_chat(Rendering *r, const ChatTemplate *ct, const Conversation *c, int generation_prompt) {
+    r->n = 0;
+    r->len = 0;
+    const Message *m = c->m;
+    int n = c->n;
+    // The system prompt: the conversation's own, else the template's default.
+    const char *system = ct->system_default;
+    size_t system_len = strlen(system);
+    int has_system = system_len > 0 || ct->system_prefix[0];
+    if (n > 0 && m[0].role == ROLE_SYSTEM) {
+        system = m[0].text, system_len = m[0].len, has_system = 1;
+        m++, n--;
+    }
+    switch (ct->kind) {
+    case CHAT_PLAIN:
+        if (ct->add_bos) put_token(r, ct->bos);
+        if (has_system) put_text(r, system, system_len), put_str(r, "\n");
+        for (int i = 0; i < n; i++) put_text(r, m[i].text, m[i].len), put_str(r, "\n");
+        break;
+    case CHAT_LLAMA2:
+        for (int i = 0; i < n; i++) {
+            if (m[i].role == ROLE_USER) {
+                put_token(r, ct->bos);
+                put_str(r, "[INST] ");
+                Rendering content = {.tok = r->tok}; // strip() applies to the system block and the text together
+                if (i == 0 && has_system) {
+                    put_str(&content, "<<SYS>>\n");
+                    put_text(&content, system, system_len);
+                    put_str(&content, "\n<</SYS>>\n\n");
+                }
+                put_text(&content, m[i].text, m[i].len);
+                put_stripped(r, content.text, content.len);
+                free(content.text);
+                put_str(r, " [/INST]");
+            } else {
+                put_str(r, " ");
+                put_stripped(r, m[i].text, m[i].len);
+                put_str(r, " ");
+                put_token(r, ct->eos);
+            }
+        }
+        break;
+    case CHAT_CHATML:
+        if (has_system) {
+            put_token(r, ct->open);
+            put_str(r, "system\n");
+            put_str(r, ct->system_prefix);
+            put_text(r, system, system_len);
+            put_token(r, ct->close);
+            put_str(r, "\n");
+        }
+        for (int i = 0; i < n; i++) {
+            put_token(r, ct->open);
+            put_str(r, ROLE_NAMES[m[i].role]);
+            put_str(r, "\n");
+            put_text(r, m[i].text, m[i].len);
+            put_token(r, ct->close);
+            put_str(r, "\n");
+        }
+        if (generation_prompt) put_token(r, ct->open), put_str(r, "assistant\n");
+        break;
+    case CHAT_LLAMA3:
+        put_token(r, ct->bos);
+        for (int i = has_system ? -1 : 0; i < n; i++) { // -1: the system turn
+            put_token(r, ct->open);
+            put_str(r, i < 0 ? "system" : ROLE_NAMES[m[i].role]);
+            put_token(r, ct->close);
+            put_str(r, "\n\n");
+            if (i < 0) put_str(r, ct->system_prefix);
+            put_stripped(r, i < 0 ? system : m[i].text, i < 0 ? system_len : m[i].len);
+            put_token(r, ct->eot);
+        }
+        if (generation_prompt) put_token(r, ct->open), put_str(r, "assistant"), put_token(r, ct->close),
+            put_str(r, "\n\n");
+        break;
+    }
+    flush_text(r);
+}
+
+/* Read one line from stdin (any length) after printing label; NULL at end
+ * of input. */
+static char *read_line(const char *label) {
+    printf("%s", label);
+    fflush(stdout);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0) { // end of input: end the label's line
+        free(line);
+        printf("\n");
+        return NULL;
+    }
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+    if (!isatty(STDIN_FILENO)) printf("%s\n", line); // piped: show the turn, as a terminal would
+    return line;
+}
+
+/* chat: continue conversation conv (a system prompt, turns from -i or a
+ * conversation file, or nothing; chat takes it over) with the model's
+ * replies and user turns, one per line of stdin, until EOF. Each turn
+ * re-renders the conversation with the template and runs only the tokens
+ * after what the KV cache already holds (usually the reply's end marker and
+ * the new user turn). A reply ends at a stop token, at max_new tokens, or
+ * when the context is full. A turn from stdin that leaves no room for a reply
+ * ends the chat with a message; a conversation from the command line that
+ * does not fit is bad input. */
+static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, Sampler *sampler, Conversation conv,
+                 int max_new, int ignore_eos, const char *summary) {
+    // Stop at the tokenizer's stop ids, its EOS, and the template's end of turn.
+    int stops[TOK_MAX_STOP + 3], n_stop = 0;
+    for (int i = 0; i < tok->n_stop; i++) stops[n_stop++] = tok->stop_ids[i];
+    int ends[3] = {tok->eos_id, ct->kind == CHAT_CHATML ? ct->close : ct->eot, ct->kind == CHAT_LLAMA2 ? ct->eos : -1};
+    for (int k = 0; k < 3; k++)
+        if (ends[k] >= 0) stops[n_stop++] = ends[k];
+    if (ignore_eos) n_stop = 0;
+    Decoder d;
+    decoder_init(&d, t, tok, sampler, t->n_ctx);
+    Rendering r = {.tok = tok};
+    int summary_shown = 0;
+    for (;;) {
+        int from_stdin = conv.n == 0 || conv.m[conv.n - 1].role != ROLE_USER;
+        if (from_stdin) { // the user's turn
+            if (!summary_shown++) fputs(summary, stderr); // inputs are good
+            char *user = read_line("User: ");
+            if (!user) break;
+            conversation_add(&conv, ROLE_USER, user, strlen(user));
+            free(user);
+        }
+        render_chat(&r, ct, &conv, 1);
+        if (r.n >= t->n_ctx) { // no room for even one token of reply
+            if (!from_stdin)
+                die(EXIT_BAD_INPUT, "prompt: the conversation renders to %d tokens and the reply needs one more; "
+                    "the context holds %d (raise --ctx)", r.n, t->n_ctx);
+            fprintf(stderr, "chat: the next turn needs %d tokens in all (%d held, %d more) and one for the reply; "
+                    "the context holds %d: ending the chat (raise --ctx)\n", r.n, d.n, r.n - d.n, t->n_ctx);
+            break;
+        }
+        if (!summary_shown++) fputs(summary, stderr);
+        // Keep the cached tokens the rendering starts with; run at least one.
+        int keep = 0;
+        while (keep < d.n && keep < r.n - 1 && d.history[keep] == r.ids[keep]) keep++;
+        memcpy(d.history + keep, r.ids + keep, (size_t)(r.n - keep) * sizeof(int));
+        d.n = r.n;
+        printf("Assistant: ");
+        fflush(stdout);
+        int status;
+        float *logits = prefill(t, d.history + keep, r.n - keep, keep, &status);
+        if (!logits) forward_failed(t, status, d.history[r.n - 1], r.n - 1);
+        int reply_start = d.n;
+        for (int n_new = 0; n_new < max_new && d.n < t->n_ctx; n_new++) {
+            int next = decode_step(&d, logits, stops, n_stop);
+            if (next < 0) break;
+            logits = forward(t, next, d.n - 1, &status);
+            if (!logits) forward_failed(t, status, next, d.n - 1);
+        }
+        end_text(&d);
+        size_t reply_len;
+        char *reply = tokens_text(tok, d.history + reply_start, d.n - reply_start, d.history[reply_start - 1],
+                                  &reply_len);
+        conversation_add(&conv, ROLE_ASSISTANT, reply, reply_len);
+        free(reply);
+        if (d.n >= t->n_ctx) {
+            fprintf(stderr, "chat: the reply filled the context of %d tokens; ending the chat (raise --ctx)\n",
+                    t->n_ctx);
+            break;
+        }
+    }
+    free(r.ids);
+    free(r.text);
+    decoder_free(&d);
+    conversation_free(&conv);
+}
+
+/* A conversation written as text (-m tokenize --chat, -m chat --chat): one message per
+ * line, "role: text" (role system, user or assistant; the text after ": ",
+ * where \n, \t and \\ stand for a newline, a tab and a backslash); blank
+ * lines are skipped. An optional system message first, then user and
+ * assistant in turn, starting with user. Exits with a message naming the
+ * line on anything else. */
+void parse_conversation(Conversation *c, const char *what, const char *text, size_t len) {
+    size_t pos = 0;
+    for (int line = 1; pos < len; line++) {
+        const char *start = text + pos, *nl = memchr(start, '\n', len - pos);
+        size_t n = nl ? (size_t)(nl - start) : len - pos;
+        pos += n + (nl != NULL);
+        if (n > 0 && start[n - 1] == '\r') n--;
+        if (n == 0) continue;
+        int role = 0;
+        size_t head = 0;
+        for (; ROLE_NAMES[role]; role++) {
+            head = strlen(ROLE_NAMES[role]);
+            if (n > head && !memcmp(start, ROLE_NAMES[role], head) && start[head] == ':') break;
+        }
+        if (!ROLE_NAMES[role])
+            die(EXIT_BAD_INPUT, "%s line %d: expected \"system: \", \"user: \" or \"assistant: \" and the text", what,
+                line);
+        head += 1 + (head + 1 < n && start[head + 1] == ' ');
+        int expected = c->n == 0 ? -1 : c->m[c->n - 1].role == ROLE_USER ? ROLE_ASSISTANT : ROLE_USER;
+        if (expected < 0 ? role == ROLE_ASSISTANT : role != expected)
+            die(EXIT_BAD_INPUT, "%s line %d: expected %s, got %s", what, line,
+                expected < 0 ? "system or user first" : ROLE_NAMES[expected], ROLE_NAMES[role]);
+        char *msg = malloc(n - head + 1);
+        if (!msg) die(EXIT_BAD_INPUT, "out of memory");
+        size_t k = 0;
+        for (size_t i = head; i < n; i++) {
+            char ch = start[i];
+            if (ch == '\\') {
+                if (i + 1 == n) {
+                    free(msg);
+                    die(EXIT_BAD_INPUT, "%s line %d: a \"\\\" ends the line (escapes: \\n, \\t, \\\\)", what, line);
+                }
+                char e = start[++i];
+                ch = e == 'n' ? '\n' : e == 't' ? '\t' : e == '\\' ? '\\' : '\0';
+                if (!ch) {
+                    free(msg);
+                    die(EXIT_BAD_INPUT, "%s line %d: \"\\%c\" is no escape (\\n, \\t, \\\\)", what, line, e);
+                }
+            }
+            msg[k++] = ch;
+        }
+        conversation_add(c, role, msg, k);
+        free(msg);
+    }
+    if (c->n == 0 || (c->n == 1 && c->m[0].role == ROLE_SYSTEM))
+        die(EXIT_BAD_INPUT, "%s: no user message", what);
+}
+
+/* The template of this run: --chat-template, else the tokenizer file's; a
+ * sentencepiece file of a version that cannot name one (1 or 2) gets Llama
+ * 2's, llama2.c's chat. Exits with a usage error when there is none. */
+ChatTemplate mode_chat_template(const ModeInput *in) {
+    const Tokenizer *tok = in->tok;
+    int kind = flag_given(in->o, "--chat-template") ? in->o->chat_template + 1 : tok->chat_template;
+    if (kind == CHAT_UNSTATED && tok->type == TOK_SENTENCEPIECE && tok->version < 3) kind = CHAT_LLAMA2;
+    if (kind == CHAT_UNSTATED)
+        die(EXIT_USAGE, "%s: tokenizer %s names no chat template; choose one with --chat-template %s",
+            in->o->mode == MODE_CHAT ? "-m chat" : "--chat", in->tok_path, choice_list(CHAT_TEMPLATE_NAMES + 1));
+    return chat_template(tok, kind, in->tok_path);
+}
+
+/* -m chat: the conversation so far is -y's system prompt, then -i / -f as the
+ * first user turn, or (--chat) as a whole conversation; chat goes on from it. */
+void chat_mode(const ModeInput *in) {
+    const Options *o = in->o;
+    ChatTemplate ct = mode_chat_template(in);
+    Conversation conv = {0};
+    if (o->system) conversation_add(&conv, ROLE_SYSTEM, o->system, strlen(o->system));
+    if (o->conversation_input) {
+        Conversation given = {0};
+        parse_conversation(&given, in->text_name, in->text, in->text_len);
+        if (o->system && given.m[0].role == ROLE_SYSTEM)
+            die(EXIT_USAGE, "-y: the conversation in %s has its own system message", in->text_name);
+        for (int i = 0; i < given.n; i++) conversation_add(&conv, given.m[i].role, given.m[i].text, given.m[i].len);
+        conversation_free(&given);
+    } else if (o->prompt || o->prompt_file) {
+        conversation_add(&conv, ROLE_USER, in->text, in->text_len);
+    }
+    chat(in->t, in->tok, &ct, in->sampler, conv, o->steps, o->ignore_eos, in->summary);
+}

@@ -1,0 +1,71 @@
+/* modes.h: what main (run.c) hands every mode, and each mode's entry point.
+ * A mode checks its inputs, prints the load line (summary) to stderr once they
+ * are good, and writes its results to stdout; a bad input ends it with die().
+ *   generate   run.c       continue a prompt
+ *   chat       chat.c      chat templates, conversation files, the chat loop
+ *   tokenize   tokenize.c  token ids of a text or a conversation
+ *   ppl        ppl.c       perplexity windows, streaming, error bars, KL
+ *   passkey    passkey.c   passkey retrieval
+ *   rope       rope_mode.c the RoPE frequencies of the settings
+ */
+#ifndef MODES_H
+#define MODES_H
+
+#include <math.h>
+#include <stdio.h>
+
+#include "chat.h"
+#include "cli.h"
+#include "run.h"
+
+typedef struct {
+    Transformer *t;        // built for the options' context and position settings
+    const Tokenizer *tok;  // loaded for every mode but rope
+    const char *tok_path;  // where it came from
+    Sampler *sampler;      // generate and chat
+    const Options *o;      // the command line
+    const char *text;      // -i's text or -f's contents; "" when neither
+    size_t text_len;
+    const char *text_name; // -f's path, else "-i"
+    const char *summary;   // the load line
+} ModeInput;
+
+void generate_mode(const ModeInput *in); // run.c
+void chat_mode(const ModeInput *in);     // chat.c
+void tokenize_mode(const ModeInput *in); // tokenize.c
+void ppl_mode(const ModeInput *in);      // ppl.c
+void passkey_mode(const ModeInput *in);  // passkey.c
+void rope_mode(const ModeInput *in);     // rope_mode.c
+
+/* chat.c: the chat template of this run (--chat-template, else the tokenizer
+ * file's), for chat and tokenize --chat; exits when there is none. */
+ChatTemplate mode_chat_template(const ModeInput *in);
+
+/* passkey.c: the context -m passkey needs for its --lengths (0: none given),
+ * so that main can size the model before building it. Exits on a bad list. */
+int passkey_context(const Options *o);
+
+/* JSON output the reports share. v as a number (6 digits after the point), or
+ * null when it is not finite (JSON has no inf or nan). */
+static inline void print_json_number(double v) {
+    if (isfinite(v)) printf("%.6f", v);
+    else printf("null");
+}
+
+/* "key": v, and a ", " after it; null when v is not finite. */
+static inline void print_json_field(const char *key, double v) {
+    if (isfinite(v)) printf("\"%s\": %.9g, ", key, v);
+    else printf("\"%s\": null, ", key);
+}
+
+static inline void print_json_string(const char *s) {
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') printf("\\%c", *p);
+        else if (*p < 0x20) printf("\\u%04x", *p);
+        else putchar(*p);
+    }
+    putchar('"');
+}
+
+#endif

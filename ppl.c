@@ -1,0 +1,572 @@
+/* ppl.c: -m ppl, the model's loss on a text under teacher forcing, the
+ * measurement the extrapolation study is built on:
+ *   - ppl_score: the text in windows of --ctx tokens every --stride tokens,
+ *     each token scored once with its in-window prefix (docs/rope.md §12.2);
+ *     ppl_stream_score: token by token through the rolling cache of sinks;
+ *   - NLL by position bucket, standard errors with tokens or windows as the
+ *     independent units, and a 95% interval;
+ *   - --save-logits / --kl-base: every scored token's logits saved as a
+ *     baseline, and a later run compared with it (KL, delta NLL, top-1).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "modes.h"
+#include "ppl.h"
+
+/* The sinks a logits file records: S, or -1 without a rolling cache. */
+static int sinks_or_none(const Transformer *t) { return t->keys == KEYS_SINKS ? t->pos.n_sinks : -1; }
+
+/* -log softmax(logits)[target] = logsumexp(logits) - logits[target]
+ *   logsumexp(l) = max + log(sum_i exp(l_i - max))
+ * The exponentials by exp_fast (float, within 2 ulp, in SIMD lanes), the sum
+ * and the rest in double. Each term's relative error is at most 2.4e-7 (exp)
+ * plus 6e-8 |l_i - max| (l_i - max rounded to float), and so is the log's
+ * absolute error after the sum: within 2.4e-7 + 6e-8 x (the softmax-weighted
+ * mean of max - l_i) of the formula in double, under 1e-6 while that mean is
+ * under 12 nats. libm's exp in double took a third of a ppl run (32000 terms
+ * per token, on one thread). */
+double token_nll(const float *logits, int n, int target) {
+    float max = logits[0];
+#pragma omp simd reduction(max : max)
+    for (int i = 1; i < n; i++) max = logits[i] > max ? logits[i] : max;
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < n; i++) sum += exp_fast(logits[i] - max);
+    return max + log(sum) - logits[target];
+}
+
+
+/* Position buckets [0, L/2), [L/2, L), [L, 2L), [2L, 4L), ... cut at n_ctx,
+ * with L the original context of the RoPE settings (rope.orig_ctx: the
+ * training context unless --rope-orig-ctx says otherwise). Returns the count
+ * (at most 64). */
+int ppl_buckets(Bucket *b, int L, int n_ctx) {
+    int n = 0, edge = 0, next = L / 2 > 0 ? L / 2 : L;
+    while (edge < n_ctx && n < 64) {
+        int end = next < n_ctx ? next : n_ctx;
+        b[n++] = (Bucket){edge, end, 0, 0.0, 0.0};
+        edge = end;
+        next = edge < L ? L : (edge > INT_MAX / 2 ? INT_MAX : edge * 2);
+    }
+    return n;
+}
+
+
+void free_ppl_score(PplScore *score) {
+    free(score->pos_sum);
+    free(score->pos_count);
+    free(score->win_sum);
+    free(score->win_count);
+    score->pos_sum = NULL, score->pos_count = NULL, score->win_sum = NULL, score->win_count = NULL;
+}
+
+/* Standard error of a mean NLL over n tokens, from their sum and sum of
+ * squares, as if the tokens were independent draws:
+ *   se = sqrt(s^2 / n),  s^2 = (sq - sum^2 / n) / (n - 1)
+ * NAN for fewer than 2 tokens. */
+double nll_se(double sum, double sq, long n) {
+    if (n < 2) return NAN;
+    double var = (sq - sum * sum / n) / (n - 1);
+    return isnan(var) ? NAN : sqrt(var > 0 ? var / n : 0); // var < 0: rounding of a zero spread
+}
+
+/* The same standard error with the windows as the independent units (tokens
+ * of one window share its text, so they are not independent); the mean is a
+ * ratio sum / count, whose standard error over K = n_windows windows is
+ *   se = sqrt(K / (K - 1) * sum_w (T_w - m n_w)^2) / N,  m = N-weighted mean
+ * (T_w, n_w: window w's NLL sum and token count; N = sum_w n_w). NAN for
+ * fewer than 2 windows. */
+double nll_se_windows(const double *win_sum, const long *win_count, int n_windows) {
+    if (n_windows < 2) return NAN;
+    double total = 0, dev = 0;
+    long N = 0;
+    for (int w = 0; w < n_windows; w++) total += win_sum[w], N += win_count[w];
+    double m = total / N;
+    for (int w = 0; w < n_windows; w++) dev += (win_sum[w] - m * win_count[w]) * (win_sum[w] - m * win_count[w]);
+    return sqrt((double)n_windows / (n_windows - 1) * dev) / N;
+}
+
+/* Count one scored token's nll, scored by window w at position p (in-window,
+ * or absolute when streaming), into the totals, its window's and its
+ * position's sums, and its bucket. */
+static void ppl_add(PplScore *out, int w, int p, double nll) {
+    out->nll_sum += nll, out->nll_sq += nll * nll, out->n_scored++;
+    out->win_sum[w] += nll, out->win_count[w]++;
+    out->pos_sum[p] += nll, out->pos_count[p]++;
+    for (int k = 0; k < out->n_buckets; k++)
+        if (p >= out->buckets[k].start && p < out->buckets[k].end) {
+            out->buckets[k].tokens++;
+            out->buckets[k].nll_sum += nll;
+            out->buckets[k].nll_sq += nll * nll;
+        }
+}
+
+
+
+/* Teacher-forced NLL of the text ids[0..n_ids) (no BOS among them), the
+ * windowing the extrapolation study relies on (docs/rope.md §12.2;
+ * tests/reference.py's ppl_reference computes the same in numpy):
+ *   - a window is a span of the text; the model reads BOS (when the
+ *     tokenizer adds one: add_bos) and then the span but its last token,
+ *     from position 0, and predicts every token after the BOS: at most
+ *     n_ctx - 1 positions, so a span is n_ctx - 1 tokens with BOS and n_ctx
+ *     without (then its first token is context only);
+ *   - a window starts every `stride` text tokens (1 <= stride <= n_ctx - 1),
+ *     and the last one ends at the text's end;
+ *   - a window scores only the text tokens no earlier window scored, each
+ *     given its whole in-window prefix; so every token is scored once, the
+ *     text's first one only with BOS.
+ * Fills *out (its arrays allocated here, freed by free_ppl_score); hands
+ * each scored token's logits to hook (when not NULL); returns 0, or -1 with a
+ * message in err (nothing to score, a stride out of range, a token outside
+ * the vocabulary, no memory, the hook's complaint). */
+int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride, PplScore *out,
+              PplProgress progress, const TokenHook *hook, char *err, size_t err_len) {
+    int bos = add_bos ? 1 : 0, span = t->n_ctx - bos; // text tokens in a window's span
+    int V = t->config.vocab_size, max_block = block_limit(t), scored_upto = 0;
+    memset(out, 0, sizeof *out);
+    if (n_ids < 2 - bos)
+        return fail(err, err_len, "no tokens to score (%d text tokens%s)", n_ids, bos ? "" : " and no BOS");
+    if (t->n_ctx < 2) return fail(err, err_len, "--ctx %d: ppl needs at least 2 positions", t->n_ctx);
+    if (stride < 1 || stride > t->n_ctx - 1)
+        return fail(err, err_len, "--stride %d: expected 1..%d (ctx - 1)", stride, t->n_ctx - 1);
+    int n_windows = n_ids <= span ? 1 : 1 + (n_ids - span + stride - 1) / stride;
+    out->n_positions = t->n_ctx;
+    out->pos_sum = calloc((size_t)t->n_ctx, sizeof(double));
+    out->pos_count = calloc((size_t)t->n_ctx, sizeof(long));
+    out->win_sum = calloc((size_t)n_windows, sizeof(double));
+    out->win_count = calloc((size_t)n_windows, sizeof(long));
+    out->n_buckets = ppl_buckets(out->buckets, t->rope.orig_ctx, t->n_ctx);
+    int *input = malloc((size_t)t->n_ctx * sizeof(int)); // one window: [BOS], then its span but the last
+    double *nll = malloc((size_t)max_block * sizeof(double)); // a block's scored tokens' NLLs
+    int rc = !input || !nll || !out->pos_sum || !out->pos_count || !out->win_sum || !out->win_count
+                 ? fail(err, err_len, "ppl: out of memory") : 0;
+    for (int start = 0; rc == 0; start += stride) {
+        int end = start + span < n_ids ? start + span : n_ids;
+        // Input position i holds input[i]; its logits predict the text token
+        // j = start + i + 1 - bos, which sits at in-window position i + 1.
+        int n_in = end - start - 1 + bos;
+        if (bos) input[0] = t->config.bos_id;
+        memcpy(input + bos, ids + start, (size_t)(n_in - bos) * sizeof(int));
+        for (int p0 = 0; p0 < n_in && rc == 0; p0 += max_block) {
+            int B = n_in - p0 < max_block ? n_in - p0 : max_block;
+            int status = forward_block(t, input + p0, B, p0, LOGITS_ALL); // logits (B, vocab_size)
+            if (status == FORWARD_NOT_FINITE) {
+                rc = fail(err, err_len, "ppl: the logits of window %d are NaN or infinite (a NaN or infinite weight, "
+                          "or activations that overflowed)", out->n_windows);
+                break;
+            }
+            if (status != 0) {
+                rc = fail(err, err_len, "ppl: a token of window %d is outside the vocabulary (0..%d)",
+                          out->n_windows, V - 1);
+                break;
+            }
+            int b; // the block's NLLs, in parallel (the logits are B x 32000 for a Llama 2 vocabulary)
+#pragma omp parallel for private(b) if ((long)B * V >= PARALLEL_MIN_WORK)
+            for (b = 0; b < B; b++) {
+                int j = start + p0 + b + 1 - bos; // the token input position p0 + b predicts
+                nll[b] = j >= scored_upto && ids[j] >= 0 && ids[j] < V
+                             ? token_nll(t->state.logits + (size_t)b * V, V, ids[j]) : NAN;
+            }
+            for (b = 0; b < B; b++) {
+                int i = p0 + b, j = start + i + 1 - bos, p = i + 1; // scored token, its in-window position
+                if (j < scored_upto) continue;                       // an earlier window scored it
+                if (ids[j] < 0 || ids[j] >= V) {
+                    rc = fail(err, err_len, "ppl: token %d at %d is outside the vocabulary (0..%d)", ids[j], j, V - 1);
+                    break;
+                }
+                const float *logits = t->state.logits + (size_t)b * V;
+                if (hook && hook->fn(hook->ctx, logits, V, ids[j], err, err_len) != 0) {
+                    rc = -1;
+                    break;
+                }
+                ppl_add(out, out->n_windows, p, nll[b]);
+            }
+        }
+        if (rc != 0) break;
+        out->n_windows++;
+        if (progress) progress(out->n_windows, n_windows);
+        scored_upto = end;
+        if (end == n_ids) break;
+    }
+    free(input);
+    free(nll);
+    if (rc != 0) free_ppl_score(out);
+    return rc;
+}
+
+/* Teacher-forced NLL of ids[0..n_ids) in one pass through the rolling cache
+ * of attention sinks (--sinks S; StreamingLLM's long-text evaluation): BOS
+ * first when add_bos, then token by token, each text token scored given
+ * what the cache holds when it comes (the first one only after BOS). Fills
+ * *out as ppl_score does, as one window, with buckets and per-position sums
+ * by absolute position. Returns 0, or -1 with a message in err. */
+int ppl_stream_score(Transformer *t, const int *ids, int n_ids, int add_bos, PplScore *out, PplProgress progress,
+                     const TokenHook *hook, char *err, size_t err_len) {
+    int bos = add_bos ? 1 : 0, n = n_ids + bos, V = t->config.vocab_size; // n: tokens fed, BOS included
+    memset(out, 0, sizeof *out);
+    if (t->keys != KEYS_SINKS) return fail(err, err_len, "--streaming: needs a rolling cache (--sinks S)");
+    if (n < 2) return fail(err, err_len, "no tokens to score (%d text tokens%s)", n_ids, bos ? "" : " and no BOS");
+    out->n_positions = n;
+    out->pos_sum = calloc((size_t)n, sizeof(double));
+    out->pos_count = calloc((size_t)n, sizeof(long));
+    out->win_sum = calloc(1, sizeof(double));
+    out->win_count = calloc(1, sizeof(long));
+    out->n_buckets = ppl_buckets(out->buckets, t->rope.orig_ctx, n);
+    if (!out->pos_sum || !out->pos_count || !out->win_sum || !out->win_count) {
+        free_ppl_score(out);
+        return fail(err, err_len, "ppl: out of memory for %d positions", n);
+    }
+    for (int p = 0; p + 1 < n; p++) { // feed token p, score token p + 1
+        int token = p < bos ? t->config.bos_id : ids[p - bos], target = ids[p + 1 - bos];
+        int status;
+        const float *logits = forward(t, token, p, &status);
+        if (!logits || target < 0 || target >= V) {
+            free_ppl_score(out);
+            if (status == FORWARD_NOT_FINITE)
+                return fail(err, err_len, "ppl: the logits at token %d are NaN or infinite (a NaN or infinite weight, "
+                            "or activations that overflowed)", p);
+            return fail(err, err_len, "ppl: a token near %d is outside the vocabulary (0..%d)", p, V - 1);
+        }
+        if (hook && hook->fn(hook->ctx, logits, V, target, err, err_len) != 0) {
+            free_ppl_score(out);
+            return -1;
+        }
+        ppl_add(out, 0, p + 1, token_nll(logits, V, target));
+        if (progress && (p + 2) % 256 == 0) progress(p + 2, n);
+    }
+    out->n_windows = 1;
+    out->streaming = 1;
+    if (progress) progress(n, n);
+    return 0;
+}
+
+/* ---- Comparing a run with a saved baseline (ppl --save-logits, --kl-base) --
+ * A logits file holds every scored token's logits, so that a later run (q8_0
+ * weights, an f16 cache, a scaling method) can be compared with this one
+ * token by token, as llama.cpp's perplexity tool does. Little-endian:
+ *   0   u32  magic 0x474f4c4c, the bytes "LLOG"
+ *   4   i32  version 1
+ *   8   i32  vocab_size
+ *  12   i32  ctx, 16 i32 stride, 20 i32 add_bos: the windowing that scored them
+ *  24   i64  n_tokens
+ *  32   i32  streaming (1: ppl --streaming), 36 i32 sinks (-1: none)
+ *  40..63    zero
+ *  then n_tokens records: i32 the token predicted, vocab_size f32 logits */
+#define LOGITS_MAGIC 0x474f4c4cu
+#define LOGITS_HEADER_BYTES 64
+
+typedef struct {
+    FILE *f;
+    const char *path;
+    long n;
+} LogitsWriter;
+
+static int save_logits(void *ctx, const float *logits, int vocab, int target, char *err, size_t err_len) {
+    LogitsWriter *w = ctx;
+    int32_t id = target;
+    if (fwrite(&id, 4, 1, w->f) != 1 || fwrite(logits, sizeof(float), (size_t)vocab, w->f) != (size_t)vocab)
+        return fail(err, err_len, "--save-logits %s: write failed after %ld tokens (disk full?)", w->path, w->n);
+    w->n++;
+    return 0;
+}
+
+/* Per-token comparison with the baseline B of this run R, accumulated:
+ *   KL(B || R) = sum_v p_B(v) (log p_B(v) - log p_R(v))
+ *   top-1 agreement: argmax B == argmax R
+ *   delta NLL = -log p_R(target) + log p_B(target) */
+typedef struct {
+    FILE *f;
+    const char *path;
+    float *base;               // (vocab_size) the baseline's logits of the current token
+    long n, n_total;           // tokens compared so far, and in the file
+    long top1;                 // tokens whose most likely id agrees
+    double kl, kl_sq, dnll, dnll_sq;
+} KlCompare;
+
+static double log_sum_exp(const float *x, int n) {
+    double max = x[argmax(x, n)], sum = 0;
+    for (int i = 0; i < n; i++) sum += exp(x[i] - max);
+    return max + log(sum);
+}
+
+static int compare_logits(void *ctx, const float *logits, int vocab, int target, char *err, size_t err_len) {
+    KlCompare *c = ctx;
+    int32_t id;
+    if (c->n == c->n_total)
+        return fail(err, err_len, "--kl-base %s: holds %ld tokens, this run scores more", c->path, c->n_total);
+    if (fread(&id, 4, 1, c->f) != 1 || fread(c->base, sizeof(float), (size_t)vocab, c->f) != (size_t)vocab)
+        return fail(err, err_len, "--kl-base %s: read error at token %ld", c->path, c->n);
+    if (id != target)
+        return fail(err, err_len, "--kl-base %s: token %ld is %ld in the file, %d here (another text?)", c->path, c->n,
+                    (long)id, target);
+    double lse_b = log_sum_exp(c->base, vocab), lse_r = log_sum_exp(logits, vocab), kl = 0;
+    for (int v = 0; v < vocab; v++) {
+        double lb = c->base[v] - lse_b, lr = logits[v] - lse_r;
+        kl += exp(lb) * (lb - lr);
+    }
+    double dnll = (lse_r - logits[target]) - (lse_b - c->base[target]);
+    c->kl += kl, c->kl_sq += kl * kl, c->dnll += dnll, c->dnll_sq += dnll * dnll;
+    c->top1 += argmax(c->base, vocab) == argmax(logits, vocab);
+    c->n++;
+    return 0;
+}
+
+/* Open path as the baseline of a run with these settings that scores the
+ * text tokens targets[0..n_targets): the header must match, the file hold
+ * exactly its n_tokens records, and those predict the same tokens. Exits
+ * with a message naming the file and what differs otherwise. */
+static void open_kl_base(KlCompare *c, const char *path, const Transformer *t, int stride, int add_bos,
+                         int streaming, const int *targets, int n_targets) {
+    *c = (KlCompare){.f = fopen(path, "rb"), .path = path};
+    c->base = malloc((size_t)t->config.vocab_size * sizeof(float));
+    if (!c->f) die(EXIT_BAD_INPUT, "--kl-base %s: %s", path, strerror(errno));
+    if (!c->base) die(EXIT_BAD_INPUT, "--kl-base %s: out of memory", path);
+    unsigned char h[LOGITS_HEADER_BYTES];
+    if (fread(h, 1, sizeof h, c->f) != sizeof h)
+        die(EXIT_BAD_INPUT, "--kl-base %s: shorter than the %d-byte header", path, LOGITS_HEADER_BYTES);
+    if ((uint32_t)read_le_i32(h) != LOGITS_MAGIC || read_le_i32(h + 4) != 1)
+        die(EXIT_BAD_INPUT, "--kl-base %s: not a logits file of version 1 (written by -m ppl --save-logits)", path);
+    const char *names[6] = {"vocab_size", "ctx", "stride", "add_bos", "streaming", "sinks"};
+    int want[6] = {t->config.vocab_size, t->n_ctx, stride, add_bos, streaming, sinks_or_none(t)};
+    const int at[6] = {8, 12, 16, 20, 32, 36};
+    for (int k = 0; k < 6; k++)
+        if (read_le_i32(h + at[k]) != want[k])
+            die(EXIT_BAD_INPUT, "--kl-base %s: saved with %s %d, this run has %d", path, names[k],
+                read_le_i32(h + at[k]), want[k]);
+    int64_t n = (int64_t)((uint64_t)(uint32_t)read_le_i32(h + 24) | (uint64_t)(uint32_t)read_le_i32(h + 28) << 32);
+    struct stat st;
+    size_t record = 4 + 4 * (size_t)t->config.vocab_size;
+    if (fstat(fileno(c->f), &st) != 0 || n < 0 || (uint64_t)n > (UINT64_MAX - LOGITS_HEADER_BYTES) / record ||
+        (uint64_t)st.st_size != LOGITS_HEADER_BYTES + (uint64_t)n * record)
+        die(EXIT_BAD_INPUT, "--kl-base %s: %lld bytes, expected %llu for its %lld tokens", path,
+            (long long)st.st_size,
+            (unsigned long long)(n < 0 || (uint64_t)n > (UINT64_MAX - 64) / record ? 0 : 64 + (uint64_t)n * record),
+            (long long)n);
+    c->n_total = (long)n;
+    if (n != n_targets)
+        die(EXIT_BAD_INPUT, "--kl-base %s: holds %lld tokens, this run scores %d (another text?)", path, (long long)n,
+            n_targets);
+    for (long i = 0; i < n; i++) {
+        int32_t id;
+        if (fseek(c->f, (long)(LOGITS_HEADER_BYTES + i * record), SEEK_SET) != 0 || fread(&id, 4, 1, c->f) != 1)
+            die(EXIT_BAD_INPUT, "--kl-base %s: read error at token %ld", path, i);
+        if (id != targets[i])
+            die(EXIT_BAD_INPUT, "--kl-base %s: token %ld is %ld in the file, %d here (another text?)", path, i,
+                (long)id, targets[i]);
+    }
+    if (fseek(c->f, LOGITS_HEADER_BYTES, SEEK_SET) != 0) die(EXIT_BAD_INPUT, "--kl-base %s: cannot seek", path);
+}
+
+/* Print a PplScore: JSON (--json; with --per-position the mean NLL at every
+ * in-window position) or a table. */
+static void ppl_report(const Transformer *t, const PplScore *score, const char *path, int stride, int json,
+                       int per_position, const KlCompare *kl) {
+    long n_scored = score->n_scored;
+    int n_windows = score->n_windows, n_buckets = score->n_buckets;
+    const Bucket *buckets = score->buckets;
+    const double *pos_sum = score->pos_sum;
+    const long *pos_count = score->pos_count;
+    double nll = score->nll_sum / n_scored, se = nll_se(score->nll_sum, score->nll_sq, n_scored);
+    double se_win = nll_se_windows(score->win_sum, score->win_count, n_windows);
+    if (json) {
+        printf("{\"file\": ");
+        print_json_string(path);
+        printf(", \"tokens\": %ld, ", n_scored);
+        print_json_field("nll", nll);
+        print_json_field("ppl", exp(nll));
+        print_json_field("nll_se", se);
+        print_json_field("nll_se_windows", se_win);
+        print_json_field("ppl_lo", exp(nll - 1.96 * se)); // 95% interval under nll_se
+        print_json_field("ppl_hi", exp(nll + 1.96 * se));
+        printf("\"ctx\": %d, \"stride\": %d, \"windows\": %d, \"orig_ctx\": %d, \"scaling\": \"%s\", ",
+               t->n_ctx, score->streaming ? 0 : stride, n_windows, t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
+        if (t->keys == KEYS_SINKS) printf("\"sinks\": %d, ", t->pos.n_sinks);
+        printf("\"streaming\": %s, \"buckets\": [", score->streaming ? "true" : "false");
+        int first = 1;
+        for (int b = 0; b < n_buckets; b++) {
+            if (!buckets[b].tokens) continue;
+            double bn = buckets[b].nll_sum / buckets[b].tokens;
+            printf("%s{\"start\": %d, \"end\": %d, \"tokens\": %ld, ", first ? "" : ", ", buckets[b].start,
+                   buckets[b].end, buckets[b].tokens);
+            print_json_field("nll_se", nll_se(buckets[b].nll_sum, buckets[b].nll_sq, buckets[b].tokens));
+            printf("\"nll\": ");
+            print_json_number(bn);
+            printf(", \"ppl\": ");
+            print_json_number(exp(bn));
+            printf("}");
+            first = 0;
+        }
+        printf("]");
+        if (per_position) { // mean NLL at in-window positions 0..ctx-1 (null: nothing scored there)
+            printf(", \"per_position\": [");
+            for (int p = 0; p < score->n_positions; p++) {
+                if (p) printf(", ");
+                if (pos_count[p]) print_json_number(pos_sum[p] / pos_count[p]);
+                else printf("null");
+            }
+            printf("]");
+        }
+        if (kl) {
+            printf(", \"kl_base\": {\"file\": ");
+            print_json_string(kl->path);
+            printf(", \"tokens\": %ld, ", kl->n);
+            print_json_field("kl", kl->kl / kl->n);
+            print_json_field("kl_se", nll_se(kl->kl, kl->kl_sq, kl->n));
+            print_json_field("delta_nll", kl->dnll / kl->n);
+            print_json_field("delta_nll_se", nll_se(kl->dnll, kl->dnll_sq, kl->n));
+            printf("\"top1\": %.6f}", (double)kl->top1 / kl->n);
+        }
+        printf("}\n");
+    } else {
+        if (score->streaming)
+            printf("%s: %ld tokens, streamed through a cache of %d tokens (%d sinks), scaling %s; positions are "
+                   "absolute\n", path, n_scored, t->n_ctx, t->pos.n_sinks, SCALING_NAMES[t->rope.scaling]);
+        else
+            printf("%s: %ld tokens, %d windows of ctx %d (stride %d), scaling %s\n", path, n_scored, n_windows,
+                   t->n_ctx, stride, SCALING_NAMES[t->rope.scaling]);
+        printf("nll %.4f +- %.4f  ppl %.3f [%.3f, %.3f]\n", nll, se, exp(nll), exp(nll - 1.96 * se),
+               exp(nll + 1.96 * se));
+        if (isnan(se_win))
+            printf("(+- one standard error, [95%% interval], counting tokens as independent)\n");
+        else
+            printf("(+- one standard error, [95%% interval], counting tokens as independent; with windows as the\n"
+                   " independent units the standard error is %.4f)\n", se_win);
+        printf("%-18s %8s %8s %8s %10s\n", "positions", "tokens", "nll", "+-", "ppl");
+        for (int b = 0; b < n_buckets; b++) {
+            if (!buckets[b].tokens) continue;
+            double bn = buckets[b].nll_sum / buckets[b].tokens;
+            char range[40];
+            snprintf(range, sizeof range, "[%d, %d)", buckets[b].start, buckets[b].end);
+            printf("%-18s %8ld %8.4f %8.4f %10.3f\n", range, buckets[b].tokens, bn,
+                   nll_se(buckets[b].nll_sum, buckets[b].nll_sq, buckets[b].tokens), exp(bn));
+        }
+        if (kl)
+            printf("against %s (%ld tokens): KL %.4g +- %.2g nats/token, delta nll %+.4g +- %.2g, "
+                   "top-1 agreement %.2f%%\n", kl->path, kl->n, kl->kl / kl->n, nll_se(kl->kl, kl->kl_sq, kl->n),
+                   kl->dnll / kl->n, nll_se(kl->dnll, kl->dnll_sq, kl->n), 100.0 * kl->top1 / kl->n);
+    }
+}
+
+/* ppl's progress line, on a terminal only, at most every 2 seconds. */
+static void progress_line(const char *unit, int done, int total) {
+    static double last = 0; // when the line was last written; 0 = never
+    if (!isatty(STDERR_FILENO)) return;
+    if (done == total) { // clear the line, if there is one
+        if (last > 0) fprintf(stderr, "\r%40s\r", "");
+        return;
+    }
+    if (now_seconds() - last < 2.0) return;
+    last = now_seconds();
+    fprintf(stderr, "\rppl: %s %d of %d", unit, done, total);
+}
+static void ppl_progress(int done, int total) { progress_line("window", done, total); }
+static void tokenize_progress(size_t done, size_t total) { // in MiB, rounded up: the last call clears the line
+    progress_line("MiB tokenized:", (int)((done + 0xFFFFF) >> 20), (int)((total + 0xFFFFF) >> 20));
+}
+static void stream_progress(int done, int total) { progress_line("token", done, total); }
+
+/* The hook of a ppl run that saves its logits, compares them with a
+ * baseline, or both. */
+typedef struct {
+    LogitsWriter *save;
+    KlCompare *compare;
+} PplHooks;
+
+static int ppl_hooks(void *ctx, const float *logits, int vocab, int target, char *err, size_t err_len) {
+    PplHooks *h = ctx;
+    if (h->save && save_logits(h->save, logits, vocab, target, err, err_len) != 0) return -1;
+    if (h->compare && compare_logits(h->compare, logits, vocab, target, err, err_len) != 0) return -1;
+    return 0;
+}
+
+/* -m ppl: the NLL of a text file under teacher forcing (ppl_score, or
+ * ppl_stream_score with --streaming), reported by ppl_report. The text is
+ * encoded once, without BOS. */
+void ppl_mode(const ModeInput *in) {
+    Transformer *t = in->t;
+    const Tokenizer *tok = in->tok;
+    const Options *o = in->o;
+    const char *path = in->text_name, *text = in->text, *save_path = o->save_logits, *kl_path = o->kl_base;
+    const char *summary = in->summary;
+    size_t len = in->text_len;
+    int stride = o->stride, json = o->json, per_position = o->per_position, streaming = o->streaming;
+    // In pieces of 1 MiB: memory follows the ids (4 bytes each), not the
+    // encoder's work buffers (about 30 bytes per byte of text at once).
+    int *ids, n_ids = tokenizer_encode_long(tok, text, len, 1 << 20, &ids, tokenize_progress);
+    if (n_ids < 0) die(EXIT_BAD_INPUT, "-f %s: out of memory while encoding %zu bytes", path, len);
+    if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", path);
+    int max_stride = t->n_ctx - 1; // positions a window predicts
+    if (max_stride < 1) die(EXIT_USAGE, "--ctx %d: ppl needs at least 2 positions", t->n_ctx);
+    if (stride <= 0) stride = max_stride;
+    if (stride > max_stride) die(EXIT_USAGE, "--stride %d: expected 1..%d (ctx - 1)", stride, max_stride);
+    // The baseline to compare with, and the file to save into (written under
+    // a temporary name, renamed when complete: never a half-written file).
+    KlCompare kl = {0};
+    if (kl_path) // every text token is scored once, in order; the first only after BOS
+        open_kl_base(&kl, kl_path, t, stride, tok->add_bos, streaming, ids + !tok->add_bos, n_ids - !tok->add_bos);
+    LogitsWriter saver = {NULL, save_path, 0};
+    char *tmp_path = NULL;
+    if (save_path) {
+        tmp_path = malloc(strlen(save_path) + 5);
+        if (!tmp_path) die(EXIT_BAD_INPUT, "out of memory");
+        sprintf(tmp_path, "%s.tmp", save_path);
+        unsigned char zeros[LOGITS_HEADER_BYTES] = {0};
+        saver.f = fopen(tmp_path, "wb");
+        if (!saver.f || fwrite(zeros, 1, sizeof zeros, saver.f) != sizeof zeros) {
+            int e = errno;
+            if (saver.f) fclose(saver.f), remove(tmp_path);
+            die(EXIT_BAD_INPUT, "--save-logits %s: %s", save_path, strerror(e));
+        }
+        fprintf(stderr, "ppl: saving %.1f MiB of logits (%zu bytes per token)\n",
+                (double)n_ids * (4 + 4.0 * t->config.vocab_size) / 1048576, 4 + 4 * (size_t)t->config.vocab_size);
+    }
+    PplHooks hooks = {save_path ? &saver : NULL, kl_path ? &kl : NULL};
+    TokenHook hook = {ppl_hooks, &hooks};
+    fputs(summary, stderr);
+    PplScore score;
+    char err[512];
+    double start_time = now_seconds();
+    const TokenHook *h = save_path || kl_path ? &hook : NULL;
+    int rc = streaming ? ppl_stream_score(t, ids, n_ids, tok->add_bos, &score, stream_progress, h, err, sizeof err)
+                       : ppl_score(t, ids, n_ids, tok->add_bos, stride, &score, ppl_progress, h, err, sizeof err);
+    if (rc == 0 && kl_path && kl.n != kl.n_total)
+        rc = fail(err, sizeof err, "--kl-base %s: holds %ld tokens, this run scored %ld", kl_path, kl.n_total, kl.n);
+    if (rc == 0 && save_path) { // the header, now that the count is known; then the file under its name
+        unsigned char h[LOGITS_HEADER_BYTES] = {0};
+        int32_t fields[10] = {(int32_t)LOGITS_MAGIC, 1, t->config.vocab_size, t->n_ctx, stride, tok->add_bos,
+                              (int32_t)((uint64_t)saver.n & 0xffffffffu), (int32_t)((uint64_t)saver.n >> 32), streaming,
+                              sinks_or_none(t)};
+        for (int k = 0; k < 10; k++) // little-endian whatever the machine
+            for (int b = 0; b < 4; b++) h[4 * k + b] = (unsigned char)((uint32_t)fields[k] >> (8 * b));
+        if (fseek(saver.f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, saver.f) != sizeof h || fclose(saver.f) != 0 ||
+            rename(tmp_path, save_path) != 0)
+            rc = fail(err, sizeof err, "--save-logits %s: %s", save_path, strerror(errno));
+        saver.f = NULL;
+    }
+    if (rc != 0) {
+        if (saver.f) fclose(saver.f);
+        if (tmp_path) remove(tmp_path);
+        if (!strncmp(err, "--", 2)) die(EXIT_BAD_INPUT, "%s", err); // names its flag and file
+        die(EXIT_BAD_INPUT, "-f %s: %s", path, err);
+    }
+    if (streaming)
+        fprintf(stderr, "ppl: %ld tokens scored, streamed, %.1f s\n", score.n_scored, now_seconds() - start_time);
+    else
+        fprintf(stderr, "ppl: %ld tokens scored in %d windows, %.1f s\n", score.n_scored, score.n_windows,
+                now_seconds() - start_time);
+    ppl_report(t, &score, path, stride, json, per_position, kl_path ? &kl : NULL);
+    if (kl.f) fclose(kl.f);
+    free(kl.base);
+    free(tmp_path);
+    free(ids);
+    free_ppl_score(&score);
+}
