@@ -108,6 +108,46 @@ def _default_tokenizer_path(out):
 
 
 def main(argv=None):
+    p = _parser()
+    args = p.parse_args(argv)
+    _check_args(p, args)
+    weights = dict(weight_type=args.dtype, group_size=args.group_size)
+    source = (args.hf or args.meta_llama or args.gguf or args.llama2c or args.checkpoint
+              or args.tokenizer)
+    culprit = source or args.out
+    try:
+        if args.hf or args.meta_llama or args.gguf:
+            _convert_model(args, weights)
+        elif args.llama2c or args.checkpoint:
+            _convert_checkpoint(args, weights)
+        elif args.tokenizer:
+            _convert_tokenizer(args)
+        else:
+            _write_random(args, weights)
+    except ExportError as e:
+        msg = str(e)
+        # name the file every message is about: the source, else the output
+        if not msg.startswith(args.out) and not (source and msg.startswith(source)):
+            msg = f"{culprit}: {msg}"
+        print(f"export.py: {msg}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        name = e.filename if e.filename else culprit
+        print(f"export.py: {name}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print(f"export.py: {culprit}: out of memory", file=sys.stderr)
+        return 1
+    except RecursionError:  # a structure nested deeper than Python's stack allows
+        print(f"export.py: {culprit}: nested too deeply to read", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"export.py: {args.out}: interrupted; nothing written", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _parser():
     p = argparse.ArgumentParser(
         prog="export.py",
         description="Write checkpoints (version 1, see model.h) and tokenizers for run. "
@@ -160,7 +200,11 @@ def main(argv=None):
     r.add_argument("--rot-dim", type=int, default=None, help="rotated dims per head (default: all)")
     r.add_argument("--rope-theta", type=float, default=10000.0)
     r.add_argument("--norm-eps", type=float, default=1e-5)
-    args = p.parse_args(argv)
+    return p
+
+
+def _check_args(p, args):
+    """The usage errors argparse cannot see (p.error exits with status 2)."""
     if args.rope_layout and (args.llama2c or args.checkpoint or args.tokenizer):
         p.error("--rope-layout applies to --hf, --meta-llama, --gguf and --random only")
     if args.seq_len is not None and not (args.hf or args.meta_llama or args.gguf):
@@ -178,109 +222,103 @@ def main(argv=None):
         p.error("--group-size applies to --dtype q8_0 only")
     if args.group_size < 0:
         p.error(f"--group-size {args.group_size}: expected a positive integer")
-    weights = dict(weight_type=args.dtype, group_size=args.group_size)
 
-    source = (args.hf or args.meta_llama or args.gguf or args.llama2c or args.checkpoint
-              or args.tokenizer)
-    culprit = source or args.out
-    try:
-        if args.hf or args.meta_llama or args.gguf:
-            tokenizer = None  # (path, bytes, description): checked before anything is written
-            if args.hf:
-                cfg, tensors, notes = read_hf(args.hf, args.rope_layout or "neox")
-            elif args.meta_llama:
-                cfg, tensors, notes = read_meta(args.meta_llama, args.rope_layout or "interleaved",
-                                                args.seq_len)
-            else:
-                cfg, tensors, tok, notes = read_gguf(args.gguf, args.rope_layout or "interleaved")
-                path = args.tokenizer_out or _default_tokenizer_path(args.out)
-                data = pack_tokenizer_ltok(tok)
-                if args.tokenizer_out is None and os.path.isfile(path):
-                    with open(path, "rb") as f:
-                        if not _same_tokenizer(f.read(), data):
-                            raise ExportError(f"{path} exists and holds another tokenizer; pass "
-                                              "--tokenizer-out PATH, or remove it")
-                tokenizer = (path, data, describe_tokenizer(tok))
-            if args.tokenizer_out is not None and not args.gguf:
-                kind, value, tok_notes = model_dir_tokenizer(args.hf or args.meta_llama,
-                                                             cfg["vocab_size"])
-                notes += tok_notes
-                if kind == "v1":
-                    tokenizer = (args.tokenizer_out, pack_tokenizer_v1(*value),
-                                 f"sentencepiece, {len(value[0])} pieces (llama2.c's format)")
-                else:
-                    tokenizer = (args.tokenizer_out, pack_tokenizer_ltok(value),
-                                 describe_tokenizer(value))
-            if args.seq_len is not None and not args.meta_llama:
-                cfg["seq_len"] = args.seq_len
-            if cfg["seq_len"] > 32768:
-                notes.append(f"seq_len {cfg['seq_len']}: run sizes its KV cache for the training "
-                             "context unless told otherwise; pass run --ctx N to use less memory")
-            cfg.update(weights)
-            if tokenizer:  # a folder that cannot take the tokenizer fails before the checkpoint exists
-                tok_dir = os.path.dirname(os.path.abspath(tokenizer[0]))
-                if not os.path.isdir(tok_dir) or not os.access(tok_dir, os.W_OK):
-                    raise ExportError(f"{tokenizer[0]}: cannot write the tokenizer there "
-                                      f"({tok_dir} is not a writable folder)")
-            write_checkpoint(args.out, cfg, tensors)
-            if tokenizer:
-                try:
-                    _write_bytes(tokenizer[0], tokenizer[1])
-                except BaseException:  # no checkpoint without its tokenizer
-                    os.remove(args.out)
-                    raise
-            for note in notes:
-                print(f"export.py: note: {note}", file=sys.stderr)
-            print(f"export.py: {_describe(cfg, args.out)}", file=sys.stderr)
-            if tokenizer:
-                print(f"export.py: wrote {tokenizer[0]}: {tokenizer[2]}", file=sys.stderr)
-        elif args.llama2c or args.checkpoint:
-            if args.llama2c:
-                cfg, tensors = read_llama2c(args.llama2c)
-            else:
-                cfg, tensors = read_checkpoint(args.checkpoint)
-                if os.path.exists(args.out) and os.path.samefile(args.checkpoint, args.out):
-                    raise ExportError("OUT is the input file; write to another path")
-            cfg.update(weights)
-            write_checkpoint(args.out, cfg, tensors)
-        elif args.tokenizer:
-            kind, value, notes = read_tokenizer_source(args.tokenizer)
-            if kind == "v1":
-                write_tokenizer(args.out, *value)
-            else:
-                write_tokenizer_ltok(args.out, value)
-                for note in notes:
-                    print(f"export.py: note: {note}", file=sys.stderr)
-                print(f"export.py: wrote {args.out}: {describe_tokenizer(value)}", file=sys.stderr)
-        else:
-            cfg = _parse_random_spec(args.random)
-            cfg.update(shared_classifier=not args.unshared,
-                       rope_layout=args.rope_layout or "interleaved",
-                       rot_dim=args.rot_dim, rope_theta=args.rope_theta, norm_eps=args.norm_eps,
-                       **weights)
-            cfg = normalize_config(cfg)
-            write_checkpoint(args.out, cfg, random_tensors(cfg, args.seed))
-    except ExportError as e:
-        msg = str(e)
-        # name the file every message is about: the source, else the output
-        if not msg.startswith(args.out) and not (source and msg.startswith(source)):
-            msg = f"{culprit}: {msg}"
-        print(f"export.py: {msg}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        name = e.filename if e.filename else culprit
-        print(f"export.py: {name}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    except MemoryError:
-        print(f"export.py: {culprit}: out of memory", file=sys.stderr)
-        return 1
-    except RecursionError:  # a structure nested deeper than Python's stack allows
-        print(f"export.py: {culprit}: nested too deeply to read", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"export.py: {args.out}: interrupted; nothing written", file=sys.stderr)
-        return 130
-    return 0
+
+def _convert_model(args, weights):
+    """--hf, --meta-llama, --gguf: the checkpoint, and the tokenizer when there
+    is one to write (checked before anything is written; no checkpoint is left
+    without its tokenizer)."""
+    if args.hf:
+        src = read_hf(args.hf, args.rope_layout or "neox")
+    elif args.meta_llama:
+        src = read_meta(args.meta_llama, args.rope_layout or "interleaved", args.seq_len)
+    else:
+        src = read_gguf(args.gguf, args.rope_layout or "interleaved")
+    cfg, tensors, notes = src.config, src.tensors, src.notes
+    tokenizer = _tokenizer_to_write(args, src)  # (path, bytes, description) or None
+    if args.seq_len is not None and not args.meta_llama:
+        cfg["seq_len"] = args.seq_len
+    if cfg["seq_len"] > 32768:
+        notes.append(f"seq_len {cfg['seq_len']}: run sizes its KV cache for the training "
+                     "context unless told otherwise; pass run --ctx N to use less memory")
+    cfg.update(weights)
+    if tokenizer:  # a folder that cannot take the tokenizer fails before the checkpoint exists
+        tok_dir = os.path.dirname(os.path.abspath(tokenizer[0]))
+        if not os.path.isdir(tok_dir) or not os.access(tok_dir, os.W_OK):
+            raise ExportError(f"{tokenizer[0]}: cannot write the tokenizer there "
+                              f"({tok_dir} is not a writable folder)")
+    write_checkpoint(args.out, cfg, tensors)
+    if tokenizer:
+        try:
+            _write_bytes(tokenizer[0], tokenizer[1])
+        except BaseException:  # no checkpoint without its tokenizer
+            os.remove(args.out)
+            raise
+    for note in notes:
+        print(f"export.py: note: {note}", file=sys.stderr)
+    print(f"export.py: {_describe(cfg, args.out)}", file=sys.stderr)
+    if tokenizer:
+        print(f"export.py: wrote {tokenizer[0]}: {tokenizer[2]}", file=sys.stderr)
+
+
+def _tokenizer_to_write(args, src):
+    """(path, bytes, description) of the tokenizer a model conversion writes:
+    a GGUF file's own (beside OUT unless --tokenizer-out says where; an
+    existing file there must hold the same one), or with --tokenizer-out the
+    model directory's; None when there is none to write. src.notes gains the
+    tokenizer's notes."""
+    if args.gguf:
+        path = args.tokenizer_out or _default_tokenizer_path(args.out)
+        data = pack_tokenizer_ltok(src.tokenizer)
+        if args.tokenizer_out is None and os.path.isfile(path):
+            with open(path, "rb") as f:
+                if not _same_tokenizer(f.read(), data):
+                    raise ExportError(f"{path} exists and holds another tokenizer; pass "
+                                      "--tokenizer-out PATH, or remove it")
+        return path, data, describe_tokenizer(src.tokenizer)
+    if args.tokenizer_out is None:
+        return None
+    kind, value, tok_notes = model_dir_tokenizer(args.hf or args.meta_llama,
+                                                 src.config["vocab_size"])
+    src.notes.extend(tok_notes)
+    if kind == "v1":
+        return (args.tokenizer_out, pack_tokenizer_v1(*value),
+                f"sentencepiece, {len(value[0])} pieces (llama2.c's format)")
+    return args.tokenizer_out, pack_tokenizer_ltok(value), describe_tokenizer(value)
+
+
+def _convert_checkpoint(args, weights):
+    """--llama2c, --checkpoint: the same weights written again (e.g. as q8_0)."""
+    if args.llama2c:
+        src = read_llama2c(args.llama2c)
+        cfg, tensors = src.config, src.tensors
+    else:
+        cfg, tensors = read_checkpoint(args.checkpoint)
+        if os.path.exists(args.out) and os.path.samefile(args.checkpoint, args.out):
+            raise ExportError("OUT is the input file; write to another path")
+    cfg.update(weights)
+    write_checkpoint(args.out, cfg, tensors)
+
+
+def _convert_tokenizer(args):
+    kind, value, notes = read_tokenizer_source(args.tokenizer)
+    if kind == "v1":
+        write_tokenizer(args.out, *value)
+    else:
+        write_tokenizer_ltok(args.out, value)
+        for note in notes:
+            print(f"export.py: note: {note}", file=sys.stderr)
+        print(f"export.py: wrote {args.out}: {describe_tokenizer(value)}", file=sys.stderr)
+
+
+def _write_random(args, weights):
+    cfg = _parse_random_spec(args.random)
+    cfg.update(shared_classifier=not args.unshared,
+               rope_layout=args.rope_layout or "interleaved",
+               rot_dim=args.rot_dim, rope_theta=args.rope_theta, norm_eps=args.norm_eps,
+               **weights)
+    cfg = normalize_config(cfg)
+    write_checkpoint(args.out, cfg, random_tensors(cfg, args.seed))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 the user), Source (what a checkpoint reader returns), checked numbers from a
 source's config, JSON files, atomic file writing and progress lines."""
 
+import collections
 import json
 import math
 import os
@@ -14,6 +15,13 @@ INT32_MAX = 2**31 - 1
 
 class ExportError(Exception):
     """A problem with an input or an argument; str() is one line for the user."""
+
+
+# What each checkpoint source's reader returns (read_hf, read_meta, read_gguf,
+# read_llama2c): config a dict for write_checkpoint, tensors {name: array or
+# lazy tensor}, tokenizer the source's own (a version-3 tokenizer dict; GGUF
+# only, else None), notes lines worth telling the user.
+Source = collections.namedtuple("Source", "config tensors tokenizer notes")
 
 
 # ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 import os
 
 from convert.checkpoint import ROPE_LAYOUTS, TENSOR_TABLE, normalize_config
-from convert.common import ExportError, INT32_MAX
+from convert.common import INT32_MAX, ExportError, Source
 from convert.gguf_file import (
     _GGUFMetadata, _GGUFTensor, _GGUF_ARRAY, _gguf_can_dequantize, _gguf_package_version,
     _open_gguf)
@@ -41,9 +41,9 @@ GGUF_LAYER_TENSORS = {"rms_att_weight": "attn_norm", "wq": "attn_q", "wk": "attn
 
 
 def read_gguf(path, layout="interleaved"):
-    """A GGUF file of the Llama architecture as (cfg, tensors, tok, notes):
-    cfg for write_checkpoint, tensors lazy (dequantized a block at a time
-    while the checkpoint is written), tok its tokenizer (gguf_tokenizer).
+    """A GGUF file of the Llama architecture as a Source: config for
+    write_checkpoint, tensors lazy (dequantized a block at a time while the
+    checkpoint is written), tokenizer its tokenizer (gguf_tokenizer).
     layout: "interleaved" keeps the q/k rows (GGUF's order), "neox" applies
     Hugging Face's permutation. Raises ExportError naming the file."""
     path = os.fspath(path)
@@ -51,6 +51,42 @@ def read_gguf(path, layout="interleaved"):
         raise ExportError(f"rope layout {layout!r}: expected one of {', '.join(ROPE_LAYOUTS)}")
     gguf, layout_table, reader, meta = _open_gguf(path)
     notes = []
+    _check_llama(meta, notes)
+    cfg = _gguf_sizes(meta, notes)
+    take = _GGUFTake(path, gguf, layout_table, reader)
+    tok = _gguf_vocab(meta, take, cfg, notes)
+    cfg.update(rope_layout=layout)
+    cfg.update(_gguf_rope_scaling(meta, take.have, layout_table, gguf, cfg["rope_theta"],
+                                  cfg["rot_dim"], take.used, notes))
+    try:
+        c = normalize_config(cfg)
+    except ExportError as e:
+        raise ExportError(f"{path}: {e}") from None
+    shapes = dict((name, fn(c)) for name, fn, _ in TENSOR_TABLE)
+    tensors = {"token_embedding": take("token_embd.weight", shapes["token_embedding"])}
+    for ours, theirs in GGUF_LAYER_TENSORS.items():
+        parts = [take(f"blk.{i}.{theirs}.weight", shapes[ours][1:]) for i in range(c["n_layers"])]
+        if layout == "neox" and ours in ("wq", "wk"):
+            parts = [_HeadPermuted(t, c["n_heads"] if ours == "wq" else c["n_kv_heads"],
+                                   c["rot_dim"], False) for t in parts]
+        tensors[ours] = _Stacked(parts)
+    tensors["rms_final_weight"] = take("output_norm.weight", shapes["rms_final_weight"])
+    wcls = take("output.weight", shapes["wcls"], optional=True)
+    cfg["shared_classifier"] = wcls is None
+    if wcls is not None:
+        tensors["wcls"] = wcls
+    else:
+        notes.append("no output.weight: the classifier is tied to the embedding")
+    for name in sorted(set(take.have) - take.used):
+        raise _unexpected_tensor(name, path)
+    return Source(cfg, tensors, tok, notes)
+
+
+def _check_llama(meta, notes):
+    """Refuse what is not one Llama model run can reproduce (another
+    architecture, one part of a split file, GGUF_LLAMA_REJECTED, experts);
+    note the llama.* keys ignored."""
+    path = meta.path
     arch = meta.get("general.architecture", "str")
     if arch != "llama":
         raise ExportError(f"{path}: general.architecture is {arch!r}: only \"llama\" is supported")
@@ -72,27 +108,35 @@ def read_gguf(path, layout="interleaved"):
         raise ExportError(f"{path}: llama.expert_count={meta.get('llama.expert_count', 'int')}: "
                           "mixture of experts is not supported")
 
-    def count(key, default=_GGUFMetadata.REQUIRED):
-        v = meta.get(key, "int", default)
-        if v is not None and not 0 < v <= INT32_MAX:
-            raise ExportError(f"{path}: {key}={v} is not a positive integer")
-        return v
-    dim = count("llama.embedding_length")
-    n_layers = count("llama.block_count")
+
+def _count(meta, key, default=_GGUFMetadata.REQUIRED):
+    """A positive int32 metadata value (or default when absent)."""
+    v = meta.get(key, "int", default)
+    if v is not None and not 0 < v <= INT32_MAX:
+        raise ExportError(f"{meta.path}: {key}={v} is not a positive integer")
+    return v
+
+
+def _gguf_sizes(meta, notes):
+    """Our config's sizes, norm_eps and RoPE base from the llama.* metadata
+    (vocab_size comes from the embedding, in _gguf_vocab)."""
+    path = meta.path
+    dim = _count(meta, "llama.embedding_length")
+    n_layers = _count(meta, "llama.block_count")
     if "llama.feed_forward_length" in meta and meta._types("llama.feed_forward_length")[0] == \
             _GGUF_ARRAY:
         raise ExportError(f"{path}: llama.feed_forward_length is an array (a width per layer); "
                           "our format has one FFN width")
-    hidden = count("llama.feed_forward_length")
-    heads = count("llama.attention.head_count")
-    kv_heads = count("llama.attention.head_count_kv", heads)
-    seq_len = count("llama.context_length")
+    hidden = _count(meta, "llama.feed_forward_length")
+    heads = _count(meta, "llama.attention.head_count")
+    kv_heads = _count(meta, "llama.attention.head_count_kv", heads)
+    seq_len = _count(meta, "llama.context_length")
     if dim % heads or heads % kv_heads:
         raise ExportError(f"{path}: llama.attention.head_count={heads}, head_count_kv={kv_heads} "
                           f"do not divide embedding_length={dim} and head_count")
     hs = dim // heads
     for key in ("llama.attention.key_length", "llama.attention.value_length"):
-        v = count(key, None)
+        v = _count(meta, key, None)
         if v is not None and v != hs:
             raise ExportError(f"{path}: {key}={v} differs from embedding_length / head_count = "
                               f"{hs} (not supported: our format derives the head size)")
@@ -101,46 +145,31 @@ def read_gguf(path, layout="interleaved"):
     if theta is None:
         theta = 10000.0
         notes.append("no llama.rope.freq_base: using 10000 (llama.cpp's default)")
-    rot = count("llama.rope.dimension_count", hs)
+    rot = _count(meta, "llama.rope.dimension_count", hs)
+    return dict(dim=dim, hidden_dim=hidden, n_layers=n_layers, n_heads=heads,
+                n_kv_heads=kv_heads, seq_len=seq_len, norm_eps=eps, rope_theta=theta,
+                rot_dim=rot)
 
-    # tensors
-    have = {t.name: t for t in reader.tensors}
-    used = set()
 
-    def tensor(name, shape, optional=False):
-        t = have.get(name)
-        if t is None:
-            if optional:
-                return None
-            raise ExportError(f"{path}: missing tensor {name}")
-        used.add(name)
-        qtype, dims = layout_table[name][0], layout_table[name][1]
-        got = tuple(reversed(dims))
-        if got != tuple(shape):
-            raise ExportError(f"{path}: tensor {name} has shape {list(got)}, expected "
-                              f"{list(shape)} from the metadata")
-        if not _gguf_can_dequantize(gguf, qtype):
-            raise ExportError(f"{path}: tensor {name} has type {qtype.name}, which gguf "
-                              f"{_gguf_package_version()} cannot dequantize")
-        return _GGUFTensor(path, name, qtype, dims, t.data, gguf)
-
-    emb = have.get("token_embd.weight")
-    if emb is None:
+def _gguf_vocab(meta, take, cfg, notes):
+    """The tokenizer (gguf_tokenizer), after checking it against the
+    embedding's rows; sets cfg's vocab_size, bos_id and eos_id."""
+    path = meta.path
+    if "token_embd.weight" not in take.have:
         raise ExportError(f"{path}: missing tensor token_embd.weight")
-    emb_dims = layout_table["token_embd.weight"][1]
+    emb_dims = take.layout_table["token_embd.weight"][1]
     if len(emb_dims) != 2:
         raise ExportError(f"{path}: tensor token_embd.weight has shape "
-                          f"{list(reversed(emb_dims))}, expected [vocab_size, {dim}]")
+                          f"{list(reversed(emb_dims))}, expected [vocab_size, {cfg['dim']}]")
     vocab = int(emb_dims[1])
     tok, tok_notes = gguf_tokenizer(meta)
     notes += tok_notes
     if len(tok["pieces"]) != vocab:
         raise ExportError(f"{path}: tokenizer.ggml.tokens has {len(tok['pieces'])} entries but "
                           f"token_embd.weight has {vocab} rows")
-    v = count("llama.vocab_size", None)
+    v = _count(meta, "llama.vocab_size", None)
     if v is not None and v != vocab:
         raise ExportError(f"{path}: llama.vocab_size={v} but token_embd.weight has {vocab} rows")
-
     bos, eos = tok["bos_id"], tok["eos_id"]
     if eos < 0:
         eos = tok["eot_id"] if tok["eot_id"] >= 0 else max(bos, 0)
@@ -149,29 +178,31 @@ def read_gguf(path, layout="interleaved"):
         bos = eos
         notes.append(f"no tokenizer.ggml.bos_token_id: the header's bos_id is the EOS id {eos} "
                      "(the tokenizer's add_bos is 0, so it never starts a prompt)")
-    cfg = dict(dim=dim, hidden_dim=hidden, n_layers=n_layers, n_heads=heads, n_kv_heads=kv_heads,
-               vocab_size=vocab, seq_len=seq_len, bos_id=bos, eos_id=eos, norm_eps=eps,
-               rope_theta=theta, rope_layout=layout, rot_dim=rot)
-    cfg.update(_gguf_rope_scaling(meta, have, layout_table, gguf, theta, rot, used, notes))
-    try:
-        c = normalize_config(cfg)
-    except ExportError as e:
-        raise ExportError(f"{path}: {e}") from None
-    shapes = dict((name, fn(c)) for name, fn, _ in TENSOR_TABLE)
-    tensors = {"token_embedding": tensor("token_embd.weight", shapes["token_embedding"])}
-    for ours, theirs in GGUF_LAYER_TENSORS.items():
-        parts = [tensor(f"blk.{i}.{theirs}.weight", shapes[ours][1:]) for i in range(n_layers)]
-        if layout == "neox" and ours in ("wq", "wk"):
-            parts = [_HeadPermuted(t, heads if ours == "wq" else kv_heads, c["rot_dim"], False)
-                     for t in parts]
-        tensors[ours] = _Stacked(parts)
-    tensors["rms_final_weight"] = tensor("output_norm.weight", shapes["rms_final_weight"])
-    wcls = tensor("output.weight", shapes["wcls"], optional=True)
-    cfg["shared_classifier"] = wcls is None
-    if wcls is not None:
-        tensors["wcls"] = wcls
-    else:
-        notes.append("no output.weight: the classifier is tied to the embedding")
-    for name in sorted(set(have) - used):
-        raise _unexpected_tensor(name, path)
-    return cfg, tensors, tok, notes
+    cfg.update(vocab_size=vocab, bos_id=bos, eos_id=eos)
+    return tok
+
+
+class _GGUFTake:
+    """take(name, shape): a GGUF tensor as a lazy tensor, checked (present,
+    the shape the metadata gives, a type gguf dequantizes), remembered in used."""
+
+    def __init__(self, path, gguf, layout_table, reader):
+        self.path, self.gguf, self.layout_table = path, gguf, layout_table
+        self.have, self.used = {t.name: t for t in reader.tensors}, set()
+
+    def __call__(self, name, shape, optional=False):
+        path, t = self.path, self.have.get(name)
+        if t is None:
+            if optional:
+                return None
+            raise ExportError(f"{path}: missing tensor {name}")
+        self.used.add(name)
+        qtype, dims = self.layout_table[name][0], self.layout_table[name][1]
+        got = tuple(reversed(dims))
+        if got != tuple(shape):
+            raise ExportError(f"{path}: tensor {name} has shape {list(got)}, expected "
+                              f"{list(shape)} from the metadata")
+        if not _gguf_can_dequantize(self.gguf, qtype):
+            raise ExportError(f"{path}: tensor {name} has type {qtype.name}, which gguf "
+                              f"{_gguf_package_version()} cannot dequantize")
+        return _GGUFTensor(path, name, qtype, dims, t.data, self.gguf)

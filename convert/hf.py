@@ -7,8 +7,8 @@ import numpy as np
 
 from convert.checkpoint import (
     MAX_CTX, ROPE_LAYOUTS, TENSOR_TABLE, _kv_dim, normalize_config, tensor_names)
-from convert.common import ExportError, _head_counts, _integer, _js, _number, _read_json
-from convert.hf_rope import _hf_rope_scaling
+from convert.common import ExportError, Source, _head_counts, _integer, _js, _number, _read_json
+from convert.hf_rope import hf_rope_scaling
 from convert.lazy import _HeadPermuted, _Stacked, head_permutation
 from convert.safetensors import SAFETENSORS_DTYPES, read_safetensors_header
 
@@ -196,13 +196,49 @@ def hf_config(config, where="config.json"):
     act = config.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ExportError(f"{where}: hidden_act={_js(act)} is not supported (only silu: SwiGLU)")
+    config, dim, heads, kv = _hf_heads(where, config, family, notes)
+    seq_len, eps = _hf_context_and_eps(where, config, family, notes)
+    theta, rot = _hf_rope_base(where, config, dim // heads, notes)
+    tie = config.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ExportError(f"{where}: tie_word_embeddings={_js(tie)} is not true or false")
+    qkv_bias, o_bias, mlp_bias = _hf_biases(where, config, family, notes)
+    window, first = _hf_window(where, config, family, config["num_hidden_layers"], notes)
+    cfg = dict(dim=dim, hidden_dim=config["intermediate_size"],
+               n_layers=config["num_hidden_layers"], n_heads=heads, n_kv_heads=kv,
+               vocab_size=config["vocab_size"], seq_len=seq_len, shared_classifier=tie,
+               bos_id=_hf_token_id(where, config, "bos_token_id", 1, notes),
+               eos_id=_hf_token_id(where, config, "eos_token_id", 2, notes),
+               norm_eps=eps, rope_theta=theta, rope_layout="neox", rot_dim=rot,
+               qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias,
+               sliding_window=window, window_first_layer=first)
+    scaling, rope_tensors = hf_rope_scaling(where, config, seq_len, notes, family, rot)
+    cfg.update(scaling)
+    for k in ("bos_id", "eos_id"):
+        if cfg[k] >= cfg["vocab_size"]:
+            raise ExportError(f"{where}: {k.replace('_id', '_token_id')}={cfg[k]} is outside the "
+                              f"vocabulary (vocab_size={cfg['vocab_size']})")
+    try:
+        normalize_config(cfg)
+    except ExportError as e:
+        raise ExportError(f"{where}: {e}") from None
+    return cfg, rope_tensors, notes
 
+
+def _hf_defaults(family):
+    """(the family's defaults, the name of its config class) for notes."""
+    return HF_DEFAULTS[family], HF_FAMILIES[family].replace("ForCausalLM", "Config")
+
+
+def _hf_heads(where, config, family, notes):
+    """(config, dim, heads, kv_heads) after checking the required sizes and the
+    head size; config gains the family's num_key_value_heads when it has none."""
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "vocab_size"):
         if config.get(key) is None:
             raise ExportError(f"{where}: {key} is missing")
         _integer(where, key, config[key])
-    defaults, name = HF_DEFAULTS[family], HF_FAMILIES[family].replace("ForCausalLM", "Config")
+    defaults, name = _hf_defaults(family)
     if config.get("num_key_value_heads") is None and defaults["num_key_value_heads"] is not None:
         config = dict(config, num_key_value_heads=defaults["num_key_value_heads"])
         notes.append(f"num_key_value_heads absent: using {defaults['num_key_value_heads']} (the {name} default)")
@@ -214,7 +250,13 @@ def hf_config(config, where="config.json"):
     if hs % 2:
         raise ExportError(f"{where}: head size hidden_size / num_attention_heads = {hs} is odd "
                           "(RoPE rotates pairs)")
+    return config, dim, heads, kv
 
+
+def _hf_context_and_eps(where, config, family, notes):
+    """(seq_len, norm_eps): max_position_embeddings and rms_norm_eps, or the
+    family's defaults."""
+    defaults, name = _hf_defaults(family)
     seq_len = config.get("max_position_embeddings")
     if seq_len is None:
         seq_len = defaults["max_position_embeddings"]
@@ -224,8 +266,12 @@ def hf_config(config, where="config.json"):
     if eps is None:
         eps = defaults["rms_norm_eps"]
         notes.append(f"rms_norm_eps absent: using {eps:g} (the {name} default)")
-    eps = _number(where, "rms_norm_eps", eps)
+    return seq_len, _number(where, "rms_norm_eps", eps)
 
+
+def _hf_rope_base(where, config, hs, notes):
+    """(rope_theta, rot_dim): rope_theta and partial_rotary_factor, at the top
+    level or inside v5's rope_parameters."""
     rp = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
     theta = config.get("rope_theta")
     if theta is not None and rp.get("rope_theta") is not None and rp["rope_theta"] != theta:
@@ -247,31 +293,7 @@ def hf_config(config, where="config.json"):
         if prf > 1 or rot < 2 or rot % 2:
             raise ExportError(f"{where}: partial_rotary_factor={prf:g} gives {rot} rotary dims of "
                               f"head size {hs}; expected an even number in 2..{hs}")
-
-    tie = config.get("tie_word_embeddings", False)
-    if not isinstance(tie, bool):
-        raise ExportError(f"{where}: tie_word_embeddings={_js(tie)} is not true or false")
-    qkv_bias, o_bias, mlp_bias = _hf_biases(where, config, family, notes)
-    window, first = _hf_window(where, config, family, config["num_hidden_layers"], notes)
-    cfg = dict(dim=dim, hidden_dim=config["intermediate_size"],
-               n_layers=config["num_hidden_layers"], n_heads=heads, n_kv_heads=kv,
-               vocab_size=config["vocab_size"], seq_len=seq_len, shared_classifier=tie,
-               bos_id=_hf_token_id(where, config, "bos_token_id", 1, notes),
-               eos_id=_hf_token_id(where, config, "eos_token_id", 2, notes),
-               norm_eps=eps, rope_theta=theta, rope_layout="neox", rot_dim=rot,
-               qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias,
-               sliding_window=window, window_first_layer=first)
-    scaling, rope_tensors = _hf_rope_scaling(where, config, seq_len, notes, family, rot)
-    cfg.update(scaling)
-    for k in ("bos_id", "eos_id"):
-        if cfg[k] >= cfg["vocab_size"]:
-            raise ExportError(f"{where}: {k.replace('_id', '_token_id')}={cfg[k]} is outside the "
-                              f"vocabulary (vocab_size={cfg['vocab_size']})")
-    try:
-        normalize_config(cfg)
-    except ExportError as e:
-        raise ExportError(f"{where}: {e}") from None
-    return cfg, rope_tensors, notes
+    return theta, rot
 
 
 # ---------------------------------------------------------------------------
@@ -340,9 +362,9 @@ def _source_file(directory, layout, name, expected_dir, expected_in):
 
 def read_hf(directory, layout="neox"):
     """A Hugging Face model directory (config.json + safetensors) of a family in
-    HF_FAMILIES as (cfg, tensors, notes): tensors are lazy (see "Lazy tensors"),
-    nothing is read until write_checkpoint streams them; biases and LongRoPE's
-    factors, which are small, are arrays. Phi-3's fused qkv_proj and
+    HF_FAMILIES as a Source (no tokenizer): tensors are lazy (see "Lazy
+    tensors"), nothing is read until write_checkpoint streams them; biases and
+    LongRoPE's factors, which are small, are arrays. Phi-3's fused qkv_proj and
     gate_up_proj are split by rows into wq, wk, wv and w1 (gate), w3 (up).
 
     layout "neox" keeps the q/k rows as Hugging Face stores them (and marks the
@@ -357,22 +379,53 @@ def read_hf(directory, layout="neox"):
     config = _read_json(config_path, "a model config")
     cfg, rope_tensors, notes = hf_config(config, config_path)
     family = hf_family(config)
-    source, listing = read_hf_weights(directory)
+    take = _Take(*read_hf_weights(directory))
     c = normalize_config(cfg)
     shapes = dict((name, fn(c)) for name, fn, _ in TENSOR_TABLE)
-    used = set()
+    tensors = {"token_embedding": take("model.embed_tokens.weight", shapes["token_embedding"])}
+    tensors.update(_hf_layer_tensors(take, c, shapes, family, layout))
+    tensors.update(_hf_bias_tensors(take, c, shapes, layout))
+    tensors.update(rope_tensors)
+    tensors["rms_final_weight"] = take("model.norm.weight", shapes["rms_final_weight"])
+    if "lm_head.weight" in take.source:
+        if cfg["shared_classifier"]:
+            take.used.add("lm_head.weight")
+            notes.append("tie_word_embeddings is true: lm_head.weight is ignored (the "
+                         "classifier is the embedding, as in transformers)")
+        else:
+            tensors["wcls"] = take("lm_head.weight", shapes["wcls"])
+    elif not cfg["shared_classifier"]:
+        cfg["shared_classifier"] = True
+        notes.append("no lm_head.weight: the classifier is tied to the embedding")
+    for name in sorted(set(take.source) - take.used):
+        if name.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints saved; recomputed
+            continue
+        raise _unexpected_tensor(name, take.source[name].path, family)
+    cfg["rope_layout"] = layout
+    return Source(cfg, tensors, None, notes)
 
-    def take(name, shape):
-        if name not in source:
-            raise ExportError(f"{listing}: missing tensor {name}")
-        t = source[name]
+
+class _Take:
+    """take(name, shape): the safetensors tensor name, checked (present, a
+    dtype we read, the shape the config gives), remembered in used."""
+
+    def __init__(self, source, listing):
+        self.source, self.listing, self.used = source, listing, set()
+
+    def __call__(self, name, shape):
+        if name not in self.source:
+            raise ExportError(f"{self.listing}: missing tensor {name}")
+        t = self.source[name]
         if t.dtype not in SAFETENSORS_DTYPES:
             raise ExportError(f"{t.path}: tensor {name} has dtype {t.dtype}; supported: "
                               f"{', '.join(SAFETENSORS_DTYPES)}")
-        used.add(name)
+        self.used.add(name)
         return _shape_checked(t, shape, f"{t.path}: tensor {name}")
 
-    tensors = {"token_embedding": take("model.embed_tokens.weight", shapes["token_embedding"])}
+
+def _hf_layer_tensors(take, c, shapes, family, layout):
+    """Our per-layer matrices and norms, each the layers' tensors stacked (q/k
+    rows un-permuted for layout "interleaved")."""
     per_layer = {k: [] for k in _hf_layer_names(0)}
     dim, kv_dim, hidden = c["dim"], _kv_dim(c), c["hidden_dim"]
     for i in range(c["n_layers"]):
@@ -392,9 +445,13 @@ def read_hf(directory, layout="neox"):
         rot = c["rot_dim"]
         per_layer["wq"] = [_HeadPermuted(t, c["n_heads"], rot, True) for t in per_layer["wq"]]
         per_layer["wk"] = [_HeadPermuted(t, c["n_kv_heads"], rot, True) for t in per_layer["wk"]]
-    for k, parts in per_layer.items():
-        tensors[k] = _Stacked(parts)
-    for ours in tensor_names(c):  # biases: small, read whole; q and k follow their rows' order
+    return {k: _Stacked(parts) for k, parts in per_layer.items()}
+
+
+def _hf_bias_tensors(take, c, shapes, layout):
+    """The biases the config has: small, read whole; q and k follow their rows' order."""
+    tensors = {}
+    for ours in tensor_names(c):
         if not ours.startswith("b") or ours not in _hf_bias_names(0):
             continue
         parts = []
@@ -402,24 +459,7 @@ def read_hf(directory, layout="neox"):
             v = take(_hf_bias_names(i)[ours], shapes[ours][1:]).rows(0, 1)[0]
             if layout == "interleaved" and ours in ("bq", "bk"):
                 heads = c["n_heads"] if ours == "bq" else c["n_kv_heads"]
-                v = v[head_permutation(heads, dim // c["n_heads"], c["rot_dim"], True)]
+                v = v[head_permutation(heads, c["dim"] // c["n_heads"], c["rot_dim"], True)]
             parts.append(v)
         tensors[ours] = np.stack(parts)
-    tensors.update(rope_tensors)
-    tensors["rms_final_weight"] = take("model.norm.weight", shapes["rms_final_weight"])
-    if "lm_head.weight" in source:
-        if cfg["shared_classifier"]:
-            used.add("lm_head.weight")
-            notes.append("tie_word_embeddings is true: lm_head.weight is ignored (the "
-                         "classifier is the embedding, as in transformers)")
-        else:
-            tensors["wcls"] = take("lm_head.weight", shapes["wcls"])
-    elif not cfg["shared_classifier"]:
-        cfg["shared_classifier"] = True
-        notes.append("no lm_head.weight: the classifier is tied to the embedding")
-    for name in sorted(set(source) - used):
-        if name.endswith("rotary_emb.inv_freq"):  # a buffer older checkpoints saved; recomputed
-            continue
-        raise _unexpected_tensor(name, source[name].path, family)
-    cfg["rope_layout"] = layout
-    return cfg, tensors, notes
+    return tensors

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 from convert.checkpoint import MAGIC
-from convert.common import ExportError
+from convert.common import ExportError, Source
 
 
 LEGACY_HEADER_BYTES = 28  # llama2.c: 7 int32
@@ -44,8 +44,8 @@ def legacy_layout(dims):
 
 
 def read_llama2c(path):
-    """Read a llama2.c (version 0) checkpoint: (cfg, tensors), tensors as
-    read-only memory maps (nothing is loaded until written). The file size must
+    """Read a llama2.c (version 0) checkpoint as a Source (no tokenizer, no
+    notes), its tensors read-only memory maps (nothing is loaded until written). The file size must
     match the header exactly. Raises ExportError naming the file."""
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -87,4 +87,4 @@ def read_llama2c(path):
     # llama2.c's fixed conventions
     cfg.update(shared_classifier=vocab > 0, bos_id=1, eos_id=2, norm_eps=1e-5,
                rope_theta=10000.0, rope_layout="interleaved")
-    return cfg, tensors
+    return Source(cfg, tensors, None, [])
