@@ -31,9 +31,9 @@ Command line (docs/convert.md is the user's guide to the conversions):
                                                   power of two dividing dim and hidden_dim)
 
 Conversions stream: each output tensor is read, converted to float32 and
-written a block of rows at a time (see "Lazy tensors"), so memory stays at a
+written a block of rows at a time (see convert/lazy.py), so memory stays at a
 few tens of MB whatever the model's size (Meta .pth files: as torch.load
-allows, see _torch_load). Progress goes to stderr when a job takes more than
+allows, see convert/meta.py). Progress goes to stderr when a job takes more than
 2 seconds.
 
 Every file is written atomically: into a temporary file beside OUT, renamed

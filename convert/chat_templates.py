@@ -1,22 +1,20 @@
 """Recognizes a source's chat template (a Jinja program) as one of the
-templates run renders, and fills in a tokenizer's chat fields and stop ids."""
+templates run renders, and fills in a tokenizer's chat fields and stop ids.
+
+A source's chat template is a Jinja program. run renders a few fixed
+templates (run.c, render_chat), so this module names the one a source's
+template is by markers in its text, without evaluating any Jinja, and keeps
+the two texts a template may add on its own: a default system prompt
+(SmolLM2, Qwen2.5) and a fixed text before every system prompt (Llama 3.1's
+knowledge dates). The stop ids are every token that ends a reply: EOS, end
+of turn, the ids Hugging Face's generation config names, and the special
+pieces llama.cpp treats as end of generation by their text.
+"""
 
 import re
 
 from convert.ltok import CHAT_TEMPLATES, default_stop_ids
 
-
-# ---------------------------------------------------------------------------
-# Chat templates and stop ids
-#
-# A source's chat template is a Jinja program. run renders a few fixed
-# templates (run.c, render_chat), so export.py names the one a source's
-# template is by markers in its text, without evaluating any Jinja, and keeps
-# the two texts a template may add on its own: a default system prompt
-# (SmolLM2, Qwen2.5) and a fixed text before every system prompt (Llama 3.1's
-# knowledge dates). The stop ids are every token that ends a reply: EOS, end
-# of turn, the ids Hugging Face's generation config names, and the special
-# pieces llama.cpp treats as end of generation by their text.
 
 def _jinja_unescape(raw):
     """A Jinja (Python-style) string literal's source text with the escapes

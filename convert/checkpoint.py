@@ -193,6 +193,17 @@ def normalize_config(cfg):
     c = dict(CONFIG_DEFAULTS)
     c.update(cfg)
 
+    _check_sizes(c)
+    _check_rope_names(c)
+    _check_numbers(c)
+    _check_flags(c)
+    _check_weights(c)
+    return c
+
+
+def _check_sizes(c):
+    """The integer fields: positive sizes, heads that divide, rot_dim resolved
+    (None: the head size), ids inside the vocabulary."""
     for k in CONFIG_REQUIRED + ("bos_id", "eos_id", "rope_orig_ctx"):
         v = c[k]
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -223,6 +234,9 @@ def normalize_config(cfg):
     if c["rope_orig_ctx"] < 0 or c["rope_orig_ctx"] > INT32_MAX:
         raise ExportError(f"config rope_orig_ctx={c['rope_orig_ctx']} must be >= 0 (0 = seq_len)")
 
+
+def _check_rope_names(c):
+    """rope_layout and rope_scaling as names (the header's integers accepted)."""
     layout = c["rope_layout"]
     if isinstance(layout, (int, np.integer)) and not isinstance(layout, bool) \
             and 0 <= layout < len(ROPE_LAYOUTS):
@@ -239,6 +253,9 @@ def normalize_config(cfg):
                           f"{', '.join(ROPE_SCALINGS)}")
     c["rope_scaling"] = scaling
 
+
+def _check_numbers(c):
+    """The float fields: finite float32 values in the ranges run's loader accepts."""
     for k in ("norm_eps", "rope_theta", "rope_factor", "yarn_beta_fast", "yarn_beta_slow",
               "rope_attn_factor", "llama3_low_freq", "llama3_high_freq"):
         try:
@@ -267,6 +284,10 @@ def normalize_config(cfg):
     if not 0 <= c["rope_attn_factor"] <= MAX_ATTN_FACTOR:
         raise ExportError(f"config rope_attn_factor={c['rope_attn_factor']} must be in [0, {MAX_ATTN_FACTOR:g}] "
                           "(0 = derive from the factor; run refuses larger values)")
+
+
+def _check_flags(c):
+    """The bias flags (booleans) and the sliding window's two integers."""
     for k in ("qkv_bias", "o_bias", "mlp_bias"):
         if not isinstance(c[k], (bool, np.bool_)):
             raise ExportError(f"config {k}={c[k]!r} is not true or false")
@@ -277,6 +298,9 @@ def normalize_config(cfg):
             raise ExportError(f"config {k}={v!r} must be an integer in 0..{hi}")
         c[k] = int(v)
 
+
+def _check_weights(c):
+    """weight_type as a name, and q8_0's group_size (0: the default)."""
     wt = c["weight_type"]
     if isinstance(wt, (int, np.integer)) and not isinstance(wt, bool) and 0 <= wt < len(WEIGHT_TYPES):
         wt = WEIGHT_TYPES[wt]
@@ -298,7 +322,6 @@ def normalize_config(cfg):
             raise ExportError(f"group_size {gs} must divide both dim={c['dim']} and "
                               f"hidden_dim={c['hidden_dim']}")
     c["group_size"] = gs
-    return c
 
 
 def bias_flags(c):
@@ -339,19 +362,7 @@ def read_header(path):
     return h
 
 
-# ---------------------------------------------------------------------------
-# Lazy tensors: sources read piece by piece while the checkpoint is written
-#
-# A converter does not load a model: it builds, per output tensor, a small tree
-# of lazy tensors (a tensor in a safetensors or .pth file, per-layer tensors
-# stacked, q/k rows permuted per head, model-parallel shards joined) and
-# write_checkpoint asks each for a block of rows at a time. Peak memory is then
-# a few blocks (_CHUNK_BYTES each), whatever the model's size.
-#
-# Interface: `shape` (the full shape) and `rows(a, b)`: rows a..b-1 of the
-# tensor's 2-D view (prod(shape[:-1]), shape[-1]) as a float32 array (a 1-D
-# tensor is one row).
-
+# write_checkpoint asks each lazy tensor (convert/lazy.py) for this much at a time
 _CHUNK_BYTES = 16 << 20  # convert and write at most this much at a time
 
 
@@ -423,7 +434,7 @@ def write_checkpoint(path, cfg, tensors):
     cfg: dict with dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
     seq_len, and optionally the keys of CONFIG_DEFAULTS.
     tensors: name -> array (any real dtype; written as float32) or lazy tensor
-    (see "Lazy tensors" above), shapes as in TENSOR_TABLE; wcls is required
+    (see convert/lazy.py), shapes as in TENSOR_TABLE; wcls is required
     exactly when shared_classifier is false. cfg's weight_type "q8_0" (and
     group_size) quantizes the matrices as they are written.
     The file is written atomically; raises ExportError (nothing written) when

@@ -1,5 +1,23 @@
 """Reads GGUF files of the Llama architecture: metadata -> our header, tensors
--> lazy dequantized tensors, and the tokenizer."""
+-> lazy dequantized tensors, and the tokenizer (convert/gguf_file.py reads
+the file itself).
+
+Metadata (llama.cpp's keys, "llama." prefix) -> our header:
+  context_length -> seq_len, embedding_length -> dim, block_count ->
+  n_layers, feed_forward_length -> hidden_dim, attention.head_count(_kv) ->
+  n_heads, n_kv_heads, attention.layer_norm_rms_epsilon -> norm_eps,
+  rope.freq_base -> rope_theta, rope.dimension_count -> rot_dim,
+  rope.scaling.* -> linear / yarn scaling, the rope_freqs tensor -> llama3
+  scaling (fitted, see fit_llama3_rope_freqs), tokenizer.ggml.* -> the
+  version-3 tokenizer (tokenizer.chat_template -> its chat template) and
+  the header's bos_id/eos_id.
+Tensors (GGUF dims are innermost first; reversed they are our row-major shapes):
+  token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
+  ffn_norm, ffn_gate, ffn_down, ffn_up}, output_norm, output (absent: tied).
+q/k rows: llama.cpp's converter stores them in Meta's interleaved pair order
+(it undoes Hugging Face's permutation), so the default layout keeps them;
+"neox" applies Hugging Face's permutation per head (k with the kv heads).
+"""
 
 import os
 

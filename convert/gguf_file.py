@@ -1,6 +1,16 @@
 """The GGUF file itself (llama.cpp's format), read with the gguf package: its
 structure checked before the package sees it, typed metadata, lazy
-dequantized tensors."""
+dequantized tensors.
+
+gguf.GGUFReader parses the file and gguf.quants.dequantize turns every tensor
+type it knows into float32; this package has no dequantizer of its own. Before
+the reader sees a file, _gguf_layout walks its structure (header, metadata,
+tensor table) and checks every length and offset against the file size: the
+reader trusts them (a corrupt array length can keep it looping for hours, a
+short file fails deep inside numpy), and this way a bad file gets one line
+saying what is wrong where. Whatever the reader or the dequantizer still
+raises is turned into an ExportError naming the file.
+"""
 
 import importlib.util
 import math
@@ -12,34 +22,6 @@ import numpy as np
 from convert.common import ExportError, _one_line
 from convert.lazy import _view_rows
 
-
-# ---------------------------------------------------------------------------
-# GGUF (llama.cpp's format), read with the gguf package
-#
-# gguf.GGUFReader parses the file and gguf.quants.dequantize turns every tensor
-# type it knows into float32; export.py has no dequantizer of its own. Before
-# the reader sees a file, _gguf_layout walks its structure (header, metadata,
-# tensor table) and checks every length and offset against the file size: the
-# reader trusts them (a corrupt array length can keep it looping for hours, a
-# short file fails deep inside numpy), and this way a bad file gets one line
-# saying what is wrong where. Whatever the reader or the dequantizer still
-# raises is turned into an ExportError naming the file.
-#
-# Metadata (llama.cpp's keys, "llama." prefix) -> our header:
-#   context_length -> seq_len, embedding_length -> dim, block_count ->
-#   n_layers, feed_forward_length -> hidden_dim, attention.head_count(_kv) ->
-#   n_heads, n_kv_heads, attention.layer_norm_rms_epsilon -> norm_eps,
-#   rope.freq_base -> rope_theta, rope.dimension_count -> rot_dim,
-#   rope.scaling.* -> linear / yarn scaling, the rope_freqs tensor -> llama3
-#   scaling (fitted, see fit_llama3_rope_freqs), tokenizer.ggml.* -> the
-#   version-3 tokenizer (tokenizer.chat_template -> its chat template) and
-#   the header's bos_id/eos_id.
-# Tensors (GGUF dims are innermost first; reversed they are our row-major shapes):
-#   token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output,
-#   ffn_norm, ffn_gate, ffn_down, ffn_up}, output_norm, output (absent: tied).
-# q/k rows: llama.cpp's converter stores them in Meta's interleaved pair order
-# (it undoes Hugging Face's permutation), so the default layout keeps them;
-# "neox" applies Hugging Face's permutation per head (k with the kv heads).
 
 GGUF_VERSIONS = (2, 3)
 _GGUF_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -105,65 +87,12 @@ def _gguf_layout(path, gguf):
     past the end of the file, duplicate names."""
     import mmap
     size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(24)
-    if head[:4] != b"GGUF":
-        raise ExportError(f"{path}: not a GGUF file (it starts with {head[:4]!r}, not b'GGUF')")
-    if len(head) < 24:
-        raise ExportError(f"{path}: truncated: {size} bytes, less than the 24-byte GGUF header")
-    version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
-    if version not in GGUF_VERSIONS:
-        hint = " (a big-endian file?)" if version and not version & 0xFFFF else ""
-        raise ExportError(f"{path}: GGUF version {version} is not supported (versions "
-                          f"{' and '.join(map(str, GGUF_VERSIONS))} are){hint}")
+    n_tensors, n_kv = _gguf_header(path, size)
     # (counts are not trusted: each entry read below is checked against the file's end, so
     # a corrupt count ends in a "truncated" message after at most size / 13 entries)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         cur = _Cursor(path, mm, size, 24)
-        keys, alignment = set(), _GGUF_DEFAULT_ALIGNMENT
-
-        def skip_value(vtype, what, depth=0):
-            if vtype in _GGUF_SCALAR_SIZES:
-                cur.need(_GGUF_SCALAR_SIZES[vtype], what)
-                cur.pos += _GGUF_SCALAR_SIZES[vtype]
-            elif vtype == _GGUF_STRING:
-                cur.string(what)
-            elif vtype == _GGUF_ARRAY and depth < 4:
-                etype, count = cur.unpack("IQ", what)
-                if etype in _GGUF_SCALAR_SIZES:
-                    cur.need(count * _GGUF_SCALAR_SIZES[etype], what)
-                    cur.pos += count * _GGUF_SCALAR_SIZES[etype]
-                elif etype in (_GGUF_STRING, _GGUF_ARRAY):
-                    if count > (size - cur.pos) // 8:
-                        raise ExportError(f"{path}: truncated in {what} (an array of {count} "
-                                          f"entries at byte {cur.pos}, the file has {size})")
-                    for _ in range(count):
-                        skip_value(etype, what, depth + 1)
-                else:
-                    raise ExportError(f"{path}: {what} is an array of unknown type {etype}")
-            else:
-                raise ExportError(f"{path}: {what} has unknown value type {vtype}")
-
-        for k in range(n_kv):
-            raw = cur.string(f"the name of metadata entry {k} of {n_kv}")
-            try:
-                key = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ExportError(f"{path}: metadata entry {k} has a name that is not UTF-8") \
-                    from None
-            if key in keys:
-                raise ExportError(f"{path}: metadata key {key} appears twice")
-            keys.add(key)
-            vtype = cur.unpack("I", f"metadata {key}")
-            start = cur.pos
-            skip_value(vtype, f"metadata {key}")
-            if key == "general.alignment":
-                if vtype != _GGUF_UINT32:
-                    raise ExportError(f"{path}: general.alignment must be a uint32")
-                alignment = struct.unpack_from("<I", mm, start)[0]
-                if alignment == 0 or alignment & (alignment - 1):
-                    raise ExportError(f"{path}: general.alignment {alignment} is not a power "
-                                      "of two")
+        alignment = _gguf_metadata_alignment(cur, n_kv)
         table = []
         for k in range(n_tensors):
             raw = cur.string(f"the name of tensor {k} of {n_tensors}")
@@ -184,28 +113,105 @@ def _gguf_layout(path, gguf):
     for name, dims, ttype, offset in table:
         if name in out:
             raise ExportError(f"{path}: tensor {name} appears twice")
-        try:
-            qtype = gguf.GGMLQuantizationType(ttype)
-            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError):
-            raise ExportError(f"{path}: tensor {name} has unknown type {ttype} (gguf "
-                              f"{_gguf_package_version()} does not know it)") from None
-        if any(d == 0 for d in dims) or math.prod(dims) >= 1 << 48:
-            raise ExportError(f"{path}: tensor {name} has dimensions {dims}")
-        if dims[0] % block:
-            raise ExportError(f"{path}: tensor {name}: rows of {dims[0]} values are not whole "
-                              f"{qtype.name} blocks of {block}")
-        nbytes = math.prod(dims) // block * type_size
-        if offset % alignment:
-            raise ExportError(f"{path}: tensor {name}: data offset {offset} is not a multiple of "
-                              f"the alignment {alignment}")
-        begin = data_start + offset
-        if begin + nbytes > size:
-            where = "starts" if begin >= size else "ends"
-            raise ExportError(f"{path}: tensor {name}: its data {where} past the end of the file "
-                              f"(bytes {begin}..{begin + nbytes}, the file has {size}); truncated?")
-        out[name] = (qtype, dims, begin, nbytes)
+        out[name] = _gguf_tensor_range(path, gguf, name, dims, ttype, offset, data_start,
+                                       alignment, size)
     return out
+
+
+def _gguf_header(path, size):
+    """(tensor count, metadata count) from the 24-byte header, after checking
+    the magic and the version."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:4] != b"GGUF":
+        raise ExportError(f"{path}: not a GGUF file (it starts with {head[:4]!r}, not b'GGUF')")
+    if len(head) < 24:
+        raise ExportError(f"{path}: truncated: {size} bytes, less than the 24-byte GGUF header")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
+    if version not in GGUF_VERSIONS:
+        hint = " (a big-endian file?)" if version and not version & 0xFFFF else ""
+        raise ExportError(f"{path}: GGUF version {version} is not supported (versions "
+                          f"{' and '.join(map(str, GGUF_VERSIONS))} are){hint}")
+    return n_tensors, n_kv
+
+
+def _gguf_metadata_alignment(cur, n_kv):
+    """Walk the n_kv metadata entries at cur (names unique and UTF-8, values
+    of known types); returns general.alignment (default 32)."""
+    path, keys, alignment = cur.path, set(), _GGUF_DEFAULT_ALIGNMENT
+    for k in range(n_kv):
+        raw = cur.string(f"the name of metadata entry {k} of {n_kv}")
+        try:
+            key = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ExportError(f"{path}: metadata entry {k} has a name that is not UTF-8") \
+                from None
+        if key in keys:
+            raise ExportError(f"{path}: metadata key {key} appears twice")
+        keys.add(key)
+        vtype = cur.unpack("I", f"metadata {key}")
+        start = cur.pos
+        _skip_value(cur, vtype, f"metadata {key}")
+        if key == "general.alignment":
+            if vtype != _GGUF_UINT32:
+                raise ExportError(f"{path}: general.alignment must be a uint32")
+            alignment = struct.unpack_from("<I", cur.buf, start)[0]
+            if alignment == 0 or alignment & (alignment - 1):
+                raise ExportError(f"{path}: general.alignment {alignment} is not a power "
+                                  "of two")
+    return alignment
+
+
+def _skip_value(cur, vtype, what, depth=0):
+    """Move cur past one metadata value of type vtype (arrays nest at most 4 deep)."""
+    path, size = cur.path, cur.size
+    if vtype in _GGUF_SCALAR_SIZES:
+        cur.need(_GGUF_SCALAR_SIZES[vtype], what)
+        cur.pos += _GGUF_SCALAR_SIZES[vtype]
+    elif vtype == _GGUF_STRING:
+        cur.string(what)
+    elif vtype == _GGUF_ARRAY and depth < 4:
+        etype, count = cur.unpack("IQ", what)
+        if etype in _GGUF_SCALAR_SIZES:
+            cur.need(count * _GGUF_SCALAR_SIZES[etype], what)
+            cur.pos += count * _GGUF_SCALAR_SIZES[etype]
+        elif etype in (_GGUF_STRING, _GGUF_ARRAY):
+            if count > (size - cur.pos) // 8:
+                raise ExportError(f"{path}: truncated in {what} (an array of {count} "
+                                  f"entries at byte {cur.pos}, the file has {size})")
+            for _ in range(count):
+                _skip_value(cur, etype, what, depth + 1)
+        else:
+            raise ExportError(f"{path}: {what} is an array of unknown type {etype}")
+    else:
+        raise ExportError(f"{path}: {what} has unknown value type {vtype}")
+
+
+def _gguf_tensor_range(path, gguf, name, dims, ttype, offset, data_start, alignment, size):
+    """(type, dims, absolute data offset, bytes) of one tensor table entry,
+    after checking its type, its dimensions and that its data (at offset from
+    data_start) is aligned and lies inside the file."""
+    try:
+        qtype = gguf.GGMLQuantizationType(ttype)
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    except (ValueError, KeyError):
+        raise ExportError(f"{path}: tensor {name} has unknown type {ttype} (gguf "
+                          f"{_gguf_package_version()} does not know it)") from None
+    if any(d == 0 for d in dims) or math.prod(dims) >= 1 << 48:
+        raise ExportError(f"{path}: tensor {name} has dimensions {dims}")
+    if dims[0] % block:
+        raise ExportError(f"{path}: tensor {name}: rows of {dims[0]} values are not whole "
+                          f"{qtype.name} blocks of {block}")
+    nbytes = math.prod(dims) // block * type_size
+    if offset % alignment:
+        raise ExportError(f"{path}: tensor {name}: data offset {offset} is not a multiple of "
+                          f"the alignment {alignment}")
+    begin = data_start + offset
+    if begin + nbytes > size:
+        where = "starts" if begin >= size else "ends"
+        raise ExportError(f"{path}: tensor {name}: its data {where} past the end of the file "
+                          f"(bytes {begin}..{begin + nbytes}, the file has {size}); truncated?")
+    return qtype, dims, begin, nbytes
 
 
 _DEQUANTIZABLE = {}

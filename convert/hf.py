@@ -362,8 +362,7 @@ def _source_file(directory, layout, name, expected_dir, expected_in):
 
 def read_hf(directory, layout="neox"):
     """A Hugging Face model directory (config.json + safetensors) of a family in
-    HF_FAMILIES as a Source (no tokenizer): tensors are lazy (see "Lazy
-    tensors"), nothing is read until write_checkpoint streams them; biases and
+    HF_FAMILIES as a Source (no tokenizer): tensors are lazy (convert/lazy.py), nothing is read until write_checkpoint streams them; biases and
     LongRoPE's factors, which are small, are arrays. Phi-3's fused qkv_proj and
     gate_up_proj are split by rows into wq, wk, wv and w1 (gate), w3 (up).
 

@@ -1,4 +1,15 @@
-"""Lazy tensors: sources read piece by piece while the checkpoint is written."""
+"""Lazy tensors: sources read piece by piece while the checkpoint is written.
+
+A converter does not load a model: it builds, per output tensor, a small tree
+of lazy tensors (a tensor in a safetensors or .pth file, per-layer tensors
+stacked, q/k rows permuted per head, model-parallel shards joined) and
+write_checkpoint asks each for a block of rows at a time. Peak memory is then
+a few blocks (checkpoint._CHUNK_BYTES each), whatever the model's size.
+
+Interface: `shape` (the full shape) and `rows(a, b)`: rows a..b-1 of the
+tensor's 2-D view (prod(shape[:-1]), shape[-1]) as a float32 array (a 1-D
+tensor is one row).
+"""
 
 import math
 

@@ -14,9 +14,6 @@ from convert.common import ExportError, Source
 LEGACY_HEADER_BYTES = 28  # llama2.c: 7 int32
 
 
-# ---------------------------------------------------------------------------
-# The legacy llama2.c format (version 0)
-
 def legacy_layout(dims):
     """[(name, shape)] of a llama2.c file with header dims (7 ints, vocab_size
     possibly negative), in file order, including the unused freq_cis tables."""
@@ -45,8 +42,9 @@ def legacy_layout(dims):
 
 def read_llama2c(path):
     """Read a llama2.c (version 0) checkpoint as a Source (no tokenizer, no
-    notes), its tensors read-only memory maps (nothing is loaded until written). The file size must
-    match the header exactly. Raises ExportError naming the file."""
+    notes), its tensors read-only memory maps (nothing is loaded until
+    written). The file size must match the header exactly. Raises ExportError
+    naming the file."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ExportError(f"{path}: is a directory, expected a llama2.c checkpoint")

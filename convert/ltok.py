@@ -1,7 +1,32 @@
 """Our version-3 tokenizer file ("LTOK"; model.h, "Tokenizer files"): what a
 tokenizer dict holds, its default stop ids, checking and packing it
 (pack_tokenizer_ltok) and writing it; GPT-2's byte characters, which the
-byte-level BPE readers undo."""
+byte-level BPE readers undo.
+
+A tokenizer is handled as a dict:
+  type      "sentencepiece" (merge by score, <0xHH> byte fallback) or
+            "byte_bpe" (GPT-2 byte-level BPE, merge by rank)
+  pre       "none" (sentencepiece) or the pre-tokenizer of a byte_bpe one:
+            "gpt2", "llama3", "qwen2", "smollm"
+  pieces    [bytes], in id order: raw bytes (GPT-2's character mapping undone)
+  kinds     [PIECE_*] per piece
+  scores    [float] per piece (sentencepiece; None or zeros for byte_bpe)
+  merges    [(left id, right id)], rank 0 first (byte_bpe)
+  bos_id, eos_id, eot_id, pad_id   ids, -1 = none
+  add_bos   whether a prompt starts with BOS
+  chat      the chat template run renders, one of CHAT_TEMPLATES (absent:
+            "unstated"); recognize_chat_template names it from the source's
+  system_default   the system prompt the template puts in when a conversation
+                   has none ("" = none)
+  system_prefix    text the template puts before every system prompt ("" = none)
+  stop_ids  [int], each once: tokens that end a reply (absent: default_stop_ids)
+  chat_template   the source's chat template (str) or None: kept for the
+                  caller, not stored in the file (chat and the two texts are)
+
+Version 2 files (written before) are version 3 without the chat template,
+the stop ids and the system texts: header bytes 44..63 zero, nothing after
+the merges.
+"""
 
 import math
 import struct
@@ -10,33 +35,6 @@ import numpy as np
 
 from convert.common import ExportError, INT32_MAX, _write_bytes
 
-
-# ---------------------------------------------------------------------------
-# Tokenizer files, version 3 ("LTOK"; model.h, "Tokenizer files")
-#
-# A tokenizer is handled as a dict:
-#   type      "sentencepiece" (merge by score, <0xHH> byte fallback) or
-#             "byte_bpe" (GPT-2 byte-level BPE, merge by rank)
-#   pre       "none" (sentencepiece) or the pre-tokenizer of a byte_bpe one:
-#             "gpt2", "llama3", "qwen2", "smollm"
-#   pieces    [bytes], in id order: raw bytes (GPT-2's character mapping undone)
-#   kinds     [PIECE_*] per piece
-#   scores    [float] per piece (sentencepiece; None or zeros for byte_bpe)
-#   merges    [(left id, right id)], rank 0 first (byte_bpe)
-#   bos_id, eos_id, eot_id, pad_id   ids, -1 = none
-#   add_bos   whether a prompt starts with BOS
-#   chat      the chat template run renders, one of CHAT_TEMPLATES (absent:
-#             "unstated"); recognize_chat_template names it from the source's
-#   system_default   the system prompt the template puts in when a conversation
-#                    has none ("" = none)
-#   system_prefix    text the template puts before every system prompt ("" = none)
-#   stop_ids  [int], each once: tokens that end a reply (absent: default_stop_ids)
-#   chat_template   the source's chat template (str) or None: kept for the
-#                   caller, not stored in the file (chat and the two texts are)
-#
-# Version 2 files (written before) are version 3 without the chat template,
-# the stop ids and the system texts: header bytes 44..63 zero, nothing after
-# the merges.
 
 TOK_MAGIC = 0x4B4F544C  # the bytes "LTOK" read as a little-endian u32
 TOK_VERSION = 3
@@ -98,16 +96,7 @@ def pack_tokenizer_ltok(tok):
     BOS, a known chat template, at most TOK_MAX_STOP stop ids inside the
     vocabulary, each once, system texts of at most TOK_MAX_SYSTEM bytes
     without NUL. Raises ExportError."""
-    t, pre = tok.get("type"), tok.get("pre", "none")
-    if t not in TOK_TYPES:
-        raise ExportError(f"tokenizer type {t!r} must be one of {', '.join(TOK_TYPES)}")
-    if pre not in PRE_TYPES:
-        raise ExportError(f"pre-tokenizer {pre!r} must be one of {', '.join(PRE_TYPES)}")
-    if t == "sentencepiece" and pre != "none":
-        raise ExportError(f"a sentencepiece tokenizer has no pre-tokenizer (got {pre!r})")
-    if t == "byte_bpe" and pre == "none":
-        raise ExportError("a byte-level BPE tokenizer needs a pre-tokenizer "
-                          f"({', '.join(PRE_TYPES[1:])})")
+    t, pre = _check_type(tok)
     pieces = [bytes(p) for p in tok["pieces"]]
     n = len(pieces)
     if n == 0:
@@ -120,71 +109,11 @@ def pack_tokenizer_ltok(tok):
     merges = list(tok.get("merges") or [])
     if len(kinds) != n or len(scores) != n:
         raise ExportError(f"{n} pieces but {len(kinds)} kinds and {len(scores)} scores")
-    for i, (p, k, s) in enumerate(zip(pieces, kinds, scores)):
-        if len(p) > MAX_PIECE_BYTES:
-            raise ExportError(f"piece {i} is {len(p)} bytes long (at most {MAX_PIECE_BYTES})")
-        if k not in range(len(PIECE_KINDS)):
-            raise ExportError(f"piece {i} {_show(p)} has kind {k!r}; expected "
-                              f"0..{len(PIECE_KINDS) - 1}")
-        if k == PIECE_BYTE and t != "sentencepiece":
-            raise ExportError(f"piece {i} {_show(p)} is a byte piece, which only sentencepiece "
-                              "vocabularies have")
-        if not math.isfinite(s) or abs(s) > 3.4e38:
-            raise ExportError(f"piece {i} {_show(p)} has score {s}, not a finite float32")
-        if t == "byte_bpe" and s != 0.0:
-            raise ExportError(f"piece {i} {_show(p)} has score {s}; byte-level BPE pieces score 0 "
-                              "(merges are ranked by their order)")
-    normal = {}
-    for i, (p, k) in enumerate(zip(pieces, kinds)):
-        if k == PIECE_NORMAL:
-            j = normal.setdefault(p, i)
-            if j != i:
-                raise ExportError(f"pieces {j} and {i} are both the normal piece {_show(p)}; "
-                                  "normal pieces must be unique")
-    if t == "sentencepiece" and merges:
-        raise ExportError("a sentencepiece tokenizer has no merges (it merges by score)")
-    seen = {}
-    for rank, m in enumerate(merges):
-        try:
-            left, right = (int(v) for v in m)
-        except (TypeError, ValueError):
-            raise ExportError(f"merge {rank} is {m!r}, not a pair of ids") from None
-        if not (0 <= left < n and 0 <= right < n):
-            raise ExportError(f"merge {rank} ({left} {right}) names an id outside the vocabulary "
-                              f"(0..{n - 1})")
-        if pieces[left] + pieces[right] not in normal:
-            raise ExportError(f"merge {rank} ({left} {right}): {_show(pieces[left])} + "
-                              f"{_show(pieces[right])} = {_show(pieces[left] + pieces[right])} "
-                              "is not a normal piece of the vocabulary")
-        first = seen.setdefault((left, right), rank)
-        if first != rank:
-            raise ExportError(f"merge {rank} ({left} {right}) repeats merge {first}")
-    ids = {}
-    for key in ("bos_id", "eos_id", "eot_id", "pad_id"):
-        v = tok.get(key, -1)
-        v = -1 if v is None else v
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -1 <= v < n:
-            raise ExportError(f"{key} {v!r} is outside the vocabulary (0..{n - 1}, or -1 for none)")
-        ids[key] = int(v)
-    add_bos = tok.get("add_bos", False)
-    if add_bos not in (0, 1):  # True, False, 0 or 1
-        raise ExportError(f"add_bos {add_bos!r} must be true or false")
-    if add_bos and ids["bos_id"] < 0:
-        raise ExportError("add_bos is set but the vocabulary has no BOS")
-    chat = tok.get("chat") or "unstated"
-    if chat not in CHAT_TEMPLATES:
-        raise ExportError(f"chat template {chat!r} must be one of {', '.join(CHAT_TEMPLATES)}")
-    stops = tok.get("stop_ids")
-    stops = default_stop_ids(tok) if stops is None else list(stops)
-    if len(stops) > TOK_MAX_STOP:
-        raise ExportError(f"{len(stops)} stop ids (at most {TOK_MAX_STOP})")
-    seen_stops = set()
-    for v in stops:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < n:
-            raise ExportError(f"stop id {v!r} is outside the vocabulary (0..{n - 1})")
-        if int(v) in seen_stops:
-            raise ExportError(f"stop id {int(v)} is listed twice")
-        seen_stops.add(int(v))
+    _check_pieces(t, pieces, kinds, scores)
+    normal = _normal_pieces(pieces, kinds)
+    _check_merges(t, pieces, merges, normal)
+    ids, add_bos = _check_ids(tok, n)
+    chat, stops = _check_chat_and_stops(tok, n)
     system_default = _system_text(tok, "system_default")
     system_prefix = _system_text(tok, "system_prefix")
 
@@ -204,6 +133,114 @@ def pack_tokenizer_ltok(tok):
         out.append(np.asarray([int(v) for v in stops], dtype="<i4").tobytes())
     out += [system_default, system_prefix]
     return b"".join(out)
+
+
+def _check_type(tok):
+    """(type, pre): known, and a pre-tokenizer exactly for byte-level BPE."""
+    t, pre = tok.get("type"), tok.get("pre", "none")
+    if t not in TOK_TYPES:
+        raise ExportError(f"tokenizer type {t!r} must be one of {', '.join(TOK_TYPES)}")
+    if pre not in PRE_TYPES:
+        raise ExportError(f"pre-tokenizer {pre!r} must be one of {', '.join(PRE_TYPES)}")
+    if t == "sentencepiece" and pre != "none":
+        raise ExportError(f"a sentencepiece tokenizer has no pre-tokenizer (got {pre!r})")
+    if t == "byte_bpe" and pre == "none":
+        raise ExportError("a byte-level BPE tokenizer needs a pre-tokenizer "
+                          f"({', '.join(PRE_TYPES[1:])})")
+    return t, pre
+
+
+def _check_pieces(t, pieces, kinds, scores):
+    """Each piece: length, kind (byte pieces only for sentencepiece), a finite
+    float32 score (zero for byte-level BPE)."""
+    for i, (p, k, s) in enumerate(zip(pieces, kinds, scores)):
+        if len(p) > MAX_PIECE_BYTES:
+            raise ExportError(f"piece {i} is {len(p)} bytes long (at most {MAX_PIECE_BYTES})")
+        if k not in range(len(PIECE_KINDS)):
+            raise ExportError(f"piece {i} {_show(p)} has kind {k!r}; expected "
+                              f"0..{len(PIECE_KINDS) - 1}")
+        if k == PIECE_BYTE and t != "sentencepiece":
+            raise ExportError(f"piece {i} {_show(p)} is a byte piece, which only sentencepiece "
+                              "vocabularies have")
+        if not math.isfinite(s) or abs(s) > 3.4e38:
+            raise ExportError(f"piece {i} {_show(p)} has score {s}, not a finite float32")
+        if t == "byte_bpe" and s != 0.0:
+            raise ExportError(f"piece {i} {_show(p)} has score {s}; byte-level BPE pieces score 0 "
+                              "(merges are ranked by their order)")
+
+
+def _normal_pieces(pieces, kinds):
+    """{bytes: id} of the normal pieces, which must be unique."""
+    normal = {}
+    for i, (p, k) in enumerate(zip(pieces, kinds)):
+        if k == PIECE_NORMAL:
+            j = normal.setdefault(p, i)
+            if j != i:
+                raise ExportError(f"pieces {j} and {i} are both the normal piece {_show(p)}; "
+                                  "normal pieces must be unique")
+    return normal
+
+
+def _check_merges(t, pieces, merges, normal):
+    """Each merge: two ids whose pieces join into a normal piece, listed once;
+    none for sentencepiece."""
+    n = len(pieces)
+    if t == "sentencepiece" and merges:
+        raise ExportError("a sentencepiece tokenizer has no merges (it merges by score)")
+    seen = {}
+    for rank, m in enumerate(merges):
+        try:
+            left, right = (int(v) for v in m)
+        except (TypeError, ValueError):
+            raise ExportError(f"merge {rank} is {m!r}, not a pair of ids") from None
+        if not (0 <= left < n and 0 <= right < n):
+            raise ExportError(f"merge {rank} ({left} {right}) names an id outside the vocabulary "
+                              f"(0..{n - 1})")
+        if pieces[left] + pieces[right] not in normal:
+            raise ExportError(f"merge {rank} ({left} {right}): {_show(pieces[left])} + "
+                              f"{_show(pieces[right])} = {_show(pieces[left] + pieces[right])} "
+                              "is not a normal piece of the vocabulary")
+        first = seen.setdefault((left, right), rank)
+        if first != rank:
+            raise ExportError(f"merge {rank} ({left} {right}) repeats merge {first}")
+
+
+def _check_ids(tok, n):
+    """({bos_id, eos_id, eot_id, pad_id}, add_bos): ids inside the vocabulary
+    or -1, add_bos only with a BOS."""
+    ids = {}
+    for key in ("bos_id", "eos_id", "eot_id", "pad_id"):
+        v = tok.get(key, -1)
+        v = -1 if v is None else v
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -1 <= v < n:
+            raise ExportError(f"{key} {v!r} is outside the vocabulary (0..{n - 1}, or -1 for none)")
+        ids[key] = int(v)
+    add_bos = tok.get("add_bos", False)
+    if add_bos not in (0, 1):  # True, False, 0 or 1
+        raise ExportError(f"add_bos {add_bos!r} must be true or false")
+    if add_bos and ids["bos_id"] < 0:
+        raise ExportError("add_bos is set but the vocabulary has no BOS")
+    return ids, add_bos
+
+
+def _check_chat_and_stops(tok, n):
+    """(chat, stops): a known chat template; at most TOK_MAX_STOP stop ids
+    (absent: default_stop_ids) inside the vocabulary, each once."""
+    chat = tok.get("chat") or "unstated"
+    if chat not in CHAT_TEMPLATES:
+        raise ExportError(f"chat template {chat!r} must be one of {', '.join(CHAT_TEMPLATES)}")
+    stops = tok.get("stop_ids")
+    stops = default_stop_ids(tok) if stops is None else list(stops)
+    if len(stops) > TOK_MAX_STOP:
+        raise ExportError(f"{len(stops)} stop ids (at most {TOK_MAX_STOP})")
+    seen_stops = set()
+    for v in stops:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < n:
+            raise ExportError(f"stop id {v!r} is outside the vocabulary (0..{n - 1})")
+        if int(v) in seen_stops:
+            raise ExportError(f"stop id {int(v)} is listed twice")
+        seen_stops.add(int(v))
+    return chat, stops
 
 
 def _same_tokenizer(old, new):

@@ -12,9 +12,6 @@ from convert.hf import _source_file, _unexpected_tensor
 from convert.lazy import _HeadPermuted, _Stacked
 
 
-# ---------------------------------------------------------------------------
-# Meta checkpoints: consolidated.NN.pth (one per model-parallel rank) + params.json
-
 # Meta's names, and the axis along which model-parallel shards are split:
 # column-parallel layers on 0, row-parallel ones on 1, None = replicated.
 META_LAYER_NAMES = {

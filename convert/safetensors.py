@@ -1,5 +1,11 @@
 """Reads safetensors files (Hugging Face's weight format) with numpy; no
-safetensors package."""
+safetensors package.
+
+File: u64 little-endian N, then N bytes of JSON
+  {"NAME": {"dtype": "BF16", "shape": [rows, cols], "data_offsets": [begin, end]}, ...,
+   "__metadata__": {...}}
+then the raw data; offsets are relative to byte 8 + N, data row-major little-endian.
+"""
 
 import json
 import math
@@ -10,14 +16,6 @@ import numpy as np
 
 from convert.common import ExportError
 
-
-# ---------------------------------------------------------------------------
-# safetensors (read with numpy; no safetensors package)
-#
-# File: u64 little-endian N, then N bytes of JSON
-#   {"NAME": {"dtype": "BF16", "shape": [rows, cols], "data_offsets": [begin, end]}, ...,
-#    "__metadata__": {...}}
-# then the raw data; offsets are relative to byte 8 + N, data row-major little-endian.
 
 SAFETENSORS_DTYPES = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2), "F64": ("<f8", 8)}
 _MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit

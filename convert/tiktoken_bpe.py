@@ -1,5 +1,21 @@
 """Reads tiktoken BPE files (Meta's Llama 3 tokenizer.model) and derives our
-merges from their ranks."""
+merges from their ranks.
+
+One line per token: the token's bytes in base64, a space, its rank. Encoding
+starts from single bytes and repeatedly joins the adjacent pair whose joined
+bytes have the lowest rank. The merges of our format (rank = order) are
+derived from the ranks: for each token, run that procedure on the token's own
+bytes; if it ends in the token, the last join is the token's merge (left,
+right). Why this reproduces tiktoken exactly: inside any stretch of text
+that ends up as one token t, the joins are those of t's bytes alone (a join
+across the stretch's edge would have prevented t), so the last join of t is
+always that pair; a pair of other pieces that also spells t never gets
+joined, so listing it changes nothing. Merges are ordered by the rank of
+their result, so "lowest merge rank" and "lowest result rank" pick the same
+pair. Tokens the procedure does not reach from their bytes get no merge
+(tiktoken produces them only when a whole pre-tokenized chunk is that token,
+which run implies for the llama3 pre-tokenizer).
+"""
 
 import os
 import re
@@ -9,24 +25,6 @@ from convert.common import ExportError
 from convert.ltok import PIECE_NORMAL, PIECE_SPECIAL
 from convert.tokenizer_json import _hf_eos_ids
 
-
-# ---------------------------------------------------------------------------
-# tiktoken BPE files (Meta's Llama 3 tokenizer.model)
-#
-# One line per token: the token's bytes in base64, a space, its rank. Encoding
-# starts from single bytes and repeatedly joins the adjacent pair whose joined
-# bytes have the lowest rank. The merges of our format (rank = order) are
-# derived from the ranks: for each token, run that procedure on the token's own
-# bytes; if it ends in the token, the last join is the token's merge (left,
-# right). Why this reproduces tiktoken exactly: inside any stretch of text
-# that ends up as one token t, the joins are those of t's bytes alone (a join
-# across the stretch's edge would have prevented t), so the last join of t is
-# always that pair; a pair of other pieces that also spells t never gets
-# joined, so listing it changes nothing. Merges are ordered by the rank of
-# their result, so "lowest merge rank" and "lowest result rank" pick the same
-# pair. Tokens the procedure does not reach from their bytes get no merge
-# (tiktoken produces them only when a whole pre-tokenized chunk is that token,
-# which run implies for the llama3 pre-tokenizer).
 
 # Llama 3's 256 special tokens, ids 128000..128255, named as in Hugging Face's
 # Llama 3.1 tokenizer.json (Llama 3.0 names 128004, 128005, 128008 and 128010

@@ -8,9 +8,6 @@ import struct
 from convert.common import ExportError, _write_bytes
 
 
-# ---------------------------------------------------------------------------
-# Tokenizers
-
 def pack_tokenizer_v1(pieces, scores):
     """The bytes of llama2.c's tokenizer.bin: i32 max_token_length, then per
     token f32 score, i32 length, the piece's bytes. Raises ExportError."""

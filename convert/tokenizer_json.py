@@ -1,6 +1,13 @@
 """Reads Hugging Face tokenizer.json files (byte-level BPE), with
 tokenizer_config.json, chat_template.jinja, generation_config.json and
-config.json beside them."""
+config.json beside them.
+
+What is read: model (type BPE: vocab, merges), added_tokens (special pieces,
+stored as their literal text), pre_tokenizer (which of the four splitting
+rules run implements), normalizer (none, or NFC with a note), post_processor
+(whether a template puts BOS first); and from tokenizer_config.json beside it
+bos_token, eos_token, pad_token and add_bos_token.
+"""
 
 import os
 
@@ -8,41 +15,6 @@ from convert.chat_templates import set_chat_and_stops
 from convert.common import ExportError, INT32_MAX, _js, _read_json
 from convert.ltok import PIECE_NORMAL, PIECE_SPECIAL, PIECE_UNUSED, _eot_id, gpt2_to_bytes
 
-
-def _hf_eos_ids(directory, n, notes):
-    """Every id of Hugging Face's eos_token_id (an int or a list) in
-    generation_config.json and config.json in directory, when they exist.
-    Ids outside 0..n-1 and values of another type are left out with a note."""
-    ids = []
-    for name in ("generation_config.json", "config.json"):
-        path = os.path.join(directory, name)
-        if not os.path.isfile(path):
-            continue
-        v = _read_json(path, "a model config").get("eos_token_id")
-        if v is None:
-            continue
-        values = v if isinstance(v, list) else [v]
-        for x in values:
-            if isinstance(x, bool) or not isinstance(x, int):
-                notes.append(f"{path}: eos_token_id {_js(v)} is not an id or a list of ids: "
-                             "not used as stop ids")
-                break
-            if not 0 <= x < n:
-                notes.append(f"{path}: eos_token_id {x} is outside the vocabulary (0..{n - 1}): "
-                             "not a stop id")
-                continue
-            ids.append(x)
-    return ids
-
-
-# ---------------------------------------------------------------------------
-# Hugging Face tokenizer.json (byte-level BPE)
-#
-# What is read: model (type BPE: vocab, merges), added_tokens (special pieces,
-# stored as their literal text), pre_tokenizer (which of the four splitting
-# rules run implements), normalizer (none, or NFC with a note), post_processor
-# (whether a template puts BOS first); and from tokenizer_config.json beside it
-# bos_token, eos_token, pad_token and add_bos_token.
 
 # The Split regexes of Llama 3 and Qwen2 tokenizer.json files (the two differ in
 # digits: runs of up to three, or one at a time)
@@ -194,6 +166,38 @@ def read_tokenizer_json(path, vocab_size=None):
     path = os.fspath(path)
     j = _read_json(path, "a tokenizer.json")
     notes = []
+    model, pre = _tj_model(path, j, notes)
+    vocab, raw_merges = model.get("vocab"), model.get("merges")
+    if not isinstance(vocab, dict) or not vocab:
+        raise ExportError(f"{path}: model.vocab is not a non-empty object")
+    if not isinstance(raw_merges, list):
+        raise ExportError(f"{path}: model.merges is not a list")
+    added = j.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise ExportError(f"{path}: added_tokens is not a list")
+    ids, pieces, kinds = _tj_pieces(path, vocab, added, vocab_size, notes)
+    merges = _tj_merges(path, raw_merges, ids)
+    n = len(pieces)
+    by_text = {}
+    for i, (p, k) in enumerate(zip(pieces, kinds)):
+        if k == PIECE_SPECIAL:
+            by_text.setdefault(p.decode("utf-8"), i)
+    for text, i in ids.items():
+        by_text.setdefault(text, i)
+    directory = os.path.dirname(path)
+    config_path = os.path.join(directory, "tokenizer_config.json")
+    config = _read_json(config_path, "a tokenizer config") if os.path.isfile(config_path) else {}
+    tok = dict(type="byte_bpe", pre=pre, pieces=pieces, kinds=kinds, scores=None, merges=merges,
+               bos_id=-1, eos_id=-1, eot_id=_eot_id(pieces, kinds), pad_id=-1,
+               chat_template=_hf_chat_template(directory, config, notes))
+    _tj_special_ids(path, j, config, config_path, tok, by_text, notes)
+    set_chat_and_stops(tok, notes, _hf_eos_ids(directory, n, notes))
+    return tok, notes
+
+
+def _tj_model(path, j, notes):
+    """(model, pre): the BPE model of a tokenizer.json, checked to be
+    byte-level BPE run can reproduce, and its PRE_TYPES name."""
     model = j.get("model")
     if not isinstance(model, dict) or model.get("type") != "BPE":
         kind = model.get("type") if isinstance(model, dict) else _js(model)
@@ -211,15 +215,13 @@ def read_tokenizer_json(path, vocab_size=None):
     if model.get("ignore_merges") and pre != "llama3":
         notes.append(f"tokenizer.json sets ignore_merges (a pre-tokenized chunk that is a piece "
                      f"is that piece); run implies it for llama3 only, not {pre}")
-    vocab, raw_merges = model.get("vocab"), model.get("merges")
-    if not isinstance(vocab, dict) or not vocab:
-        raise ExportError(f"{path}: model.vocab is not a non-empty object")
-    if not isinstance(raw_merges, list):
-        raise ExportError(f"{path}: model.merges is not a list")
-    added = j.get("added_tokens") or []
-    if not isinstance(added, list):
-        raise ExportError(f"{path}: added_tokens is not a list")
+    return model, pre
 
+
+def _tj_pieces(path, vocab, added, vocab_size, notes):
+    """(ids, pieces, kinds): ids maps each vocabulary text (GPT-2 characters)
+    to its id; pieces are raw bytes in id order, added tokens special (their
+    literal text), ids without a piece unused."""
     ids = {}
     for text, i in vocab.items():
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= INT32_MAX:
@@ -253,8 +255,11 @@ def read_tokenizer_json(path, vocab_size=None):
     if unused:
         notes.append(f"{unused} ids have no piece in tokenizer.json (the model's vocabulary is "
                      "larger): stored as unused pieces")
-    pieces = [b"" if p is None else p for p in pieces]
+    return ids, [b"" if p is None else p for p in pieces], kinds
 
+
+def _tj_merges(path, raw_merges, ids):
+    """model.merges ("a b" strings or [a, b] lists, in rank order) as pairs of ids."""
     merges = []
     for rank, m in enumerate(raw_merges):
         if isinstance(m, str):
@@ -274,19 +279,13 @@ def read_tokenizer_json(path, vocab_size=None):
             raise ExportError(f"{path}: merge {rank} ({a!r} {b!r}): the result {a + b!r} is not "
                               "in the vocabulary")
         merges.append((ids[a], ids[b]))
+    return merges
 
-    by_text = {}
-    for i, (p, k) in enumerate(zip(pieces, kinds)):
-        if k == PIECE_SPECIAL:
-            by_text.setdefault(p.decode("utf-8"), i)
-    for text, i in ids.items():
-        by_text.setdefault(text, i)
-    directory = os.path.dirname(path)
-    config_path = os.path.join(directory, "tokenizer_config.json")
-    config = _read_json(config_path, "a tokenizer config") if os.path.isfile(config_path) else {}
-    tok = dict(type="byte_bpe", pre=pre, pieces=pieces, kinds=kinds, scores=None, merges=merges,
-               bos_id=-1, eos_id=-1, eot_id=_eot_id(pieces, kinds), pad_id=-1,
-               chat_template=_hf_chat_template(directory, config, notes))
+
+def _tj_special_ids(path, j, config, config_path, tok, by_text, notes):
+    """tok's bos_id, eos_id, pad_id and add_bos from tokenizer_config.json
+    (bos_token, eos_token, pad_token, add_bos_token) and the post_processor's
+    template (by_text: a piece's text -> its id)."""
     for key in ("bos", "eos", "pad"):
         text = _token_text(config.get(f"{key}_token"))
         if text is None:
@@ -307,5 +306,29 @@ def read_tokenizer_json(path, vocab_size=None):
         tok["add_bos"] = bool(template)
     if tok["add_bos"] and tok["bos_id"] < 0:
         raise ExportError(f"{path}: prompts start with BOS, but no BOS token is named")
-    set_chat_and_stops(tok, notes, _hf_eos_ids(directory, n, notes))
-    return tok, notes
+
+
+def _hf_eos_ids(directory, n, notes):
+    """Every id of Hugging Face's eos_token_id (an int or a list) in
+    generation_config.json and config.json in directory, when they exist.
+    Ids outside 0..n-1 and values of another type are left out with a note."""
+    ids = []
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue
+        v = _read_json(path, "a model config").get("eos_token_id")
+        if v is None:
+            continue
+        values = v if isinstance(v, list) else [v]
+        for x in values:
+            if isinstance(x, bool) or not isinstance(x, int):
+                notes.append(f"{path}: eos_token_id {_js(v)} is not an id or a list of ids: "
+                             "not used as stop ids")
+                break
+            if not 0 <= x < n:
+                notes.append(f"{path}: eos_token_id {x} is outside the vocabulary (0..{n - 1}): "
+                             "not a stop id")
+                continue
+            ids.append(x)
+    return ids

@@ -10,9 +10,6 @@ from convert.tokenizer_bin import sentencepiece_vocab
 from convert.tokenizer_json import _has_byte_level, read_tokenizer_json
 
 
-# ---------------------------------------------------------------------------
-# Finding and reading a tokenizer source
-
 def _is_gguf_file(path):
     with open(path, "rb") as f:
         return f.read(4) == b"GGUF"
