@@ -170,7 +170,7 @@ tests/fuzz/build/fuzz_checkpoint tests/fuzz/build/fuzz_chat: tests/fuzz/build/%:
 tests/fuzz/build/fuzz_tokenizer tests/fuzz/build/fuzz_encode: tests/fuzz/build/%: tests/fuzz/%.c tokenizer.c $(HDR)
 	@mkdir -p tests/fuzz/build
 	$(CLANG) $(FUZZ_FLAGS) -o $@ $< tokenizer.c $(LDLIBS)
-$(FUZZ_SEEDS)/.made: tests/fuzz/make_seeds.py export.py models/tokenizer.bin | venv
+$(FUZZ_SEEDS)/.made: tests/fuzz/make_seeds.py export.py $(wildcard convert/*.py) models/tokenizer.bin | venv
 	$(PYTHON) tests/fuzz/make_seeds.py $(FUZZ_SEEDS)
 	touch $@
 

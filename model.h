@@ -36,9 +36,10 @@
  *
  * All values little-endian. A fixed 256-byte header, then the tensors as
  * float32, each starting at a file offset that is a multiple of 64 bytes
- * (zero padding between them). export.py (write_checkpoint, TENSOR_TABLE) is
- * the only writer; run.c (weight_table) walks the same ordered table. Keep the
- * two in step: reordering one without the other is a format change.
+ * (zero padding between them). export.py (convert/checkpoint.py:
+ * write_checkpoint, TENSOR_TABLE) is the only writer; run.c (weight_table)
+ * walks the same ordered table. Keep the two in step: reordering one without
+ * the other is a format change.
  * Version 2 adds the fields at 104..115 and the LongRoPE scaling (6); export.py
  * writes version 1 whenever a file uses none of them, so older programs still
  * read it.

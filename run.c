@@ -87,7 +87,8 @@ double now_seconds(void) {
  * ========================================================================== */
 
 /* One entry of the ordered tensor table: where a tensor's pointer goes and how
- * many values it holds. export.py's TENSOR_TABLE is the other side. */
+ * many values it holds. TENSOR_TABLE in convert/checkpoint.py (export.py's
+ * writer) is the other side. */
 typedef struct {
     const char *name;
     const float **vec; // a float32 vector (norm weights), or NULL

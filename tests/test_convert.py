@@ -33,6 +33,7 @@ than 10x the tolerance, so the test can fail.
 """
 
 import contextlib
+import importlib.util
 import io
 import json
 import math
@@ -44,6 +45,8 @@ import sys
 import numpy as np
 import pytest
 
+import convert.checkpoint
+import convert.safetensors
 import export
 from conftest import (ROOT, SYN_VOCAB, TEXT, check_error, hf_permute, make_model, need_shared,
                       run, run_ok, run_ppl, tokenize)
@@ -1042,13 +1045,13 @@ def test_hf_export_streams_in_blocks(tmp_path, monkeypatch):
     permuted), and the output is the same bytes as with the default size."""
     src, config, _ = make_hf(tmp_path / "hf", dtype="BF16", num_key_value_heads=2)
     export_ok(tmp_path / "big-blocks.bin", "--hf", src, "--rope-layout", "interleaved")
-    reads, real_rows = [], export._SafetensorsTensor.rows
+    reads, real_rows = [], convert.safetensors._SafetensorsTensor.rows
 
     def rows(self, a, b):
         reads.append((b - a) * self.shape[-1] * 4)
         return real_rows(self, a, b)
-    monkeypatch.setattr(export._SafetensorsTensor, "rows", rows)
-    monkeypatch.setattr(export, "_CHUNK_BYTES", 2048)
+    monkeypatch.setattr(convert.safetensors._SafetensorsTensor, "rows", rows)
+    monkeypatch.setattr(convert.checkpoint, "_CHUNK_BYTES", 2048)
     export_ok(tmp_path / "small-blocks.bin", "--hf", src, "--rope-layout", "interleaved")
     head_bytes = 16 * config["hidden_size"] * 4
     assert len(reads) > 100 and max(reads) <= 2048 + head_bytes, (len(reads), max(reads))
@@ -1236,7 +1239,7 @@ def test_meta_without_torch_says_so(tmp_path, monkeypatch):
     src.mkdir()
     (src / "params.json").write_text(json.dumps({"dim": 64, "n_layers": 2, "n_heads": 4}))
     (src / "consolidated.00.pth").write_bytes(b"PK")
-    monkeypatch.setattr(export.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     code, err = export_run(tmp_path / "m.bin", "--meta-llama", src)
     assert code == 1 and "torch" in err and str(src) in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.bin").exists()

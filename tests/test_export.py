@@ -196,7 +196,7 @@ def test_llama2c_stories260k_tensors(tmp_path):
             h["rope_scaling"], h["rope_orig_ctx"]) == (1, 1, 2, 0, 8, 0, 0)
     assert h["norm_eps"] == np.float32(1e-5) and h["rope_theta"] == 10000.0
     assert h["rope_factor"] == 1.0 and h["reserved_zero"]
-    cfg, legacy = export.read_llama2c(src)
+    cfg, legacy, _, _ = export.read_llama2c(src)
     _, ours = export.read_checkpoint(out)
     assert out.stat().st_size == expected_size(cfg)[0]
     assert list(ours) == list(legacy)
