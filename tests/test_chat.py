@@ -540,10 +540,11 @@ def test_llama2_matches_hf_with_sentencepiece(llama2, tmp_path):
 
 def test_llama2_typed_bos_eos_in_a_message_stay_text(llama2, tmp_path):
     """A user message holding the texts "<s>" and "</s>": run's sentencepiece
-    tokenizer keeps typed text as text, as sentencepiece itself does (README,
-    "Choices worth knowing"), so only the template's own markers are BOS and
-    EOS. (Hugging Face's legacy Llama tokenizer would read the typed ones as
-    BOS / EOS too; this is the one place run differs from it, by choice.)"""
+    tokenizer keeps typed text as text, as sentencepiece itself does
+    (docs/tokenizer.md, "Choices worth knowing"), so only the template's own
+    markers are BOS and EOS. (Hugging Face's legacy Llama tokenizer would read
+    the typed ones as BOS / EOS too; this is the one place run differs from it,
+    by choice.)"""
     ckpt, tok, sp, _ = llama2
     msgs = [_m("user", "a <s> b </s> c")]
     want = [1] + sp.encode("[INST] a <s> b </s> c [/INST]")

@@ -1,5 +1,5 @@
-"""Reference parity: run's forward pass against tests/reference.py (the README's
-Tests section, item 3).
+"""Reference parity: run's forward pass against tests/reference.py
+(docs/testing.md, item 4).
 
 Random-weight checkpoints written by export.py cover MHA, GQA and MQA, both
 RoPE layouts, tied and untied classifiers, partial rotary, and non-default

@@ -1,6 +1,6 @@
 """Bad inputs and bad usage: run must answer each with a message, never a crash.
 
-Every case is its own test id. The contract (the README's Command line section, exit status):
+Every case is its own test id. The contract (docs/command-line.md, exit status):
   exit 1  bad input (a file that is missing, truncated, inconsistent, a prompt
           too long for the context): exactly one line on stderr, naming the
           file (or the flag/setting at fault), and nothing on stdout;

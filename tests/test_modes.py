@@ -1,4 +1,4 @@
-"""The command line's contract (the README's Command line section; docs/rope.md §12
+"""The command line's contract (docs/command-line.md; docs/rope.md §12
 for -m rope and -m ppl), mode by mode.
 
 generate: stdout is the prompt, the continuation and one final newline;

@@ -119,7 +119,7 @@ FULL = {
     # when these results were made; on SmolLM2 at 2x (one window of 16384
     # tokens) each such cell was still running after 15 CPU-minutes: not run.
     # Self-Extend now goes in blocks (run.c, rope_stage): its 2x cell took 217 s
-    # on 2 threads by hand (README); sinks still go token by token.
+    # on 2 threads by hand (docs/long-context.md); sinks still go token by token.
     "smollm2": dict(kind="ppl", factors=SMOL_FACTORS, rows=SMOL_ROWS, tokens=16384,
                     at={2: dict(rows=("none", "ntk", "yarn"))},
                     note="sinks score SmolLM2 token by token through the pre-RoPE cache: at 2x a cell was still "
