@@ -212,7 +212,7 @@ endif
 fuzz-export: venv
 	EXPORT_FUZZ_ITERS=$${EXPORT_FUZZ_ITERS:-2000} $(PYTHON) -m pytest -q tests/test_export_fuzz.py
 
-test-py: build tests/tok_driver venv
+test-py: build reference tests/tok_driver venv
 	TOK_DRIVER=./tests/tok_driver $(PYTHON) -m pytest -q tests
 
 # Everything; pytest's summary is the closing line.

@@ -148,12 +148,12 @@ static const Flag FLAGS[] = {
     {"--self-extend", NULL, MODEL, PAIR, 1, MAX_CTX, FIELD(se_group), NULL, "<G> <W>",
      "Self-Extend: keys W or more tokens back take grouped positions floor(t/G)\n"
      "(group size G, neighbour window W); a pre-RoPE key cache"},
-    {"--sinks", NULL, GEN | PPL | PASS, INT, 0, MAX_CTX - 1, FIELD(sinks), NULL, "<S>",
+    {"--sinks", NULL, GEN | PPL | PASS, INT, 0, MAX_CTX - 1, FIELD(sinks), NULL, "<n>",
      "attention sinks (StreamingLLM): a rolling cache of --ctx tokens that keeps\n"
-     "the first S and evicts the oldest of the rest, positions by place in the\n"
+     "the first n and evicts the oldest of the rest, positions by place in the\n"
      "cache; generation goes on past --ctx; 0 = a plain sliding window"},
-    {"--window", NULL, MODEL, INT, 0, MAX_CTX, FIELD(window), NULL, "<W>",
-     "sliding-window attention in every layer: a query sees the W most recent\n"
+    {"--window", NULL, MODEL, INT, 0, MAX_CTX, FIELD(window), NULL, "<n>",
+     "sliding-window attention in every layer: a query sees the n most recent\n"
      "positions, itself included; 0 = none; default the checkpoint's"},
     {"--kv", NULL, MODEL, CHOICE, 0, 0, FIELD(kv_type), KV_NAMES, "<type>",
      "KV cache element type, default f32; f16 halves it"},
@@ -203,6 +203,13 @@ static const char *mode_list(const Flag *f) {
     return list;
 }
 
+/* The row of flag `name` (its name or alias), or NULL. */
+static const Flag *find_flag(const char *name) {
+    for (size_t j = 0; j < N_FLAGS; j++)
+        if (!strcmp(name, FLAGS[j].name) || (FLAGS[j].alias && !strcmp(name, FLAGS[j].alias))) return &FLAGS[j];
+    return NULL;
+}
+
 /* One flag's help entry: the flag, its value, what it does, then its choices
  * or its range. */
 static void flag_help(FILE *out, const Flag *f) {
@@ -228,13 +235,15 @@ static void usage(FILE *out, int mode) {
             if (FLAGS[i].modes & (1u << mode)) flag_help(out, &FLAGS[i]);
         return;
     }
+    static const char *const common[] = {"-m", "-z", "--ctx", "--threads", "--help"}; // the overview's flags
     fprintf(out, "Usage: run <checkpoint> [-m mode] [options]\nModes:\n");
     for (int m = 0; m < N_MODES; m++) fprintf(out, "  %-10s %s\n", MODE_NAMES[m], MODE_HELP[m]);
-    fprintf(out, "Options of every mode:\n");
-    for (size_t i = 0; i < N_FLAGS; i++)
-        if (FLAGS[i].modes == ALL) flag_help(out, &FLAGS[i]);
-    fprintf(out, "run --help MODE lists the options MODE reads (run --help ppl).\n"
-                 "Weights: float32 or q8_0, as the checkpoint says (export.py --dtype).\n"
+    fprintf(out, "Common options (run --help MODE lists every option MODE reads):\n");
+    for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) flag_help(out, find_flag(common[i]));
+    fprintf(out, "Examples:\n"
+                 "  run models/model.bin -i \"It was a dark and stormy night\" -t 0.8 -n 200\n"
+                 "  run models/model.bin -m ppl -f book.txt --ctx 1024 --rope-scaling yarn --rope-factor 4\n"
+                 "  run models/smollm2/model-q8_0.bin -m chat\n"
                  "Exit status: 0 ok, 1 bad input or runtime failure, 2 bad usage.\n");
 }
 
@@ -255,13 +264,6 @@ static double parse_real(const char *flag, const char *s, const Flag *f) {
     if (end == s || *end != '\0' || errno == ERANGE || !(f->lo < 0 ? v > lo : v >= lo) || !(v <= f->hi))
         die(EXIT_USAGE, "%s %s: expected a number %s%s", flag, s, f->hi == NO_MAX ? "" : "in ", range_text(f));
     return v;
-}
-
-/* The row of flag `name` (its name or alias), or NULL. */
-static const Flag *find_flag(const char *name) {
-    for (size_t j = 0; j < N_FLAGS; j++)
-        if (!strcmp(name, FLAGS[j].name) || (FLAGS[j].alias && !strcmp(name, FLAGS[j].alias))) return &FLAGS[j];
-    return NULL;
 }
 
 int flag_given(const Options *o, const char *name) {
@@ -304,7 +306,7 @@ static void check_combinations(const Options *o) {
     if (o->prompt && o->prompt_file) die(EXIT_USAGE, "-i and -f: give the prompt one way, not both");
     if (ppl && !o->prompt_file) die(EXIT_USAGE, "-m ppl: needs -f <text file> to score");
     if (o->streaming && !flag_given(o, "--sinks"))
-        die(EXIT_USAGE, "--streaming: needs a rolling cache (--sinks S)");
+        die(EXIT_USAGE, "--streaming: needs a rolling cache (--sinks n)");
     if (o->streaming && flag_given(o, "--stride")) die(EXIT_USAGE, "--stride: windows are not used with --streaming");
     if (ppl && flag_given(o, "--sinks") && !o->streaming)
         die(EXIT_USAGE, "--sinks: -m ppl reads it only with --streaming");

@@ -149,7 +149,7 @@ static void dot_tile_f32_c(float *out, int ldo, const float *w, const float *x, 
  *   out[t * ldo + r] (or out[r * ldo + t] when by_rows) = sum_{k < n} w_r[k] * xt[k * ldx + t]
  * with w_r[k] = w[r * w_row + k * w_col]: the rows of a matrix (w_col = 1),
  * or the columns of one (w_row = 1), against inputs transposed, the tokens
- * side by side in each row of xt. Blocks of matmul (rows of W against x
+ * side by side in each row of xt. Blocks of matmul (rows of w against x
  * transposed) and both products of a tile of attention (kernels.c, section 3)
  * are this product. */
 static void cols_f32_c(float *out, int ldo, int by_rows, const float *w, size_t w_row, size_t w_col, int rows, int n,
@@ -913,7 +913,7 @@ void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs)
     }
 }
 
-/* Tiles of the dot-product kernels: rows of W x tokens of x that one call
+/* Tiles of the dot-product kernels: rows of w x tokens of x that one call
  * computes: 4 x 2 for q8_0 (partial sums in 16 AVX2 registers) and 3 x 4 for
  * the portable float32 one. Each row of a tile, once loaded, serves all of
  * the tile's tokens. */
@@ -991,8 +991,8 @@ static void transpose_block(float *xt, const float *x, int B, int ldx, int n) {
             for (int b = b0; b < b0 + 8; b++) xt[(size_t)k * ldx + b] = b < B ? x[(size_t)b * n + k] : 0.0f;
 }
 
-/* out = x @ W^T        x (B, n), W (d, n) -> out (B, d)
- * W is float32 or q8_0 (q8_method says how); kernels.h says which
+/* out = x @ w^T        x (B, n), w (d, n) -> out (B, d)
+ * w is float32 or q8_0 (q8_method says how); kernels.h says which
  * scratch each needs. Chunks of ROW_CHUNK rows are split across threads; a
  * chunk, once loaded, serves all B tokens. Each output is computed by the
  * same code whatever the thread count. */
@@ -1027,7 +1027,7 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
             continue;
         }
 #endif
-        if (dequant) { // this thread's slice of w_rows = rows start..end of W
+        if (dequant) { // this thread's slice of w_rows = rows start..end of w
             float *slice = scratch->w_rows + (size_t)thread * ROW_CHUNK * n;
             for (int i = start; i < end; i++) matrix_row(slice + (size_t)(i - start) * n, w, i, n);
             rows = slice;

@@ -172,7 +172,7 @@ size_t attention_block_floats(int head_size);
 typedef struct {
     const float *q;    // (B, n_heads, head_size) the block's queries at their group positions
     const float *keys; // one layer's (n_ctx, kv_dim), float32: the keys at their group positions
-    int window;        // W
+    int window;        // W, Self-Extend's neighbour window
 } GroupedQueries;
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
                      const GroupedQueries *grouped, int B, int pos0, int window, int n_heads, int n_kv_heads,
@@ -232,8 +232,8 @@ void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs)
  * SmolLM2 0.0011 and 98.2%, 0.0039 and 96.7% (README, Command line: --q8-activations). */
 enum { Q8_DOTS, Q8_COLUMNS, Q8_ROWS }; // int8 dot products, the q8_0 column kernel, dequantized rows
 int q8_method(const MatmulScratch *scratch, int B, int gs);
-/* out = x @ W^T        x (B, n), W (d, n) -> out (B, d)
- * run.c's matmul_reference with W float32 or q8_0, tiled and threaded. */
+/* out = x @ w^T        x (B, n), w (d, n) -> out (B, d)
+ * run.c's matmul_reference with w float32 or q8_0, tiled and threaded. */
 void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const MatmulScratch *scratch);
 
 #endif

@@ -200,7 +200,7 @@ static int check_cells(const Transformer *t, const Tokenizer *tok, const Passkey
         longest = length > longest ? length : longest;
         if (length + n_new > t->n_ctx && t->keys != KEYS_SINKS) // attention sinks roll past the cache
             die(EXIT_USAGE, "--lengths %d: a prompt of %d tokens and its %d answer tokens need --ctx %d, got %d "
-                "(or a rolling cache, --sinks S)", length, length, n_new, length + n_new, t->n_ctx);
+                "(or a rolling cache, --sinks n)", length, length, n_new, length + n_new, t->n_ctx);
         for (int k = 0; k < plan->n_depths * plan->trials; k++) {
             char key[24];
             passkey_draw(&rng, plan->digits, f->n, plan->filler_path != NULL, key);

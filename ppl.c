@@ -204,7 +204,7 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
 }
 
 /* Teacher-forced NLL of ids[0..n_ids) in one pass through the rolling cache
- * of attention sinks (--sinks S; StreamingLLM's long-text evaluation): BOS
+ * of attention sinks (--sinks n; StreamingLLM's long-text evaluation): BOS
  * first when add_bos, then token by token, each text token scored given
  * what the cache holds when it comes (the first one only after BOS). Fills
  * *out as ppl_score does, as one window, with buckets and per-position sums
@@ -213,7 +213,7 @@ int ppl_stream_score(Transformer *t, const int *ids, int n_ids, int add_bos, Ppl
                      const TokenHook *hook, char *err, size_t err_len) {
     int bos = add_bos ? 1 : 0, n = n_ids + bos, V = t->config.vocab_size; // n: tokens fed, BOS included
     memset(out, 0, sizeof *out);
-    if (t->keys != KEYS_SINKS) return fail(err, err_len, "--streaming: needs a rolling cache (--sinks S)");
+    if (t->keys != KEYS_SINKS) return fail(err, err_len, "--streaming: needs a rolling cache (--sinks n)");
     if (n < 2) return fail(err, err_len, "no tokens to score (%d text tokens%s)", n_ids, bos ? "" : " and no BOS");
     out->n_positions = n;
     out->pos_sum = calloc((size_t)n, sizeof(double));

@@ -594,14 +594,14 @@ void rope(float *vec, const float *cos, const float *sin, int B, int n_heads, in
     }
 }
 
-/* Attention sinks (--sinks S, StreamingLLM; docs/rope.md §13): the cache
- * holds n_ctx tokens. Once it is full, the token at position pos >= n_ctx
- * takes the slot of the oldest token after the S sinks,
- *   slot(pos)  = S + (pos - S) mod R,   R = n_ctx - S,
+/* Attention sinks (--sinks n_sinks, StreamingLLM; docs/rope.md §13): the
+ * cache holds n_ctx tokens. Once it is full, the token at position pos >=
+ * n_ctx takes the slot of the oldest token after the n_sinks sinks,
+ *   slot(pos)  = n_sinks + (pos - n_sinks) mod R,   R = n_ctx - n_sinks,
  * and positions become places in the cache: the newest token is at n_ctx - 1
- * and the one in slot p at
- *   place(p)   = p                                  (p < S: a sink)
- *              = n_ctx - 1 - (slot(pos) - p) mod R  (the rest, oldest first).
+ * and the one in slot j at
+ *   place(j)   = j                                  (j < n_sinks: a sink)
+ *              = n_ctx - 1 - (slot(pos) - j) mod R  (the rest, oldest first).
  * Before the cache is full (and without sinks) slot and place are pos. */
 int cache_slot(const Transformer *t, int pos) {
     int n_sinks = t->pos.n_sinks, R = t->n_ctx - n_sinks;
@@ -916,8 +916,8 @@ void rmsnorm(float *out, const float *x, const float *w, int B, int n, float eps
     }
 }
 
-/* out = x @ W^T,  out[b][i] = sum_k x[b][k] * W[i][k]
- * x (B, n), W (d, n) float32 -> out (B, d)
+/* out = x @ w^T,  out[b][i] = sum_k x[b][k] * w[i][k]
+ * x (B, n), w (d, n) float32 -> out (B, d)
  * The definition of matmul. The forward pass calls kernels.c's matmul, which
  * computes this same product over float32 or q8_0 weights with SIMD tiles
  * and threads; the tests check every one of its paths against this loop, and
@@ -961,12 +961,13 @@ static void attention_weights(float *row, int lo, int n, int width, int head_siz
 static int window_start(int n, int window) { return window > 0 && n > window ? n - window : 0; }
 
 /* Causal multi-head attention for B tokens at positions pos0 .. pos0+B-1;
- * row b attends to cached positions t = lo_b .. pos0+b:
- *   scores[t] = q . k_t / sqrt(head_size)
+ * row b attends to cached positions j = lo_b .. pos0+b:
+ *   scores[j] = q . k_j / sqrt(head_size)
  *   weights   = softmax(scores)
- *   out       = sum_t weights[t] * v_t
- * with lo_b = 0, or with a sliding window of W positions (window = W > 0)
- * lo_b = max(0, pos0 + b + 1 - W): the W most recent keys, its own included.
+ *   out       = sum_j weights[j] * v_j
+ * with lo_b = 0, or with a sliding window (window > 0)
+ * lo_b = max(0, pos0 + b + 1 - window): the `window` most recent keys, its
+ * own included.
  * Query head h reads kv head h / (n_heads / n_kv_heads): the contiguous
  * grouping of GQA/MQA, as Hugging Face's repeat_kv. With Self-Extend, keys
  * W or more positions before row b's are scored as q_grouped_b . k_grouped_t
@@ -1035,7 +1036,7 @@ void residual_add(float *x, const float *y, int n) {
  * 6. Forward pass: B tokens at positions pos0.. -> logits
  * ========================================================================== */
 
-/* out = x @ W_l^T + b_l for layer l's rows of a stacked matrix W (n_layers, d, n)
+/* out = x @ w_l^T + b_l for layer l's rows of a stacked matrix w (n_layers, d, n)
  * and, when the model has one, its bias b (n_layers, d); with the run state's
  * matmul scratch.        x (B, n) -> out (B, d) */
 static void project(RunState *st, float *out, const float *x, Matrix w, const float *bias, int l, int B, int n,
@@ -1059,8 +1060,8 @@ static void project(RunState *st, float *out, const float *x, Matrix w, const fl
         for (int i = 0; i < d; i++) out[(size_t)b * d + i] += b_l[i];
 }
 
-/* The sliding window of layer l: W when the run has one (the checkpoint's, or
- * --window) and l is one of the layers that use it, else 0 (every key). */
+/* The sliding window of layer l: the run's window (the checkpoint's, or
+ * --window) when l is one of the layers that use it, else 0 (every key). */
 static int layer_window(const Transformer *t, int l) {
     return l >= t->pos.window_first_layer ? t->pos.window : 0;
 }
@@ -1366,7 +1367,7 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
         die(EXIT_BAD_INPUT, "prompt: empty, and this tokenizer adds no BOS to start from (give one with -i or -f)");
     if (n_prompt > t->n_ctx && t->keys != KEYS_SINKS) // a rolling cache takes any length
         die(EXIT_BAD_INPUT, "prompt: %d tokens (BOS included) do not fit in the context of %d tokens (raise --ctx, "
-            "or roll the cache with --sinks S)", n_prompt, t->n_ctx);
+            "or roll the cache with --sinks n)", n_prompt, t->n_ctx);
     fputs(summary, stderr); // every input check has passed
     Decoder d;
     int capacity = n_prompt > t->n_ctx ? n_prompt : t->n_ctx;

@@ -82,7 +82,7 @@ typedef struct {
     RealSetting beta_fast, beta_slow, attn_factor, low_freq, high_freq; // --yarn-*, --rope-attn-factor, --llama3-*
     IntSetting dynamic_exact;      // --rope-dynamic hf|exact
     IntSetting se_group, se_window; // --self-extend G W (given together)
-    IntSetting sinks;              // --sinks S
+    IntSetting sinks;              // --sinks n
     IntSetting window;             // --window W: every layer; 0 = none
 } PositionOverrides;
 

@@ -49,10 +49,11 @@ def run_bin():
     return RUN
 
 
-def run(*args, input=None):
-    """Run the binary with args (str, bytes or paths). Returns CompletedProcess
-    with bytes stdout/stderr. Fails the test on a hang or a signal."""
-    cmd = [str(run_bin())] + [a if isinstance(a, bytes) else str(a) for a in args]
+def run(*args, input=None, binary=None):
+    """Run the binary (./run, or `binary`) with args (str, bytes or paths).
+    Returns CompletedProcess with bytes stdout/stderr. Fails the test on a
+    hang or a signal."""
+    cmd = [str(binary or run_bin())] + [a if isinstance(a, bytes) else str(a) for a in args]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "2")
     try:
@@ -64,8 +65,8 @@ def run(*args, input=None):
     return p
 
 
-def run_ok(*args):
-    p = run(*args)
+def run_ok(*args, binary=None):
+    p = run(*args, binary=binary)
     assert p.returncode == 0, (f"exit {p.returncode}: {[str(a) for a in args]}\n"
                                f"stderr: {p.stderr.decode(errors='replace')[-2000:]}")
     return p
