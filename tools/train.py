@@ -91,7 +91,9 @@ import os
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, TextIO
 
 
 def _threads_from_argv(argv, default=2):
@@ -724,6 +726,223 @@ def parse_args(argv=None):
     return args
 
 
+def export_only(args, out: Path) -> int:
+    """--export-only: the model and its tokenizer as the checkpoint's own run made them."""
+    if not args.export_dir:
+        raise SystemExit("--export-only needs --export-dir")
+    st = torch.load(out / "ckpt.pt")
+    for k in ("vocab_size", "extra", "shared", "tokenizer"):
+        setattr(args, k, st["args"].get(k, ""))
+    model = Llama(st["cfg"])
+    model.load_state_dict(st["model"])
+    log(f"export-only: {out / 'ckpt.pt'} at step {st['step']}")
+    export_model(model, st["cfg"], load_data(args)[1], Path(args.export_dir))
+    return 0
+
+
+def make_optimizer(model, args):
+    """AdamW with weight decay on the 2-D weights only."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def resume_checkpoint(args, ckpt: Path, model, opt):
+    """(step, history): from ckpt into model and opt with --resume and a checkpoint, else (0, [])."""
+    if not (args.resume and ckpt.exists()):
+        return 0, []
+    st = torch.load(ckpt)
+    model.load_state_dict(st["model"])
+    opt.load_state_dict(st["optim"])
+    log(f"resume: from step {st['step']}")
+    return st["step"], st["history"]
+
+
+@dataclass
+class Passkey:
+    """--passkey-mix's training filler and digits, and the evaluation prompts (None when off)."""
+    filler: Optional[list]
+    items: Optional[list]
+    digits: tuple
+    new: int    # answer tokens decoded, as run -m passkey
+    every: int  # evaluation interval in steps
+
+
+def setup_passkey(args, sp) -> Passkey:
+    """The passkey settings, loading the training filler and the evaluation prompts with --passkey-mix."""
+    pk = Passkey(filler=None, items=None, digits=tuple(args.passkey_digits),
+                 new=args.passkey_eval_digits + 4, every=args.passkey_eval_every or args.eval_every)
+    if args.passkey_mix > 0:
+        pk.filler = passkey_train_filler(Path(args.shared))
+        log(f"passkey: {passkey_mix_count(args.passkey_mix, args.batch_size)} of {args.batch_size} windows "
+            f"per batch, {pk.digits[0]}-{pk.digits[1]} digit keys, filler {len(pk.filler):,} sentences "
+            f"of the training books")
+        if args.passkey_eval > 0:
+            pk.items = passkey_eval_set(sp, passkey_eval_filler(Path(args.shared)), args.seq_len,
+                                        args.passkey_eval, args.passkey_eval_digits)
+            log(f"passkey: evaluation of {len(pk.items)} prompts of at most {args.seq_len - pk.new} tokens, "
+                f"{args.passkey_eval_digits}-digit keys, depths {list(PASSKEY_EVAL_DEPTHS)}, "
+                f"filler {PASSKEY_EVAL_BOOK} (held out)")
+    return pk
+
+
+class HeldOut:
+    """The held-out windows: all of them for the final eval, and a fixed, evenly spaced
+    subset of --eval-windows full-length ones for the periodic eval."""
+
+    def __init__(self, held: np.ndarray, tok_bytes: np.ndarray, seq_len: int, n_subset: int):
+        self.tok_bytes = tok_bytes
+        self.windows = heldout_windows(held, seq_len)
+        full = [w for w in self.windows if len(w) == seq_len - 1]
+        idx = np.linspace(0, len(full) - 1, min(n_subset, len(full))).round().astype(int)
+        self.subset = [full[i] for i in idx]
+
+    def subset_eval(self, model):
+        """(nats/token, bits/byte) on the subset."""
+        nll, n, nb = evaluate(model, self.subset, self.tok_bytes)
+        return nll / n, nll / nb / math.log(2)
+
+    def full_eval(self, model, seq_len: int) -> dict:
+        """The summary's numbers on all the held-out windows (what `run -m ppl` reproduces)."""
+        t0 = time.time()
+        nll, n, nb = evaluate(model, self.windows, self.tok_bytes)
+        res = dict(heldout_tokens=n, heldout_nll=nll / n, heldout_ppl=math.exp(nll / n),
+                   heldout_bpb=nll / nb / math.log(2), full_eval_s=time.time() - t0)
+        log(f"final held-out (all {n:,} tokens, ctx {seq_len}): nll {nll / n:.4f}, "
+            f"ppl {math.exp(nll / n):.3f}, {nll / nb / math.log(2):.4f} bits/byte")
+        return res
+
+
+@dataclass
+class RunState:
+    """What the training loop carries: the step, the history (saved in ckpt.pt), OUT/log.jsonl,
+    the clocks and the loss EMAs."""
+    step: int
+    history: list
+    logf: TextIO
+    # Wall time and this process's CPU time (the machine may be shared: CPU time
+    # divided by --threads is what the run would take on idle cores).
+    t_start: float
+    cpu_start: float
+    steps_timed: int = 0  # steps and their seconds since the last progress line
+    t_timed: float = 0.0
+    ema: Optional[float] = None  # of the loss, from the first step on
+    ans_ema: Optional[float] = None  # of the answer's NLL, with --passkey-mix
+
+    @classmethod
+    def start(cls, out: Path, step: int, history: list) -> "RunState":
+        logf = open(out / "log.jsonl", "a" if step else "w")  # a resumed run appends
+        st = cls(step, history, logf, time.time(), time.process_time())
+        if history:  # resumed: keep counting from the saved totals
+            st.t_start -= history[-1]["elapsed"]
+            st.cpu_start -= history[-1].get("cpu", 0.0)
+        return st
+
+    def elapsed(self) -> float:
+        return time.time() - self.t_start
+
+    def cpu(self) -> float:
+        return time.process_time() - self.cpu_start
+
+    def record(self, rec: dict, flush: bool = True) -> None:
+        self.history.append(rec)
+        self.logf.write(json.dumps(rec) + "\n")
+        if flush:
+            self.logf.flush()
+
+    def update_emas(self, loss: float, answer_nll) -> None:
+        self.ema = loss if self.ema is None else 0.95 * self.ema + 0.05 * loss
+        if answer_nll is not None:
+            self.ans_ema = answer_nll if self.ans_ema is None else 0.95 * self.ans_ema + 0.05 * answer_nll
+
+
+def log_heldout(state: RunState, hl: float, hb: float, elapsed: float, cpu: float, flush: bool = True):
+    state.record(dict(step=state.step, heldout_loss=hl, heldout_bpb=hb, elapsed=elapsed, cpu=cpu), flush)
+    log(f"eval  step {state.step:5d} | held-out loss {hl:.4f} nats/token, {hb:.4f} bits/byte")
+
+
+def passkey_eval_log(model, sp, pk: Passkey, seq_len: int, state: RunState):
+    """Passkey accuracy on pk.items, recorded and logged: (accuracy, {depth: accuracy})."""
+    t0 = time.time()
+    acc, by_depth, _ = passkey_accuracy(model, sp, pk.items, pk.new)
+    rec = dict(step=state.step, passkey_acc=acc,
+               passkey_acc_by_depth={f"{d:g}": a for d, a in by_depth.items()},
+               passkey_trials=len(pk.items), passkey_length=seq_len - pk.new,
+               passkey_eval_s=time.time() - t0, elapsed=state.elapsed(), cpu=state.cpu())
+    state.record(rec)
+    log(f"eval  step {state.step:5d} | passkey {acc:.0%} of {len(pk.items)} at length {seq_len - pk.new} ("
+        + ", ".join(f"d={d:g} {a:.0%}" for d, a in by_depth.items()) + f") in {time.time() - t0:.0f}s")
+    return acc, by_depth
+
+
+def train_step(model, opt, train: np.ndarray, sp, pk: Passkey, args, step: int):
+    """One optimizer step at `step`: (lr, loss, answer_nll or None, gradient norm). The loss
+    is the plain mean over all positions, whatever --passkey-answer-weight."""
+    lr = lr_at(step, args)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    if args.passkey_mix > 0:
+        x, y, amask = get_mixed_batch(train, args.seed, step, args.batch_size, args.seq_len,
+                                      args.passkey_mix, sp, pk.filler, pk.digits)
+    else:
+        x, y = get_batch(train, args.seed, step, args.batch_size, args.seq_len)
+        amask = None
+    logits = model(x)
+    if amask is None:
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        shown, answer_nll = loss, None
+    else:  # per-token NLL: the answer's share is logged, and weighted if asked
+        nll = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), reduction="none").view(y.shape)
+        shown = nll.mean()
+        if args.passkey_answer_weight == 1.0:
+            loss = shown
+        else:
+            w = 1.0 + (args.passkey_answer_weight - 1.0) * amask.float()
+            loss = (nll * w).sum() / w.sum()
+        answer_nll = nll.detach()[amask].mean().item()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
+    opt.step()
+    return lr, shown.item(), answer_nll, gnorm
+
+
+def log_progress(state: RunState, args, lr: float, loss: float, answer_nll, gnorm: float):
+    """The progress record and line of state.step; restarts the tok/s clock."""
+    tps = state.steps_timed * args.batch_size * args.seq_len / state.t_timed
+    left = (args.max_steps - state.step) * state.t_timed / state.steps_timed
+    rec = dict(step=state.step, loss=loss, loss_ema=state.ema, lr=lr, grad_norm=gnorm, tok_per_s=tps,
+               elapsed=state.elapsed(), cpu=state.cpu())
+    if answer_nll is not None:
+        rec.update(answer_nll=answer_nll, answer_nll_ema=state.ans_ema)
+    state.record(rec)
+    log(f"step {state.step:5d}/{args.max_steps} | loss {loss:.4f} (ema {state.ema:.4f}) | "
+        + (f"answer nll {state.ans_ema:.3f} | " if answer_nll is not None else "")
+        + f"lr {lr:.2e} | "
+        f"gnorm {gnorm:.2f} | {tps:,.0f} tok/s | elapsed {fmt_time(state.elapsed())} "
+        f"(cpu {fmt_time(state.cpu())}) | "
+        f"left {fmt_time(left)}")
+    state.steps_timed, state.t_timed = 0, 0.0
+
+
+def final_evaluation(model, sp, pk: Passkey, heldout: HeldOut, state: RunState, args,
+                     train_wall: float, train_cpu: float) -> dict:
+    """The end-of-training evals (subset, passkey, all held-out windows): summary.json's
+    entries after the training's own."""
+    hl, hb = heldout.subset_eval(model)
+    log_heldout(state, hl, hb, train_wall, train_cpu, flush=False)
+    summary = dict(final_train_loss_ema=state.ema, subset_heldout_loss=hl, subset_heldout_bpb=hb)
+    if pk.items:
+        acc, by_depth = passkey_eval_log(model, sp, pk, args.seq_len, state)
+        summary.update(passkey_acc=acc, passkey_acc_by_depth={f"{d:g}": a for d, a in by_depth.items()},
+                       passkey_trials=len(pk.items), final_answer_nll_ema=state.ans_ema)
+    if not args.no_final_eval:
+        summary.update(heldout.full_eval(model, args.seq_len))
+    return summary
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -731,182 +950,47 @@ def main(argv=None):
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log("command: " + " ".join([Path(sys.executable).name] + sys.argv))
-
-    if args.export_only:  # the model and its tokenizer as the checkpoint's own run made them
-        if not args.export_dir:
-            raise SystemExit("--export-only needs --export-dir")
-        st = torch.load(out / "ckpt.pt")
-        for k in ("vocab_size", "extra", "shared", "tokenizer"):
-            setattr(args, k, st["args"].get(k, ""))
-        model = Llama(st["cfg"])
-        model.load_state_dict(st["model"])
-        log(f"export-only: {out / 'ckpt.pt'} at step {st['step']}")
-        export_model(model, st["cfg"], load_data(args)[1], Path(args.export_dir))
-        return 0
+    if args.export_only:
+        return export_only(args, out)
 
     sp, tok_model, train, held = load_data(args)
     tok_bytes = token_bytes(sp)
     log(f"data: {len(train):,} training tokens, {len(held):,} held-out tokens "
         f"({tok_bytes[held].sum() / len(held):.2f} bytes/token)")
-
     cfg = make_config(args)
     model = Llama(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {json.dumps(cfg)}\nmodel: {n_params:,} parameters ({n_params * 4 / 2**20:.2f} MiB float32)")
-
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-
-    step, history = 0, []
+    opt = make_optimizer(model, args)
     ckpt = out / "ckpt.pt"
-    if args.resume and ckpt.exists():
-        st = torch.load(ckpt)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["optim"])
-        step, history = st["step"], st["history"]
-        log(f"resume: from step {step}")
+    step, history = resume_checkpoint(args, ckpt, model, opt)
+    pk = setup_passkey(args, sp)
+    heldout = HeldOut(held, tok_bytes, args.seq_len, args.eval_windows)
+    state = RunState.start(out, step, history)
 
-    pk_filler, pk_items = None, None
-    pk_digits = tuple(args.passkey_digits)
-    pk_new = args.passkey_eval_digits + 4  # answer tokens decoded, as run -m passkey
-    if args.passkey_mix > 0:
-        pk_filler = passkey_train_filler(Path(args.shared))
-        log(f"passkey: {passkey_mix_count(args.passkey_mix, args.batch_size)} of {args.batch_size} windows "
-            f"per batch, {pk_digits[0]}-{pk_digits[1]} digit keys, filler {len(pk_filler):,} sentences "
-            f"of the training books")
-        if args.passkey_eval > 0:
-            pk_items = passkey_eval_set(sp, passkey_eval_filler(Path(args.shared)), args.seq_len,
-                                        args.passkey_eval, args.passkey_eval_digits)
-            log(f"passkey: evaluation of {len(pk_items)} prompts of at most {args.seq_len - pk_new} tokens, "
-                f"{args.passkey_eval_digits}-digit keys, depths {list(PASSKEY_EVAL_DEPTHS)}, "
-                f"filler {PASSKEY_EVAL_BOOK} (held out)")
-    pk_every = args.passkey_eval_every or args.eval_every
-
-    windows = heldout_windows(held, args.seq_len)
-    full = [w for w in windows if len(w) == args.seq_len - 1]
-    idx = np.linspace(0, len(full) - 1, min(args.eval_windows, len(full))).round().astype(int)
-    subset = [full[i] for i in idx]
-
-    def periodic_eval():
-        nll, n, nb = evaluate(model, subset, tok_bytes)
-        return nll / n, nll / nb / math.log(2)
-
-    logf = open(out / "log.jsonl", "a" if step else "w")  # a resumed run appends
-
-    def passkey_eval_log(step):
-        t0 = time.time()
-        acc, by_depth, _ = passkey_accuracy(model, sp, pk_items, pk_new)
-        rec = dict(step=step, passkey_acc=acc, passkey_acc_by_depth={f"{d:g}": a for d, a in by_depth.items()},
-                   passkey_trials=len(pk_items), passkey_length=args.seq_len - pk_new,
-                   passkey_eval_s=time.time() - t0, elapsed=time.time() - t_start,
-                   cpu=time.process_time() - cpu_start)
-        history.append(rec)
-        logf.write(json.dumps(rec) + "\n")
-        logf.flush()
-        log(f"eval  step {step:5d} | passkey {acc:.0%} of {len(pk_items)} at length {args.seq_len - pk_new} ("
-            + ", ".join(f"d={d:g} {a:.0%}" for d, a in by_depth.items()) + f") in {time.time() - t0:.0f}s")
-        return acc, by_depth
-
-    tokens_per_step = args.batch_size * args.seq_len
-    # Wall time and this process's CPU time (the machine may be shared: CPU time
-    # divided by --threads is what the run would take on idle cores).
-    t_start, cpu_start, steps_timed, t_timed = time.time(), time.process_time(), 0, 0.0
-    if history:  # resumed: keep counting from the saved totals
-        t_start -= history[-1]["elapsed"]
-        cpu_start -= history[-1].get("cpu", 0.0)
-    ema = ans_ema = None
     model.train()
-    while step < args.max_steps:
-        if step % args.eval_every == 0:
-            hl, hb = periodic_eval()
-            rec = dict(step=step, heldout_loss=hl, heldout_bpb=hb, elapsed=time.time() - t_start,
-                       cpu=time.process_time() - cpu_start)
-            history.append(rec)
-            logf.write(json.dumps(rec) + "\n")
-            logf.flush()
-            log(f"eval  step {step:5d} | held-out loss {hl:.4f} nats/token, {hb:.4f} bits/byte")
-        if pk_items and step % pk_every == 0:
-            passkey_eval_log(step)
+    while state.step < args.max_steps:
+        if state.step % args.eval_every == 0:
+            log_heldout(state, *heldout.subset_eval(model), state.elapsed(), state.cpu())
+        if pk.items and state.step % pk.every == 0:
+            passkey_eval_log(model, sp, pk, args.seq_len, state)
         t0 = time.time()
-        lr = lr_at(step, args)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        if args.passkey_mix > 0:
-            x, y, amask = get_mixed_batch(train, args.seed, step, args.batch_size, args.seq_len,
-                                          args.passkey_mix, sp, pk_filler, pk_digits)
-        else:
-            x, y = get_batch(train, args.seed, step, args.batch_size, args.seq_len)
-            amask = None
-        logits = model(x)
-        if amask is None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
-            shown, answer_nll = loss, None
-        else:  # per-token NLL: the answer's share is logged, and weighted if asked
-            nll = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), reduction="none").view(y.shape)
-            shown = nll.mean()
-            if args.passkey_answer_weight == 1.0:
-                loss = shown
-            else:
-                w = 1.0 + (args.passkey_answer_weight - 1.0) * amask.float()
-                loss = (nll * w).sum() / w.sum()
-            answer_nll = nll.detach()[amask].mean().item()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
-        opt.step()
-        step += 1
-        dt = time.time() - t0
-        steps_timed, t_timed = steps_timed + 1, t_timed + dt
-        lv = shown.item()  # the plain mean over all positions, whatever the answer weight
-        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
-        if answer_nll is not None:
-            ans_ema = answer_nll if ans_ema is None else 0.95 * ans_ema + 0.05 * answer_nll
-        if step % args.log_every == 0 or step == args.max_steps:
-            tps = steps_timed * tokens_per_step / t_timed
-            left = (args.max_steps - step) * t_timed / steps_timed
-            rec = dict(step=step, loss=lv, loss_ema=ema, lr=lr, grad_norm=gnorm, tok_per_s=tps,
-                       elapsed=time.time() - t_start, cpu=time.process_time() - cpu_start)
-            if answer_nll is not None:
-                rec.update(answer_nll=answer_nll, answer_nll_ema=ans_ema)
-            history.append(rec)
-            logf.write(json.dumps(rec) + "\n")
-            logf.flush()
-            log(f"step {step:5d}/{args.max_steps} | loss {lv:.4f} (ema {ema:.4f}) | "
-                + (f"answer nll {ans_ema:.3f} | " if answer_nll is not None else "")
-                + f"lr {lr:.2e} | "
-                f"gnorm {gnorm:.2f} | {tps:,.0f} tok/s | elapsed {fmt_time(time.time() - t_start)} "
-                f"(cpu {fmt_time(time.process_time() - cpu_start)}) | "
-                f"left {fmt_time(left)}")
-            steps_timed, t_timed = 0, 0.0
-        if step % args.ckpt_every == 0 or step == args.max_steps:
-            save_pt(ckpt, model, opt, step, args, cfg, history)
+        lr, loss, answer_nll, gnorm = train_step(model, opt, train, sp, pk, args, state.step)
+        state.step += 1
+        state.steps_timed, state.t_timed = state.steps_timed + 1, state.t_timed + time.time() - t0
+        state.update_emas(loss, answer_nll)
+        if state.step % args.log_every == 0 or state.step == args.max_steps:
+            log_progress(state, args, lr, loss, answer_nll, gnorm)
+        if state.step % args.ckpt_every == 0 or state.step == args.max_steps:
+            save_pt(ckpt, model, opt, state.step, args, cfg, state.history)
 
-    train_wall, train_cpu = time.time() - t_start, time.process_time() - cpu_start
-    hl, hb = periodic_eval()
-    rec = dict(step=step, heldout_loss=hl, heldout_bpb=hb, elapsed=train_wall, cpu=train_cpu)
-    history.append(rec)
-    logf.write(json.dumps(rec) + "\n")
-    log(f"eval  step {step:5d} | held-out loss {hl:.4f} nats/token, {hb:.4f} bits/byte")
+    train_wall, train_cpu = state.elapsed(), state.cpu()
     summary = dict(train_wall_s=train_wall, train_cpu_s=train_cpu, threads=args.threads,
-                   n_params=n_params, cfg=cfg, final_train_loss_ema=ema,
-                   subset_heldout_loss=hl, subset_heldout_bpb=hb)
-    if pk_items:
-        acc, by_depth = passkey_eval_log(step)
-        summary.update(passkey_acc=acc, passkey_acc_by_depth={f"{d:g}": a for d, a in by_depth.items()},
-                       passkey_trials=len(pk_items), final_answer_nll_ema=ans_ema)
-    if not args.no_final_eval:
-        t0 = time.time()
-        nll, n, nb = evaluate(model, windows, tok_bytes)
-        summary.update(heldout_tokens=n, heldout_nll=nll / n, heldout_ppl=math.exp(nll / n),
-                       heldout_bpb=nll / nb / math.log(2), full_eval_s=time.time() - t0)
-        log(f"final held-out (all {n:,} tokens, ctx {args.seq_len}): nll {nll / n:.4f}, "
-            f"ppl {math.exp(nll / n):.3f}, {nll / nb / math.log(2):.4f} bits/byte")
-    save_pt(ckpt, model, opt, step, args, cfg, history)
+                   n_params=n_params, cfg=cfg)
+    summary.update(final_evaluation(model, sp, pk, heldout, state, args, train_wall, train_cpu))
+    save_pt(ckpt, model, opt, state.step, args, cfg, state.history)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    log(f"done: {step} steps in {fmt_time(train_wall)} wall, {fmt_time(train_cpu)} cpu "
+    log(f"done: {state.step} steps in {fmt_time(train_wall)} wall, {fmt_time(train_cpu)} cpu "
         f"({args.threads} thread(s)); {json.dumps(summary)}")
     if args.export_dir:
         export_model(model, cfg, tok_model, Path(args.export_dir))
