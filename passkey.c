@@ -341,11 +341,13 @@ void passkey_mode(const ModeInput *in) {
         if (!plan.json && !plan.prompts_only) printf("%8d", length);
         for (int di = 0; di < plan.n_depths; di++) {
             double depth = plan.depths[di];
-            if (plan.json) printf("%s{\"length\": %d, \"depth\": %g, \"trials\": [", li + di ? ", " : "", length, depth);
+            if (plan.json)
+                printf("%s{\"length\": %d, \"depth\": %g, \"trials\": [", li + di ? ", " : "", length, depth);
             int correct = run_cell(t, tok, &plan, &f, length, depth, &rng, history);
             row_correct += correct;
             if (plan.json && plan.prompts_only) printf("]}");
-            else if (plan.json) printf("], \"correct\": %d, \"accuracy\": %.4f}", correct, (double)correct / plan.trials);
+            else if (plan.json)
+                printf("], \"correct\": %d, \"accuracy\": %.4f}", correct, (double)correct / plan.trials);
             else if (!plan.prompts_only) printf("  %6.0f%%", 100.0 * correct / plan.trials), fflush(stdout);
             if (!plan.prompts_only)
                 fprintf(stderr, "passkey: length %d depth %.2f: %d of %d correct (%.1f s)\n", length, depth, correct,

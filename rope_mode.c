@@ -24,7 +24,8 @@ void rope_mode(const ModeInput *in) {
     int json = in->o->json;
     fputs(in->summary, stderr);
     int n_pairs = r->rot_dim / 2;
-    double *inv = malloc((size_t)n_pairs * sizeof(double)), *plain = malloc((size_t)n_pairs * sizeof(double)), mscale, unused;
+    double *inv = malloc((size_t)n_pairs * sizeof(double)), *plain = malloc((size_t)n_pairs * sizeof(double));
+    double mscale, unused;
     if (!inv || !plain) die(EXIT_BAD_INPUT, "out of memory");
     rope_frequencies(r, t->n_ctx, inv, &mscale);
     RopeConfig unscaled = *r;

@@ -713,7 +713,8 @@ static RotatedKeys rope_stage(Transformer *t, void *key_cache, int B, int pos0) 
 }
 
 /* ==========================================================================
- * 4. Building and freeing the model: checkpoint + RoPE table + run state
+ * 4. Building and freeing the model: checkpoint + position settings + RoPE
+ *    table + run state
  * ========================================================================== */
 
 /* How many tokens forward_block may take at once. Keys rotated for the
@@ -887,9 +888,10 @@ int build_transformer(Transformer *t, const char *path, const PositionOverrides 
 /* Release everything build_transformer (or a failed call of it) acquired. */
 void free_transformer(Transformer *t) {
     RunState *st = &t->state;
-    void *bufs[] = {st->x, st->xb, st->xb2, st->hb, st->hb2, st->q, st->k, st->v, st->scores, st->attn_tiles, st->logits,
-                    st->key_cache, st->value_cache, st->rope_cos, st->rope_sin, st->q_grouped, st->key_rot, st->key_grouped,
-                    st->mm.x_q, st->mm.x_scale, st->mm.w_rows, st->mm.x_t, st->mm.x_qt, st->mm.x_scale_t, st->mm.w_sums};
+    void *bufs[] = {st->x, st->xb, st->xb2, st->hb, st->hb2, st->q, st->k, st->v, st->scores, st->attn_tiles,
+                    st->logits, st->key_cache, st->value_cache, st->rope_cos, st->rope_sin, st->q_grouped,
+                    st->key_rot, st->key_grouped, st->mm.x_q, st->mm.x_scale, st->mm.w_rows, st->mm.x_t,
+                    st->mm.x_qt, st->mm.x_scale_t, st->mm.w_sums};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(st->inv_freq);
     if (t->mapping) munmap(t->mapping, t->file_size);
@@ -1097,26 +1099,26 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
     for (int l = 0; l < c->n_layers; l++) {
         size_t ld = (size_t)l * dim;                                       // layer l's norm weights
         size_t kv_layer = (size_t)l * t->n_ctx * kv_dim * kv_elem_bytes(t->kv_type); // layer l in the caches
-        void *key_cache = (char *)st->key_cache + kv_layer;                 // (n_ctx, kv_dim)
-        void *value_cache = (char *)st->value_cache + kv_layer;             // (n_ctx, kv_dim)
+        void *key_cache = (char *)st->key_cache + kv_layer;                // (n_ctx, kv_dim)
+        void *value_cache = (char *)st->value_cache + kv_layer;            // (n_ctx, kv_dim)
 
         // attention block: x += wo @ attention(rope(wq @ h), rope(wk @ h), wv @ h)
         rmsnorm(st->xb, st->x, w->rms_att_weight + ld, B, dim, c->norm_eps); // h (B, dim)
-        project(st, st->q, st->xb, w->wq, w->bq, l, B, dim, dim);             // q (B, n_heads, head_size)
-        project(st, st->k, st->xb, w->wk, w->bk, l, B, dim, kv_dim);          // k (B, n_kv_heads, head_size)
-        project(st, st->v, st->xb, w->wv, w->bv, l, B, dim, kv_dim);          // v (B, n_kv_heads, head_size)
+        project(st, st->q, st->xb, w->wq, w->bq, l, B, dim, dim);          // q (B, n_heads, head_size)
+        project(st, st->k, st->xb, w->wk, w->bk, l, B, dim, kv_dim);       // k (B, n_kv_heads, head_size)
+        project(st, st->v, st->xb, w->wv, w->bv, l, B, dim, kv_dim);       // v (B, n_kv_heads, head_size)
         RotatedKeys keys = rope_stage(t, key_cache, B, pos0);              // q rotated; k into the cache
         kv_store(value_cache, t->kv_type, (size_t)slot * kv_dim, st->v, B * kv_dim); // v into the cache
         attention(st->xb, st->q, &keys, value_cache, B, place, layer_window(t, l), t); // (B, dim)
-        project(st, st->xb2, st->xb, w->wo, w->bo, l, B, dim, dim);           // (B, dim)
+        project(st, st->xb2, st->xb, w->wo, w->bo, l, B, dim, dim);        // (B, dim)
         residual_add(st->x, st->xb2, B * dim);
 
         // feed-forward block: x += w2 @ (silu(w1 @ h) * (w3 @ h))
         rmsnorm(st->xb, st->x, w->rms_ffn_weight + ld, B, dim, c->norm_eps);
-        project(st, st->hb, st->xb, w->w1, w->b1, l, B, dim, hidden_dim);     // (B, hidden_dim)
-        project(st, st->hb2, st->xb, w->w3, w->b3, l, B, dim, hidden_dim);    // (B, hidden_dim)
+        project(st, st->hb, st->xb, w->w1, w->b1, l, B, dim, hidden_dim);  // (B, hidden_dim)
+        project(st, st->hb2, st->xb, w->w3, w->b3, l, B, dim, hidden_dim); // (B, hidden_dim)
         swiglu(st->hb, st->hb2, B * hidden_dim);
-        project(st, st->xb2, st->hb, w->w2, w->b2, l, B, hidden_dim, dim);    // (B, dim)
+        project(st, st->xb2, st->hb, w->w2, w->b2, l, B, hidden_dim, dim); // (B, dim)
         residual_add(st->x, st->xb2, B * dim);
     }
 
@@ -1247,7 +1249,8 @@ int sample(Sampler *sampler, float *logits, const int *history, int n) {
     // nucleus were below it, the rest could not sum to more than 1 - topp).
     int n_cand = 0;
     float cutoff = 0.0f;
-    if (sampler->topk == 0 && sampler->topp < 1.0f && sampler->vocab_size > 1) cutoff = (1.0f - sampler->topp) / (sampler->vocab_size - 1);
+    if (sampler->topk == 0 && sampler->topp < 1.0f && sampler->vocab_size > 1)
+        cutoff = (1.0f - sampler->topp) / (sampler->vocab_size - 1);
     for (int i = 0; i < sampler->vocab_size; i++)
         if (logits[i] >= cutoff) sampler->candidates[n_cand++] = (ProbIndex){logits[i], i};
     int truncating = sampler->topk > 0 || sampler->topp < 1.0f || sampler->minp > 0.0f;
