@@ -49,10 +49,10 @@ void fill_randn(float *x, size_t n, float scale);
 Transformer attention_fixture(int n_heads, int n_kv_heads, int head_size, int n_ctx, float *scores,
                               float *attn_tiles);
 
-/* Checkpoint files: a path in $TMPDIR (else /tmp) named test_run_<pid>_<name>
- * (one static buffer: the next call overwrites it), little-endian fields, a
- * tiny valid version-1 header, a random float32 checkpoint of the given
- * dimensions. */
+/* Checkpoint files: a path in $TMPDIR (else the system's temporary folder)
+ * named test_run_<pid>_<name> (one static buffer: the next call overwrites
+ * it), little-endian fields, a tiny valid version-1 header, a random float32
+ * checkpoint of the given dimensions. */
 const char *tmp_path(const char *name);
 void put_i32(unsigned char *p, int32_t v);
 void put_f32(unsigned char *p, float f);
