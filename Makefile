@@ -110,9 +110,13 @@ $(VENV)/.installed: requirements.txt
 	cp requirements.txt $@
 venv: $(VENV)/.installed
 
-# C unit tests #include the sources under -DTESTING (no main from run.c; the
+# The C unit tests build the sources with -DTESTING (no main from run.c; the
 # mode functions that only main calls are then unused, hence the -Wno).
 TWARN = $(WARN) -Wno-unused-function
+# test_run is one program from these files: main and the shared helpers
+# (test_run.c, tests/check.h), then one file per subject.
+TEST_RUN_C = tests/test_run.c tests/test_rope.c tests/test_kernels.c tests/test_forward.c tests/test_sampler.c \
+	tests/test_loader.c tests/test_modes.c
 # test_run is built with $(OPT) like ./run, so on a SIMD machine it compares
 # the SIMD kernels with the portable ones. Every kernel path the machine can
 # run gets tested: test_run (-march=native: AVX-512 and VNNI where the CPU has
@@ -122,14 +126,14 @@ TWARN = $(WARN) -Wno-unused-function
 # alone). On a CPU without some of these the builds repeat a path.
 # `make sanitize` builds it again without -march, with -march=native, and with
 # -march=native minus AVX-512.
-tests/test_run: tests/test_run.c $(SRC) $(HDR)
-	$(CC) $(OPT) $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ tests/test_run.c $(SRC) $(LDLIBS)
-tests/test_run-avxvnni: tests/test_run.c $(SRC) $(HDR)
-	$(CC) $(OPT) -mno-avx512f $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ tests/test_run.c $(SRC) $(LDLIBS)
-tests/test_run-avx2: tests/test_run.c $(SRC) $(HDR)
-	$(CC) $(OPT) -mno-avx512f -mno-avxvnni $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ tests/test_run.c $(SRC) $(LDLIBS)
-tests/test_run-portable: tests/test_run.c $(SRC) $(HDR)
-	$(CC) -O2 $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ tests/test_run.c $(SRC) $(LDLIBS)
+tests/test_run: $(TEST_RUN_C) tests/check.h $(SRC) $(HDR)
+	$(CC) $(OPT) $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ $(TEST_RUN_C) $(SRC) $(LDLIBS)
+tests/test_run-avxvnni: $(TEST_RUN_C) tests/check.h $(SRC) $(HDR)
+	$(CC) $(OPT) -mno-avx512f $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ $(TEST_RUN_C) $(SRC) $(LDLIBS)
+tests/test_run-avx2: $(TEST_RUN_C) tests/check.h $(SRC) $(HDR)
+	$(CC) $(OPT) -mno-avx512f -mno-avxvnni $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ $(TEST_RUN_C) $(SRC) $(LDLIBS)
+tests/test_run-portable: $(TEST_RUN_C) tests/check.h $(SRC) $(HDR)
+	$(CC) -O2 $(FP) $(OMP) $(TWARN) -DTESTING -I. -o $@ $(TEST_RUN_C) $(SRC) $(LDLIBS)
 tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/test_tokenizer.c $(LDLIBS)
 tests/tok_driver: tests/tok_driver.c tokenizer.c $(HDR)
@@ -143,9 +147,9 @@ test-c: tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run
 	./tests/test_tokenizer
 
 sanitize: venv
-	$(CC) $(SAN) $(FP) $(OMP) $(TWARN) -DTESTING -I. -o tests/test_run-san tests/test_run.c $(SRC) $(LDLIBS)
-	$(CC) $(SAN) $(FP) -march=native $(OMP) $(TWARN) -DTESTING -I. -o tests/test_run-san-simd tests/test_run.c $(SRC) $(LDLIBS)
-	$(CC) $(SAN) $(FP) -march=native -mno-avx512f $(OMP) $(TWARN) -DTESTING -I. -o tests/test_run-san-avx2 tests/test_run.c $(SRC) $(LDLIBS)
+	$(CC) $(SAN) $(FP) $(OMP) $(TWARN) -DTESTING -I. -o tests/test_run-san $(TEST_RUN_C) $(SRC) $(LDLIBS)
+	$(CC) $(SAN) $(FP) -march=native $(OMP) $(TWARN) -DTESTING -I. -o tests/test_run-san-simd $(TEST_RUN_C) $(SRC) $(LDLIBS)
+	$(CC) $(SAN) $(FP) -march=native -mno-avx512f $(OMP) $(TWARN) -DTESTING -I. -o tests/test_run-san-avx2 $(TEST_RUN_C) $(SRC) $(LDLIBS)
 	$(CC) $(SAN) $(WARN) -I. -o tests/test_tokenizer-san tests/test_tokenizer.c $(LDLIBS)
 	$(CC) $(SAN) $(FP) $(OMP) $(WARN) -o run-san $(SRC) $(LDLIBS)
 	./tests/test_run-san
@@ -154,7 +158,7 @@ sanitize: venv
 	./tests/test_tokenizer-san
 	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_modes.py tests/test_loader.py
 ifeq ($(HAVE_CLANG),yes)
-	$(CLANG) $(CLANG_SAN) $(FP) -march=native $(TWARN) -DTESTING -I. -o tests/test_run-clang-san tests/test_run.c $(SRC) $(LDLIBS)
+	$(CLANG) $(CLANG_SAN) $(FP) -march=native $(TWARN) -DTESTING -I. -o tests/test_run-clang-san $(TEST_RUN_C) $(SRC) $(LDLIBS)
 	$(CLANG) $(CLANG_SAN) $(WARN) -I. -o tests/test_tokenizer-clang-san tests/test_tokenizer.c $(LDLIBS)
 	$(CLANG) $(CLANG_SAN) $(FP) -march=native $(WARN) -o run-clang-san $(SRC) $(LDLIBS)
 	./tests/test_run-clang-san

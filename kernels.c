@@ -8,7 +8,7 @@
  *   4. matmul over float32 or q8_0 weights: chunks of rows over threads,
  *      tiles of rows x tokens within a chunk
  * Every function computes exactly the formula in its first comment line (or
- * kernels.h's); tests/test_run.c checks each against run.c's matmul_reference
+ * kernels.h's); tests/test_kernels.c checks each against run.c's matmul_reference
  * or a double-precision reference.
  */
 #define _POSIX_C_SOURCE 200809L

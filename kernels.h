@@ -5,7 +5,7 @@
  * things fast: weights stored float32 or q8_0, a KV cache of float32 or IEEE
  * half, SIMD tiles (AVX-512 or AVX2) that let one load of a weight serve many
  * tokens, and threads. Every kernel here has a portable C version;
- * tests/test_run.c checks each one against run.c's matmul_reference or a
+ * tests/test_kernels.c checks each one against run.c's matmul_reference or a
  * double-precision reference. Read run.c first; come here to see how the time
  * is spent.
  *

@@ -113,7 +113,7 @@ static void ppl_add(PplScore *out, int w, int p, double nll) {
 
 /* Teacher-forced NLL of the text ids[0..n_ids) (no BOS among them), the
  * windowing the extrapolation study relies on (docs/rope.md §12.2;
- * tests/reference.py's ppl_reference computes the same in numpy):
+ * tests/reference/forward.py's ppl_reference computes the same in numpy):
  *   - a window is a span of the text; the model reads BOS (when the
  *     tokenizer adds one: add_bos) and then the span but its last token,
  *     from position 0, and predicts every token after the BOS: at most

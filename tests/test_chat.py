@@ -462,7 +462,7 @@ def test_chat_template_flag_keeps_or_drops_the_file_texts(setups, tmp_path):
 
 @pytest.mark.parametrize("name,bos", [("chatml", False), ("llama3", True)])
 def test_plain_template(name, bos, setups, tmp_path):
-    """--chat-template plain, by run.c's rule: BOS when the tokenizer adds one
+    """--chat-template plain, by chat.c's rule: BOS when the tokenizer adds one
     (the Llama 3 tokenizer here: add_bos_token true; the ChatML one: false),
     then every message's text and "\\n", encoded as one text by the tokenizers
     library (no generation prompt)."""

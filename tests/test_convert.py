@@ -5,7 +5,7 @@ Hugging Face: small model directories are built here (random weights with
 Hugging Face's q/k row permutation applied, config.json, safetensors written by
 write_safetensors below: F32, F16, BF16, one file or shards with an index).
 Each is exported in both q/k layouts (neox: rows kept; interleaved: rows
-un-permuted) and `run -m ppl` must give the NLL of tests/hf_reference.py, a
+un-permuted) and `run -m ppl` must give the NLL of tests/reference/hf.py, a
 float64 forward pass in Hugging Face's semantics (rotate_half on the HF
 weights, transformers' inv_freq for each rope_scaling type).
 
@@ -14,8 +14,9 @@ past it against the token-by-token references (run's default "hf" mode and
 --rope-dynamic exact), since a full-sequence forward equals neither there.
 
 Meta: a tiny consolidated.NN.pth checkpoint (model-parallel shards split the
-way Meta splits them), when torch is installed, against tests/reference.py
-and against the export of the same model's Hugging Face form.
+way Meta splits them), when torch is installed, against
+tests/reference/forward.py and against the export of the same model's Hugging
+Face form.
 
 Also: header fields from config.json, bad sources (one line naming the file,
 exit 1, no output or temporary file), streaming in blocks, and the
@@ -50,8 +51,8 @@ import convert.safetensors
 import export
 from conftest import (ROOT, SYN_VOCAB, TEXT, check_error, hf_permute, make_model, need_shared,
                       run, run_ok, run_ppl, tokenize)
-from hf_reference import HFReference, inv_freq_and_attention
-from reference import Reference, ppl_reference
+from reference.forward import Reference, ppl_reference
+from reference.hf import HFReference, inv_freq_and_attention
 
 EXPORT = [sys.executable, str(ROOT / "export.py")]
 NLL_TOL = 1e-4

@@ -16,7 +16,7 @@ import pytest
 import export
 from conftest import (ROOT, SHARED, SYN_PIECES, SYN_SCORES, TEXT, make_model, model_config,
                       need_shared, run_ok, run_ppl, write_legacy)
-from reference import Reference, ppl_reference
+from reference.forward import Reference, ppl_reference
 
 EXPORT = [sys.executable, str(ROOT / "export.py")]
 

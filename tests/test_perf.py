@@ -1,6 +1,7 @@
 """The performance features: q8_0 weights, the f16 KV cache, --ignore-eos and
---threads (the kernels themselves, SIMD against portable, and block prefill
-against token-by-token are checked in tests/test_run.c).
+--threads (the kernels themselves, SIMD against portable, are checked in
+tests/test_kernels.c, and block prefill against token-by-token in
+tests/test_forward.c).
 
 Accuracy bounds, and why:
 - q8_0 against float32: quantizing weights and activations to 8 bits per

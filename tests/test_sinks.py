@@ -7,8 +7,8 @@ The reference is a float64 numpy forward pass written here step by step with
 the same eviction and position rule: each token's key and value are computed
 once, when it arrives, given what the cache then holds; keys are stored
 unrotated and rotated at their current place for every query; the query sits
-at the newest place. It uses tests/reference.py's model arrays, rmsnorm and
-rotation. `run -m ppl --streaming` must give the same NLL on a text three
+at the newest place. It uses tests/reference/forward.py's model arrays,
+rmsnorm and rotation. `run -m ppl --streaming` must give the same NLL on a text three
 times the cache size (NLL_TOL 1e-4 on the mean, as tests/test_forward.py:
 float32 against float64), for S = 4 and S = 0 (a plain sliding window) and
 both layouts. Also: generation past --ctx with sinks runs to -n, and the flag
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import TEXT, check_error, make_model, run, run_ok, tokenize
-from reference import Reference, apply_rope, rmsnorm, rope_cos_sin
+from reference.forward import Reference, apply_rope, rmsnorm, rope_cos_sin
 
 NLL_TOL = 1e-4
 

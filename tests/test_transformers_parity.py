@@ -1,13 +1,14 @@
 """Parity with the real transformers library (an independent check of the
-numpy re-implementation in tests/hf_reference.py).
+numpy re-implementation in tests/reference/hf.py).
 
 Each case builds a tiny random model WITH transformers (its config class and
 its ForCausalLM class, float32, seeded), writes it with save_pretrained
 (config.json + model.safetensors, as transformers itself writes them), converts
 it with `export.py --hf`, and compares `run -m ppl --json` with the NLL that
 the transformers model, loaded back with from_pretrained from the same
-directory, gives on the same windows (tests/reference.py::ppl_reference: BOS +
-ctx-1 text tokens per window).
+directory, gives on the same windows
+(tests/reference/forward.py::ppl_reference: BOS + ctx-1 text tokens per
+window).
 
 How transformers is run for a window:
     full    one forward over the window (exact for every model whose rotation
@@ -44,7 +45,7 @@ transformers = pytest.importorskip("transformers")
 
 import export  # noqa: E402
 from conftest import SYN_VOCAB, TEXT, make_model, run_ppl, tokenize  # noqa: E402
-from reference import ppl_reference  # noqa: E402
+from reference.forward import ppl_reference  # noqa: E402
 
 NLL_TOL = 1e-4      # mean NLL, float32 on both sides
 BUCKET_TOL = 2e-4   # mean NLL of each of run's position buckets

@@ -1,5 +1,5 @@
 /* fuzz_chat.c: libFuzzer target for the conversation-file parser and the chat
- * templates (run.c's parse_conversation and render_chat; make fuzz).
+ * templates (chat.c's parse_conversation and render_chat; make fuzz).
  *
  * Input: a selector byte (bits 0-1: template plain, llama2, chatml, llama3;
  * bit 2: the byte-level tokenizer with ChatML pieces instead of the

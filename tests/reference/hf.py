@@ -278,7 +278,7 @@ class HFReference:
 
     def nll(self, tokens):
         """-log p(tokens[t] | tokens[:t]) for t = 1..T-1 (the interface
-        reference.ppl_reference uses)."""
+        reference.forward.ppl_reference uses)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         logits = self.logits(tokens[:-1])
         m = logits.max(axis=-1, keepdims=True)

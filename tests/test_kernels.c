@@ -1,0 +1,484 @@
+/* test_kernels.c: the kernels and number formats: every matmul path (SIMD
+ * and portable, float32 and q8_0, one token and blocks) against run.c's
+ * matmul_reference and a double sum; attention scores, attention blocks (with
+ * windows, an f16 cache, threads, Self-Extend) against a double reference or
+ * the one-query path; exp_fast against libm; the half conversions against the
+ * compiler's _Float16. Part of test_run (test_run.c): each build of it
+ * (Makefile, TEST_RUN_C) tests the SIMD kernels its flags select.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "check.h"
+
+/* run.c's matmul_reference (float, summed in order) into double, the
+ * reference every matmul kernel is checked against below. */
+static void matmul_ref(double *out, const float *x, const float *w, int B, int n, int d) {
+    float *f = malloc(sizeof(float) * B * d);
+    matmul_reference(f, x, w, B, n, d);
+    for (int i = 0; i < B * d; i++) out[i] = f[i];
+    free(f);
+}
+
+/* int8 activations in blocks (--q8-activations int8): matmul with
+ * int8_blocks takes the q8_0 column kernel in VNNI builds (int8 dot products
+ * in others: q8_method must say so) and gives the int8 dot products'
+ * results: the same integer sums in another float order, so within 1e-4
+ * relative to the output scale sqrt(n), and NaN (from a group of x that holds
+ * one) in exactly the same outputs. */
+static void check_int8_blocks(const float *x, const int8_t *wq, const float *ws, int B, int n, int d, int gs,
+                              int expect_nans) {
+    int threads = 1, ldx = simd_round_up(B);
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    float *dots = malloc(sizeof(float) * B * d), *cols = malloc(sizeof(float) * B * d);
+    float *xs = malloc(sizeof(float) * B * n / gs);
+    int8_t *xq = malloc((size_t)B * n);
+    Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+    MatmulScratch int8_only = {.x_q = xq, .x_scale = xs};
+    matmul(dots, x, mq, B, n, d, &int8_only);
+    MatmulScratch blocks = {.x_q = xq, .x_scale = xs, .threads = threads, .x_qt = malloc((size_t)n * ldx),
+                            .x_scale_t = malloc(sizeof(float) * (n / gs) * ldx),
+                            .w_sums = malloc(sizeof(int32_t) * threads * ROW_CHUNK * (n / gs)), .int8_blocks = 1};
+    int method = q8_method(&blocks, B, gs);
+    CHECK(method == (HAVE_Q8_COLS ? Q8_COLUMNS : Q8_DOTS), "q8_method with int8 activations, B=%d gs=%d: %d", B, gs,
+          method);
+    matmul(cols, x, mq, B, n, d, &blocks);
+    double worst = 0;
+    int nan_apart = 0, nans = 0;
+    for (int i = 0; i < B * d; i++) {
+        nans += isnan(cols[i]);
+        if (isnan(dots[i]) || isnan(cols[i])) nan_apart += isnan(dots[i]) != isnan(cols[i]);
+        else worst = fmax(worst, fabs(cols[i] - dots[i]));
+    }
+    CHECK(worst < 1e-4 * sqrt((double)n) && nan_apart == 0 && nans == expect_nans,
+          "q8_0 matmul B=%d n=%d d=%d gs=%d, int8 activations (%s) vs int8 dot products: %.3g, %d NaN apart, "
+          "%d NaN (expected %d)", B, n, d, gs, method == Q8_COLUMNS ? "column kernel" : "dot products", worst,
+          nan_apart, nans, expect_nans);
+    free(dots), free(cols), free(xs), free(xq), free(blocks.x_qt), free(blocks.x_scale_t), free(blocks.w_sums);
+}
+
+/* Every matmul path (SIMD column kernel, one-row kernels, portable tiles,
+ * q8_0 int8 products, q8_0 dequantized rows) against run.c's
+ * matmul_reference, and the reference itself against a double sum.
+ * Tolerances: float32, different summation orders over n <= 768 terms of
+ * unit-scale products: 1e-5 * sqrt(n)-ish, written 2e-4 absolute on outputs of
+ * magnitude ~sqrt(n). q8_0: the same integer sums, only the float
+ * accumulation order differs: 1e-4 relative to the output scale.
+ * Shapes include edge tiles (d % 6 != 0: the last rows in tiles of 4, 2, 1;
+ * B % 16 != 0; B = 70 and 128: several tiles of 64 tokens with AVX-512, of
+ * 16 with AVX2; for the q8_0 column kernel, of 32 and 8) and n % 8 != 0. */
+void test_matmul_kernels(void) {
+    int shapes[][3] = {{1, 288, 36}, {5, 288, 37}, {32, 64, 16}, {7, 172, 9}, {2, 96, 5}, {3, 512, 12},
+                       {17, 100, 30}, {32, 768, 13}, {70, 96, 29}, {128, 64, 7}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int B = shapes[c][0], n = shapes[c][1], d = shapes[c][2], gs = n % 32 == 0 ? 32 : 4;
+        float *x = malloc(sizeof(float) * B * n), *w = malloc(sizeof(float) * d * n);
+        float *simd = malloc(sizeof(float) * B * d), *port = malloc(sizeof(float) * B * d);
+        float *wd = malloc(sizeof(float) * d * n), *ws = malloc(sizeof(float) * d * n / gs);
+        float *xs = malloc(sizeof(float) * B * n / gs);
+        int8_t *wq = malloc((size_t)d * n), *xq = malloc((size_t)B * n);
+        float *xt = malloc(sizeof(float) * n * simd_round_up(B)); // x transposed, for blocks (the column kernel)
+        MatmulScratch fs = {.x_t = xt};
+        double *ref = malloc(sizeof(double) * B * d);
+        fill_randn(x, (size_t)B * n, 1.0f);
+        fill_randn(w, (size_t)d * n, 1.0f);
+        matmul_ref(ref, x, w, B, n, d);
+        double worst_def = 0; // the definition itself, against double
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < d; i++)
+                worst_def = fmax(worst_def, fabs(ref[(size_t)b * d + i] - dot64(x + (size_t)b * n, w + (size_t)i * n, n)));
+        CHECK(worst_def < 2e-4, "matmul_reference B=%d n=%d d=%d vs double: %.3g", B, n, d, worst_def);
+        Matrix mf = {WEIGHT_F32, 0, w, NULL};
+        use_simd = HAVE_SIMD;
+        matmul(simd, x, mf, B, n, d, &fs);
+        use_simd = 0;
+        matmul(port, x, mf, B, n, d, &fs);
+        double worst = 0, worst_ref = 0;
+        for (int i = 0; i < B * d; i++) {
+            worst = fmax(worst, fabs(simd[i] - port[i]));
+            worst_ref = fmax(worst_ref, fmax(fabs(simd[i] - ref[i]), fabs(port[i] - ref[i])));
+        }
+        CHECK(worst < 2e-4 && worst_ref < 2e-4, "f32 matmul B=%d n=%d d=%d: simd vs portable %.3g, vs reference %.3g",
+              B, n, d, worst, worst_ref);
+        // Token b alone (generation's one-row kernel, four partial sums) gives
+        // its row of the block (one FMA chain per output) up to the summation
+        // order: the same 2e-4.
+        use_simd = HAVE_SIMD;
+        double worst_alone = 0;
+        for (int b = 0; b < B; b++) {
+            matmul(port, x + (size_t)b * n, mf, 1, n, d, &fs);
+            for (int i = 0; i < d; i++) worst_alone = fmax(worst_alone, fabs(port[i] - simd[(size_t)b * d + i]));
+        }
+        CHECK(worst_alone < 2e-4, "f32 matmul B=%d n=%d d=%d: a token alone differs from its block row by %.3g", B,
+              n, d, worst_alone);
+
+        // q8_0: quantize W; the kernels against each other and against the
+        // float matmul with the dequantized W (error from quantizing x only).
+        quantize_q8(wq, ws, w, d, n, gs);
+        // -128: outside the format's -127..127 (export never writes it) but an
+        // int8 all the same; every kernel must still be exact (no sign wrap)
+        wq[0] = wq[(size_t)d * n - 1] = -128;
+        for (size_t i = 0; i < (size_t)d * n; i++) wd[i] = wq[i] * ws[i / gs];
+        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+        MatmulScratch int8_only = {.x_q = xq, .x_scale = xs}; // no w_rows: int8 dot products for any B
+        matmul(simd, x, mq, B, n, d, &int8_only);
+        use_simd = 0;
+        matmul(port, x, mq, B, n, d, &int8_only);
+        use_simd = HAVE_SIMD;
+        matmul_ref(ref, x, wd, B, n, d);
+        double scale = sqrt((double)n), worst_q = 0, worst_deq = 0;
+        for (int i = 0; i < B * d; i++) {
+            worst_q = fmax(worst_q, fabs(simd[i] - port[i]));
+            worst_deq = fmax(worst_deq, fabs(simd[i] - ref[i]));
+        }
+        // quantizing x: relative error per value <= 1/254 of the group max, ~0.5% of the output scale
+        CHECK(worst_q < 1e-4 * scale && worst_deq < 0.03 * scale,
+              "q8_0 matmul B=%d n=%d d=%d gs=%d: simd vs portable %.3g, vs dequantized float %.3g", B, n, d, gs,
+              worst_q, worst_deq);
+        if (B > 1) { // several tokens with w_rows: dequantized rows, the float kernel
+            int threads = 1;
+#ifdef _OPENMP
+            threads = omp_get_max_threads();
+#endif
+            MatmulScratch full = {.x_t = xt, .x_q = xq, .x_scale = xs,
+                                  .w_rows = malloc(sizeof(float) * threads * ROW_CHUNK * n), .threads = threads};
+            CHECK(q8_method(&full, B, gs) == Q8_ROWS && q8_method(&full, 1, gs) == Q8_DOTS,
+                  "q8_method B=%d: %d (expected dequantized rows), B=1: %d (expected dot products)",
+                  B, q8_method(&full, B, gs), q8_method(&full, 1, gs));
+            matmul(port, x, mq, B, n, d, &full);
+            double worst_rows = 0;
+            for (int i = 0; i < B * d; i++) worst_rows = fmax(worst_rows, fabs(port[i] - ref[i]));
+            CHECK(worst_rows < 2e-4, "q8_0 matmul B=%d n=%d d=%d, dequantized rows vs reference: %.3g", B, n, d,
+                  worst_rows);
+            free(full.w_rows);
+            check_int8_blocks(x, wq, ws, B, n, d, gs, 0);
+        }
+        free(x), free(w), free(simd), free(port), free(wd), free(ws), free(xs), free(wq), free(xq), free(ref), free(xt);
+    }
+    // q8_0 generation kernel (one token) with group sizes other than 32:
+    // SIMD against portable, the same 1e-4 relative to the output scale.
+    for (int gs = 64; gs <= 128; gs *= 2) {
+        int n = 256, d = 7;
+        float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * d * n);
+        float *ws = malloc(sizeof(float) * d * n / gs), *xs = malloc(sizeof(float) * n / gs), simd[7], port[7];
+        int8_t *wq = malloc((size_t)d * n), *xq = malloc((size_t)n);
+        fill_randn(x, (size_t)n, 1.0f);
+        fill_randn(w, (size_t)d * n, 1.0f);
+        quantize_q8(wq, ws, w, d, n, gs);
+        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+        MatmulScratch int8_only = {.x_q = xq, .x_scale = xs};
+        matmul(simd, x, mq, 1, n, d, &int8_only);
+        use_simd = 0;
+        matmul(port, x, mq, 1, n, d, &int8_only);
+        use_simd = HAVE_SIMD;
+        double worst = 0;
+        for (int i = 0; i < d; i++) worst = fmax(worst, fabs(simd[i] - port[i]));
+        CHECK(worst < 1e-4 * sqrt((double)n), "q8_0 one-token matmul gs=%d: simd vs portable %.3g", gs, worst);
+        free(x), free(w), free(ws), free(xs), free(wq), free(xq);
+    }
+    // int8 activations in blocks with group sizes other than 32 (several
+    // 32-byte steps per group), and with a NaN in one token's x: NaN in
+    // that token's outputs only.
+    for (int gs = 64; gs <= 128; gs *= 2)
+        for (int with_nan = 0; with_nan <= 1; with_nan++) {
+            int B = 37, n = 256, d = 13;
+            float *x = malloc(sizeof(float) * B * n), *w = malloc(sizeof(float) * d * n);
+            float *ws = malloc(sizeof(float) * d * n / gs);
+            int8_t *wq = malloc((size_t)d * n);
+            fill_randn(x, (size_t)B * n, 1.0f);
+            fill_randn(w, (size_t)d * n, 1.0f);
+            if (with_nan) x[5 * n + 77] = NAN;
+            quantize_q8(wq, ws, w, d, n, gs);
+            check_int8_blocks(x, wq, ws, B, n, d, gs, with_nan ? d : 0);
+            free(x), free(w), free(ws), free(wq);
+        }
+    // matrix_row dequantizes one row (the embedding lookup)
+    int8_t q[8] = {1, -2, 3, -4, 127, 0, -127, 5};
+    float sc[2] = {0.5f, 2.0f}, row[4];
+    matrix_row(row, (Matrix){WEIGHT_Q8_0, 4, q, sc}, 1, 4);
+    CHECK(row[0] == 254 && row[1] == 0 && row[2] == -254 && row[3] == 10, "matrix_row q8_0: %g %g %g %g", row[0],
+          row[1], row[2], row[3]);
+    // quantize_q8 never converts a non-finite float to an integer: a group holding a
+    // NaN or an infinity gets q = 0 and scale NaN; the other groups are untouched.
+    float xs[12] = {1, -2, 0.5f, 4, NAN, 1, 2, 3, 1, INFINITY, -1, 0};
+    int8_t qx[12];
+    float sx[3];
+    quantize_q8(qx, sx, xs, 1, 12, 4);
+    int zeros = 1;
+    for (int i = 4; i < 12; i++) zeros &= qx[i] == 0;
+    CHECK(sx[0] == 4.0f / 127 && qx[3] == 127 && qx[1] == -64 && isnan(sx[1]) && isnan(sx[2]) && zeros,
+          "quantize_q8 with NaN and infinity: scales %g %g %g", sx[0], sx[1], sx[2]);
+    // Values so small that 1/scale overflows (a subnormal scale; found by fuzz_checkpoint).
+    float tiny[4] = {1e-39f, -5e-40f, 0, 2e-45f};
+    quantize_q8(qx, sx, tiny, 1, 4, 4);
+    CHECK(qx[0] == 127 && qx[1] == -64 && qx[2] == 0 && qx[3] == 0 && sx[0] == 1e-39f / 127,
+          "quantize_q8 of subnormal values: q %d %d %d %d, scale %g", qx[0], qx[1], qx[2], qx[3], sx[0]);
+}
+
+/* causal attention in double, straight from the formula in run.c's
+ * attention: out (B, nh, hs) for queries q (B, nh, hs) at pos0.. against
+ * keys, values (n_ctx, nkv * hs); with window W > 0 the query at position p
+ * sees keys p - W + 1 .. p only. */
+static void attention_ref(double *out, const float *q, const float *keys, const float *values, int B, int pos0,
+                          int nh, int nkv, int hs, int window) {
+    int kv_dim = nkv * hs;
+    double *w = malloc(sizeof(double) * (pos0 + B));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            const float *qh = q + ((size_t)b * nh + h) * hs;
+            int n = pos0 + b + 1, kv = h / (nh / nkv), lo = window > 0 && n > window ? n - window : 0;
+            double max = -INFINITY, sum = 0;
+            for (int t = lo; t < n; t++) {
+                w[t] = dot64(qh, keys + (size_t)t * kv_dim + kv * hs, hs) / sqrt((double)hs);
+                max = fmax(max, w[t]);
+            }
+            for (int t = lo; t < n; t++) sum += w[t] = exp(w[t] - max);
+            for (int i = 0; i < hs; i++) {
+                double o = 0;
+                for (int t = lo; t < n; t++) o += w[t] / sum * values[(size_t)t * kv_dim + kv * hs + i];
+                out[((size_t)b * nh + h) * hs + i] = o;
+            }
+        }
+    free(w);
+}
+
+/* |a - b|, infinity when either is NaN (fmax would drop a NaN) */
+static double abs_err(double a, double b) { return isnan(a) || isnan(b) ? INFINITY : fabs(a - b); }
+
+/* Self-Extend in blocks: attention_block with grouped queries and keys (a
+ * score from the grouped pair when the key lies W or more positions before
+ * the query) against the one-query path, which reads the same arrays; blocks
+ * of 2 to 260 queries whose key tiles lie wholly on either side of the line
+ * or across it, 1 to 2 threads, GQA and a head size off the vector width.
+ * Both sum in float in other orders, with exp_fast: the 2e-5 of the plain
+ * block test. (End to end, tests/test_extrapolation.py checks Self-Extend's
+ * NLL in blocks against a float64 numpy forward pass.) */
+void test_attention_block_self_extend(void) {
+    int cases[][5] = {{16, 130, 150, 5, 1}, {20, 7, 200, 60, 2}, {16, 260, 0, 1, 2}, {8, 2, 100, 3, 1},
+                      {16, 40, 30, 200, 1}, // head_size, B, pos0, W, threads; then the lines' edges at a tile's:
+                      {16, 60, 51, 5, 1},   // key 47, the last of tile 0, is W - 1 before the first query
+                      {16, 3, 51, 5, 1}};   // key 48, the first of tile 1, is W before the last query
+    int nh = 4, nkv = 2, n_ctx = 300;
+    double worst = 0;
+#ifdef _OPENMP
+    int max_threads = omp_get_max_threads();
+#endif
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int hs = cases[c][0], B = cases[c][1], pos0 = cases[c][2], W = cases[c][3], dim = nh * hs, kv_dim = nkv * hs;
+        size_t cache_n = (size_t)n_ctx * kv_dim;
+        float *q = malloc(sizeof(float) * B * dim), *qg = malloc(sizeof(float) * B * dim);
+        float *out = malloc(sizeof(float) * B * dim), *out2 = malloc(sizeof(float) * B * dim);
+        float *keys = malloc(sizeof(float) * cache_n), *grouped = malloc(sizeof(float) * cache_n);
+        float *values = malloc(sizeof(float) * cache_n), *scores = malloc(sizeof(float) * nh * n_ctx);
+        float *tiles = malloc(sizeof(float) * 2 * attention_block_floats(hs));
+        fill_randn(q, (size_t)B * dim, 2.0f);
+        fill_randn(qg, (size_t)B * dim, 2.0f);
+        fill_randn(keys, cache_n, 1.0f);
+        fill_randn(grouped, cache_n, 1.0f);
+        fill_randn(values, cache_n, 1.0f);
+        Transformer t = attention_fixture(nh, nkv, hs, n_ctx, scores, tiles);
+        t.pos.se_window = W, t.keys = KEYS_SELF_EXTEND;
+#ifdef _OPENMP
+        omp_set_num_threads(cases[c][4]);
+#endif
+        t.state.mm.threads = cases[c][4];
+        int last = pos0 + B - 1;
+        RotatedKeys rk = {keys, KV_F32, qg, grouped, last >= W ? last - W + 1 : 0};
+        attention(out, q, &rk, values, B, pos0, 0, &t);
+        for (int b = 0; b < B; b++) {
+            RotatedKeys one = {keys, KV_F32, qg + (size_t)b * dim, grouped, pos0 + b >= W ? pos0 + b - W + 1 : 0};
+            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &one, values, 1, pos0 + b, 0, &t);
+        }
+        for (int e = 0; e < B * dim; e++) worst = fmax(worst, abs_err(out[e], out2[e]));
+        free(q), free(qg), free(out), free(out2), free(keys), free(grouped), free(values), free(scores), free(tiles);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(max_threads);
+#endif
+    CHECK(worst < 2e-5, "Self-Extend attention: block vs one query at a time %.3g (expected < 2e-5)", worst);
+}
+
+/* attention against the double reference, on every path: a block of B
+ * tokens (kernels.c's attention_block: tiles of 128 queries x 48 keys, online
+ * softmax; SIMD tiles in a SIMD build), the same block with the portable
+ * loops forced (use_simd = 0), and the same tokens one at a time (kv_scores /
+ * kv_mix), with a float32 cache and an f16 one.
+ * Shapes: head sizes 8, 16, 24, 64, and 20 (not a multiple of 8: the
+ * products' last row tiles of 2); B = 2, 7, 17 (two 8-float vectors of
+ * queries and one of 1 with AVX2, two 16-float ones with AVX-512), 140 (a
+ * tile of 128 queries and one of 12);
+ * blocks at position 0, at 5, and at the end of a 150-position cache (keys in
+ * tiles of 48, 48, 48 and a partial one; buffers of exactly n_ctx rows, so the
+ * sanitizer build with -march=native catches a read past them); no window,
+ * and windows of 1, 7 and 40 keys (shorter than the sequence: tiles older
+ * than every query's window are skipped) and of 60 and 100 (longer than a
+ * tile of 48 keys: tiles off the diagonal that cross a window's edge, masked
+ * there); queries of unit scale and 8x that
+ * (peaked softmax: the running maximum moves by several units between tiles);
+ * MHA, GQA and MQA. Every head size meets every B, position and window; the
+ * head layouts and query scales take turns over those cases.
+ * Cache rows the block must not read (past its last position, or older than
+ * its first query's window) hold NaN: reading one would turn the output NaN.
+ * The f16 cases compare against the reference on the f16-rounded keys and
+ * values, so the same tolerance holds.
+ * Threads: the block with the scratch of 1 and of 2 threads (OpenMP set to 2)
+ * gives bit-identical output (each tile of queries is computed by the same
+ * code whatever thread runs it).
+ * Tolerance: outputs are convex combinations of unit-scale values, so their
+ * error is about the weights' relative error: the scores' absolute error
+ * (float sums of <= 64 unit-scale products, 8x larger with the peaked
+ * queries), exp_fast's 2 ulp, and float sums of <= 150 terms. Measured with
+ * gcc -O3 -march=native (AVX-512 and AVX2 builds alike): at most 8.2e-6 for
+ * the block (its rescaling adds a rounding per key tile), 4.7e-6 one query at
+ * a time; the bound is 2e-5. */
+void test_attention_block(void) {
+    int head_sizes[] = {8, 16, 24, 64, 20}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 7, 17, 140};
+    int windows[] = {0, 1, 7, 40, 60, 100}, n_ctx = 150, n_windows = sizeof windows / sizeof windows[0];
+    double worst[2][3] = {{0}}; // [f32, f16 cache][block, portable block, one at a time]
+    int differ_by_threads = 0, thread_cases = 0;
+#ifdef _OPENMP
+    int max_threads = omp_get_max_threads(); // restored at the end
+    omp_set_num_threads(2);
+#endif
+    for (int i = 0; i < 5; i++)
+        for (int k = 0; k < 4; k++)
+            for (int at = 0; at < 3; at++)
+                for (int wi = 0; wi < n_windows; wi++) {
+                    int j = (i + k + at) % 3, peaked = (k + at + wi) % 2; // each head layout and query
+                    // scale meets every head size, block size, position and window
+                    int hs = head_sizes[i], nh = heads[j][0], nkv = heads[j][1], B = blocks[k], W = windows[wi];
+                    int dim = nh * hs, kv_dim = nkv * hs, pos0 = at == 0 ? 0 : at == 1 ? 5 : n_ctx - B;
+                    int first = W > 0 && pos0 + 1 > W ? pos0 + 1 - W : 0, end = pos0 + B; // keys it may read
+                    size_t cache_n = (size_t)n_ctx * kv_dim;
+                    float *q = malloc(sizeof(float) * B * dim), *out = malloc(sizeof(float) * B * dim);
+                    float *out2 = malloc(sizeof(float) * B * dim), *scores = malloc(sizeof(float) * nh * n_ctx);
+                    float *tiles = malloc(sizeof(float) * 2 * attention_block_floats(hs));
+                    float *cache[2] = {malloc(sizeof(float) * cache_n), malloc(sizeof(float) * cache_n)};
+                    float *rounded[2] = {malloc(sizeof(float) * cache_n), malloc(sizeof(float) * cache_n)};
+                    uint16_t *half[2] = {malloc(sizeof(uint16_t) * cache_n), malloc(sizeof(uint16_t) * cache_n)};
+                    double *ref[2] = {malloc(sizeof(double) * B * dim), malloc(sizeof(double) * B * dim)};
+                    fill_randn(q, (size_t)B * dim, peaked ? 8.0f : 1.0f);
+                    for (int kv = 0; kv < 2; kv++) { // keys, values: float32, f16, f16 as float
+                        fill_randn(cache[kv], cache_n, 1.0f);
+                        for (size_t e = 0; e < cache_n; e++) {
+                            half[kv][e] = float_to_half(cache[kv][e]);
+                            rounded[kv][e] = half_to_float(half[kv][e]);
+                        }
+                    }
+                    attention_ref(ref[0], q, cache[0], cache[1], B, pos0, nh, nkv, hs, W);
+                    attention_ref(ref[1], q, rounded[0], rounded[1], B, pos0, nh, nkv, hs, W);
+                    for (int kv = 0; kv < 2; kv++) // rows no query of the block sees: NaN
+                        for (size_t e = 0; e < cache_n; e++)
+                            if ((int)(e / kv_dim) < first || (int)(e / kv_dim) >= end)
+                                cache[kv][e] = NAN, half[kv][e] = float_to_half(NAN);
+                    Transformer t = attention_fixture(nh, nkv, hs, n_ctx, scores, tiles);
+                    for (int f16 = 0; f16 < 2; f16++) {
+                        const void *keys = f16 ? (void *)half[0] : (void *)cache[0];
+                        const void *values = f16 ? (void *)half[1] : (void *)cache[1];
+                        RotatedKeys rk = {.keys = keys, .key_type = f16 ? KV_F16 : KV_F32};
+                        t.kv_type = rk.key_type;
+                        double *r = ref[f16];
+                        t.state.mm.threads = 1;
+                        attention(out, q, &rk, values, B, pos0, W, &t);
+                        for (int e = 0; e < B * dim; e++) worst[f16][0] = fmax(worst[f16][0], abs_err(out[e], r[e]));
+                        if (at == 2) { // the longest blocks (a subset: on a loaded machine each parallel
+                            t.state.mm.threads = 2; // region waits for a busy core)
+                            attention(out2, q, &rk, values, B, pos0, W, &t);
+                            differ_by_threads += memcmp(out, out2, sizeof(float) * B * dim) != 0;
+                            thread_cases++;
+                        }
+                        use_simd = 0;
+                        attention(out2, q, &rk, values, B, pos0, W, &t);
+                        use_simd = HAVE_SIMD;
+                        for (int e = 0; e < B * dim; e++) worst[f16][1] = fmax(worst[f16][1], abs_err(out2[e], r[e]));
+                        for (int b = 0; b < B; b++)
+                            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &rk, values, 1, pos0 + b, W, &t);
+                        for (int e = 0; e < B * dim; e++) worst[f16][2] = fmax(worst[f16][2], abs_err(out2[e], r[e]));
+                    }
+                    free(q), free(out), free(out2), free(scores), free(tiles);
+                    for (int kv = 0; kv < 2; kv++) free(cache[kv]), free(rounded[kv]), free(half[kv]), free(ref[kv]);
+                }
+#ifdef _OPENMP
+    omp_set_num_threads(max_threads);
+#endif
+    for (int f16 = 0; f16 < 2; f16++)
+        CHECK(worst[f16][0] < 2e-5 && worst[f16][1] < 2e-5 && worst[f16][2] < 2e-5,
+              "attention vs double, %s cache: block %.3g, portable block %.3g, one token at a time %.3g "
+              "(expected < 2e-5)", f16 ? "f16" : "float32", worst[f16][0], worst[f16][1], worst[f16][2]);
+    CHECK(differ_by_threads == 0, "attention block: %d of %d cases differ between 1 and 2 threads",
+          differ_by_threads, thread_cases);
+}
+
+/* exp_fast against libm's expf: 2 ulp (2.4e-7 relative) over its range, on a
+ * dense grid and at the edges; 0 below -87.3, infinity above 88.3, NaN kept. */
+void test_exp_fast(void) {
+    double worst = 0;
+    float worst_x = 0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.3f + (88.3f + 87.3f) * (float)i / 2000000;
+        double rel = fabs((double)exp_fast(x) - expf(x)) / expf(x);
+        if (rel > worst) worst = rel, worst_x = x;
+    }
+    CHECK(worst < 2.4e-7, "exp_fast: relative error %.3g at x = %.7g (expected < 2.4e-7)", worst, worst_x);
+    CHECK(exp_fast(0.0f) == 1.0f && exp_fast(-88.0f) == 0.0f && exp_fast(-INFINITY) == 0.0f &&
+              isinf(exp_fast(89.0f)) && isnan(exp_fast(NAN)),
+          "exp_fast edges: e^0 %g, e^-88 %g, e^-inf %g, e^89 %g, e^nan %g", exp_fast(0.0f), exp_fast(-88.0f),
+          exp_fast(-INFINITY), exp_fast(89.0f), exp_fast(NAN));
+}
+
+/* Attention scores q . k_j for keys `stride` floats apart: the SIMD kernel
+ * (8 keys at a time) against the portable dot and double. Head sizes with and
+ * without the 8-key kernel (n % 8), key counts with a remainder, f16 keys
+ * (portable path only). Tolerance: float sums of n <= 128 unit-scale
+ * products, 1e-5 absolute per sqrt(n)-sized score: 2e-4. */
+void test_attention_scores(void) {
+    int shapes[][3] = {{48, 19, 96}, {64, 8, 64}, {8, 33, 24}, {128, 17, 256}, {12, 10, 36}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        int n = shapes[c][0], n_keys = shapes[c][1], stride = shapes[c][2];
+        size_t offset = (size_t)(stride - n); // the head's slice starts inside a row
+        float *q = malloc(sizeof(float) * n), *keys = malloc(sizeof(float) * ((size_t)n_keys * stride + stride));
+        uint16_t *half = malloc(sizeof(uint16_t) * ((size_t)n_keys * stride + stride));
+        float simd[40], port[40], f16[40];
+        fill_randn(q, (size_t)n, 1.0f);
+        fill_randn(keys, (size_t)n_keys * stride + stride, 1.0f);
+        for (size_t i = 0; i < (size_t)n_keys * stride + stride; i++) half[i] = float_to_half(keys[i]);
+        use_simd = HAVE_SIMD;
+        kv_scores(simd, q, keys, KV_F32, offset, stride, n_keys, n);
+        kv_scores(f16, q, half, KV_F16, offset, stride, n_keys, n);
+        use_simd = 0;
+        kv_scores(port, q, keys, KV_F32, offset, stride, n_keys, n);
+        use_simd = HAVE_SIMD;
+        double worst = 0, worst_half = 0;
+        for (int j = 0; j < n_keys; j++) {
+            const float *k = keys + offset + (size_t)j * stride;
+            double ref = dot64(q, k, n), ref_half = 0;
+            for (int i = 0; i < n; i++) ref_half += (double)q[i] * half_to_float_c(half[offset + (size_t)j * stride + i]);
+            worst = fmax(worst, fmax(fabs(simd[j] - ref), fabs(port[j] - ref)));
+            worst_half = fmax(worst_half, fabs(f16[j] - ref_half));
+        }
+        CHECK(worst < 2e-4 && worst_half < 2e-4, "kv_scores n=%d keys=%d stride=%d: vs double %.3g, f16 keys %.3g", n,
+              n_keys, stride, worst, worst_half);
+        free(q), free(keys), free(half);
+    }
+}
+
+/* IEEE half conversions: the portable functions against the compiler's
+ * _Float16 (every one of the 65536 halves; floats at rounding ties, edges). */
+void test_half(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = half_to_float_c((uint16_t)h), b = half_to_float((uint16_t)h);
+        if (!(a == b || (isnan(a) && isnan(b)))) bad++;
+        else if (!isnan(a) && float_to_half_c(a) != h && !(a == 0 && (h & 0x7fff) == 0)) bad++;
+    }
+    CHECK(bad == 0, "half_to_float_c / float_to_half_c round trip: %d of 65536 halves wrong", bad);
+    float edge[] = {65504.0f, 65519.0f, 65520.0f, 1e9f, -1e9f, 6.1e-5f, 5.96e-8f, 2.98e-8f, 2.99e-8f, 1e-10f,
+                    1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, -0.0f, 0.333333f, INFINITY, -INFINITY};
+    bad = 0;
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) bad += float_to_half_c(edge[i]) != float_to_half(edge[i]);
+    for (int i = 0; i < 100000; i++) {
+        float f = randn() * (float)pow(2.0, (i % 40) - 25);
+        bad += float_to_half_c(f) != float_to_half(f);
+    }
+    CHECK(bad == 0, "float_to_half_c disagrees with the compiler's conversion on %d values", bad);
+}
