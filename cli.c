@@ -146,8 +146,9 @@ static const Flag FLAGS[] = {
      "got when it arrived, as Hugging Face; exact = every key re-rotated for the\n"
      "current length (a pre-RoPE key cache)"},
     {"--self-extend", NULL, MODEL, PAIR, 1, MAX_CTX, FIELD(se_group), NULL, "<G> <W>",
-     "Self-Extend: keys W or more tokens back take grouped positions floor(t/G)\n"
-     "(group size G, neighbour window W); a pre-RoPE key cache"},
+     "Self-Extend: a key W or more tokens back takes the grouped position\n"
+     "floor(its position / G) (group size G, neighbour window W); a pre-RoPE\n"
+     "key cache"},
     {"--sinks", NULL, GEN | PPL | PASS, INT, 0, MAX_CTX - 1, FIELD(sinks), NULL, "<n>",
      "attention sinks (StreamingLLM): a rolling cache of --ctx tokens that keeps\n"
      "the first n and evicts the oldest of the rest, positions by place in the\n"

@@ -164,10 +164,10 @@ static inline uint16_t float_to_half(float x) {
  * code whatever their number. SIMD tiles (AVX-512 or AVX2) for every
  * head_size, portable loops in a build without them. */
 size_t attention_block_floats(int head_size);
-/* Self-Extend's grouped scores (run.c's rope_stage, docs/rope.md §10): key t
- * W or more positions before query b's position is scored against query b's
- * grouped query (rotated at its group position) and t's grouped key (rotated
- * at floor(t / G)) instead of q_b and k_t. attention_block takes NULL, or a
+/* Self-Extend's grouped scores (run.c's rope_stage, docs/rope.md §10): the
+ * key at position j, W or more positions before query b's, is scored against
+ * query b's grouped query (rotated at its group position) and j's grouped key
+ * (rotated at floor(j / G)) instead of q_b and k_j. attention_block takes NULL, or a
  * GroupedQueries with q NULL, for none. */
 typedef struct {
     const float *q;    // (B, n_heads, head_size) the block's queries at their group positions

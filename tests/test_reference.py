@@ -9,13 +9,13 @@ text with `-m ppl --save-logits`; every saved logit is compared.
 
 Tolerances, and why:
 - float32 weights and cache: 1e-4 absolute on logits of magnitude up to ~20,
-  the same bound as block prefill against token by token (tests/test_run.c):
+  the same bound as block prefill against token by token (tests/test_forward.c):
   the two builds add the same products in different orders (float32
   rounding, about 1e-6 relative per sum, through a few layers).
 - f16 cache: 1e-2. Both builds store keys and values as IEEE half, but the
   fast block path scores a block's own keys before they are rounded to half
   and the reference reads them back from the cache (half rounding: 5e-4
-  relative per value); the same 2e-2 order as test_run.c's f16 check.
+  relative per value); the same 2e-2 order as test_forward.c's f16 check.
 - q8_0 weights: blocks multiply float32 activations by the q8_0 rows in both
   builds (1e-4 as above); one token at a time (sinks, exact dynamic NTK) the
   fast build quantizes the activations to int8 as llama2.c's runq and
