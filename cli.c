@@ -141,7 +141,7 @@ static const Flag FLAGS[] = {
      "default 1"},
     {"--llama3-high-freq", NULL, MODEL | ROPE, REAL, 1e-6, 1e6, FIELD(llama3_high_freq), NULL, "<float>",
      "default 4"},
-    {"--rope-dynamic", NULL, MODEL | ROPE, CHOICE, 0, 0, FIELD(rope_dynamic), DYNAMIC_NAMES, "<kind>",
+    {"--rope-dynamic", NULL, MODEL, CHOICE, 0, 0, FIELD(rope_dynamic), DYNAMIC_NAMES, "<kind>",
      "dynamic NTK and LongRoPE: hf (default) = each key keeps the rotation it\n"
      "got when it arrived, as Hugging Face; exact = every key re-rotated for the\n"
      "current length (a pre-RoPE key cache)"},
@@ -245,6 +245,7 @@ static void usage(FILE *out, int mode) {
                  "  run models/model.bin -i \"It was a dark and stormy night\" -t 0.8 -n 200\n"
                  "  run models/model.bin -m ppl -f book.txt --ctx 1024 --rope-scaling yarn --rope-factor 4\n"
                  "  run models/smollm2/model-q8_0.bin -m chat\n"
+                 "Weights: float32 or q8_0, as the checkpoint says (export.py --dtype).\n"
                  "Exit status: 0 ok, 1 bad input or runtime failure, 2 bad usage.\n");
 }
 
@@ -333,9 +334,12 @@ const char *parse_args(int argc, char **argv, Options *o) {
         if (!f) die(EXIT_USAGE, "%s: unknown option (see --help)", a);
         o->given[f - FLAGS] = 1;
         if (f->field == offsetof(Options, help)) { // --help [MODE]: at once, whatever follows
-            int mode = -1;
-            for (int m = 0; i + 1 < argc && m < N_MODES; m++)
-                if (!strcmp(argv[i + 1], MODE_NAMES[m])) mode = m;
+            int mode = flag_given(o, "-m") ? o->mode : -1; // -m ppl --help: ppl's options
+            if (i + 1 < argc && argv[i + 1][0] != '-') {
+                for (mode = 0; mode < N_MODES && strcmp(argv[i + 1], MODE_NAMES[mode]); mode++) {}
+                if (mode == N_MODES)
+                    die(EXIT_USAGE, "--help %s: expected one of %s", argv[i + 1], choice_list(MODE_NAMES));
+            }
             usage(stdout, mode);
             exit(0);
         }
@@ -345,8 +349,9 @@ const char *parse_args(int argc, char **argv, Options *o) {
     if (!checkpoint) die(EXIT_USAGE, "missing <checkpoint> (usage: run <checkpoint> [options]; see run --help)");
     for (size_t j = 0; j < N_FLAGS; j++)
         if (o->given[j] && !(FLAGS[j].modes & (1u << o->mode)))
-            die(EXIT_USAGE, "%s: not read by -m %s (only by %s)", FLAGS[j].name, MODE_NAMES[o->mode],
-                mode_list(&FLAGS[j]));
+            die(EXIT_USAGE, "%s: not read by -m %s (only by %s)%s", FLAGS[j].name, MODE_NAMES[o->mode],
+                mode_list(&FLAGS[j]), FLAGS[j].field == offsetof(Options, prompt) && (o->mode == MODE_PPL ||
+                o->mode == MODE_PASSKEY) ? "; -f gives its text" : "");
     check_combinations(o);
     return checkpoint;
 }

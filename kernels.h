@@ -182,7 +182,7 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
  * Weight matrices (model.h's Matrix: float32 or q8_0) and matmul
  * ------------------------------------------------------------------------ */
 
-/* Rows of W one thread takes at a time in matmul (a multiple of the tile
+/* Rows of w one thread takes at a time in matmul (a multiple of the tile
  * heights in kernels.c: 6, 4 and 3): with several tokens, the chunk's rows
  * stay in the cache while every tile of tokens passes over them. */
 #define ROW_CHUNK 24

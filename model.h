@@ -77,7 +77,7 @@
  *  104    i32     bias_flags        version 2: which projections add a bias, BIAS_QKV (1:
  *                                   q, k, v; Qwen2), BIAS_O (2: the attention output),
  *                                   BIAS_MLP (4: gate, up, down); 0 = none (Llama)
- *  108    i32     sliding_window    version 2: W >= 1, a query attends only to the W most
+ *  108    i32     sliding_window    version 2: >= 1, a query attends only to this many most
  *                                   recent positions, itself included (Mistral); 0 = none
  *  112    i32     window_first_layer version 2: layers l >= this one use the window, the
  *                                   ones before attend to everything (Qwen2's
@@ -247,7 +247,7 @@ typedef struct {
     int weight_type;       // WEIGHT_F32 | WEIGHT_Q8_0
     int group_size;        // q8_0: values per scale, e.g. 32; 0 for float32
     int bias_flags;        // BIAS_QKV | BIAS_O | BIAS_MLP: which projections add a bias; 0 = none
-    int sliding_window;    // W: a query sees the W most recent positions (itself included); 0 = all
+    int sliding_window;    // a query sees this many most recent positions (itself included); 0 = all
     int window_first_layer; // layers l >= this use sliding_window; 0 = every layer
 } Config;
 

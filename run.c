@@ -52,9 +52,11 @@
 /* ==========================================================================
  * 1. Errors and timing
  *
- * Functions below report a bad input by returning -1 with a one-line
- * message in an err buffer (model.h's fail); only the modes and main, the
- * command line, print it and exit.
+ * The loader and the builder report a bad input by returning a negative code
+ * with a one-line message in an err buffer (model.h's fail), so that the tests
+ * can call them; the modes and main print such a message and exit with die(),
+ * and so do the few steps that cannot go on (out of memory, a forward step
+ * that failed).
  * ========================================================================== */
 
 #ifdef FUZZING
@@ -952,10 +954,10 @@ void softmax(float *x, int n) {
  * (the keys the query may see); zero the rest of the row's `width`. */
 static void attention_weights(float *row, int lo, int n, int width, int head_size) {
     float scale = 1.0f / sqrtf((float)head_size);
-    for (int t = lo; t < n; t++) row[t] *= scale;
+    for (int j = lo; j < n; j++) row[j] *= scale;
     softmax(row + lo, n - lo);
-    for (int t = 0; t < lo; t++) row[t] = 0.0f;
-    for (int t = n; t < width; t++) row[t] = 0.0f;
+    for (int j = 0; j < lo; j++) row[j] = 0.0f;
+    for (int j = n; j < width; j++) row[j] = 0.0f;
 }
 
 /* The first key a query that sees n keys may attend to: n - window with a
@@ -972,7 +974,7 @@ static int window_start(int n, int window) { return window > 0 && n > window ? n
  * own included.
  * Query head h reads kv head h / (n_heads / n_kv_heads): the contiguous
  * grouping of GQA/MQA, as Hugging Face's repeat_kv. With Self-Extend, keys
- * W or more positions before row b's are scored as q_grouped_b . k_grouped_t
+ * W or more positions before row b's are scored as q_grouped_b . k_grouped_j
  * instead (keys.q_grouped, keys.grouped: rope_stage's (c)).
  * out, q: (B, n_heads, head_size); values: one layer's (n_ctx, kv_dim) of
  * t->kv_type.
@@ -1068,13 +1070,12 @@ static int layer_window(const Transformer *t, int l) {
     return l >= t->pos.window_first_layer ? t->pos.window : 0;
 }
 
-/* want (run.h): the logits to compute; LOGITS_NONE skips the classifier, the
- * largest matrix (vocab_size rows), for a prompt block that only fills the
- * cache. */
 /* Run tokens[0..B) at positions pos0..pos0+B-1 through the model, writing
  * their keys and values into the cache, and compute the logits `want` asks
  * for into t->state.logits: (B, vocab_size) for LOGITS_ALL, the last token's
- * (vocab_size) for LOGITS_LAST. Returns 0; FORWARD_DOES_NOT_FIT (nothing
+ * (vocab_size) for LOGITS_LAST; LOGITS_NONE skips the classifier, the largest
+ * matrix (vocab_size rows), for a prompt block that only fills the cache.
+ * Returns 0; FORWARD_DOES_NOT_FIT (nothing
  * computed) when the block does not fit (B above block_limit, past n_ctx) or
  * a token is outside the vocabulary; FORWARD_NOT_FINITE when a logit is NaN
  * or infinite: a NaN or infinite weight, or activations that overflowed (the
@@ -1474,7 +1475,10 @@ int main(int argc, char **argv) {
     const char *checkpoint = parse_args(argc, argv, &o); // exits on bad usage
     if (!flag_given(&o, "-s")) o.seed = o.mode == MODE_PASSKEY ? 0 : (long)time(NULL); // passkey's keys repeat
     int ctx = o.ctx;
-    if (o.mode == MODE_PASSKEY && !flag_given(&o, "--ctx")) ctx = passkey_context(&o); // fits its --lengths
+    if (o.mode == MODE_PASSKEY) { // its lists are checked before the model loads; they may set the context
+        int fits = passkey_context(&o);
+        if (!flag_given(&o, "--ctx")) ctx = fits;
+    }
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
 #else

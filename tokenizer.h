@@ -38,7 +38,7 @@
  *   40    i32   add_bos     1: a prompt starts with BOS; 0: it does not (SmolLM2, Qwen2)
  *   44    i32   chat_template  CHAT_UNSTATED (0): the source named none that export.py
  *                           knows; CHAT_PLAIN (1), CHAT_LLAMA2 (2), CHAT_CHATML (3),
- *                           CHAT_LLAMA3 (4): run.c's render_chat says what each renders
+ *                           CHAT_LLAMA3 (4): chat.c's render_chat says what each renders
  *   48    i32   n_stop      0..TOK_MAX_STOP stop ids after the merges
  *   52    i32   system_default_len  0..TOK_MAX_SYSTEM bytes: the system prompt the
  *                           template puts in when the conversation has none (SmolLM2's

@@ -78,6 +78,8 @@ void test_sampler(void);
 void test_loader(void);
 /* test_kernels.c */
 void test_matmul_kernels(void);
+void test_q8_group_sizes(void);
+void test_q8_rows_and_quantize(void);
 void test_attention_scores(void);
 void test_exp_fast(void);
 void test_attention_block(void);

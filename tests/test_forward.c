@@ -134,7 +134,7 @@ void test_block_prefill(void) {
 
 /* Attention sinks' cache map (docs/rope.md §13), checked by its properties
  * rather than by its formula: for every position, the slots in use get the
- * places 0..n-1 once each; the S sinks keep slot = place; the token just
+ * places 0..n-1 once each; the n_sinks sinks keep slot = place; the token just
  * written is at the newest place; a token keeps its slot while it stays, and
  * each step moves every other non-sink token one place older. */
 void test_cache_map(void) {
@@ -143,7 +143,7 @@ void test_cache_map(void) {
     const int sinks[] = {0, 1, 3, 9};
     for (size_t k = 0; k < sizeof sinks / sizeof sinks[0]; k++) {
         t.n_ctx = 10, t.pos.n_sinks = sinks[k], t.keys = KEYS_SINKS;
-        int S = sinks[k], ok = 1, prev_place[10];
+        int n_sinks = sinks[k], ok = 1, prev_place[10];
         for (int pos = 0; pos < 60 && ok; pos++) {
             int n = pos < t.n_ctx ? pos + 1 : t.n_ctx, seen[10] = {0}, slot = cache_slot(&t, pos);
             ok = slot >= 0 && slot < t.n_ctx && (pos >= t.n_ctx || slot == pos);
@@ -151,11 +151,11 @@ void test_cache_map(void) {
             for (int p = 0; p < n && ok; p++) {
                 int place = cache_place(&t, p, pos);
                 ok = place >= 0 && place < n && !seen[place]++;
-                if (p < S || pos < t.n_ctx) ok = ok && place == p;
+                if (p < n_sinks || pos < t.n_ctx) ok = ok && place == p;
                 else if (p != slot) ok = ok && place == prev_place[p] - 1; // one step older
             }
             for (int p = 0; p < n; p++) prev_place[p] = cache_place(&t, p, pos);
-            CHECK(ok, "cache map, %d sinks, position %d: slot %d", S, pos, slot);
+            CHECK(ok, "cache map, %d sinks, position %d: slot %d", n_sinks, pos, slot);
         }
     }
     t.keys = KEYS_ROTATED_ONCE; // no sinks: slot and place are the position

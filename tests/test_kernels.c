@@ -155,6 +155,11 @@ void test_matmul_kernels(void) {
         }
         free(x), free(w), free(simd), free(port), free(wd), free(ws), free(xs), free(wq), free(xq), free(ref), free(xt);
     }
+}
+
+/* q8_0 with group sizes other than 32, one token and in blocks, and a NaN in
+ * one token's activations. */
+void test_q8_group_sizes(void) {
     // q8_0 generation kernel (one token) with group sizes other than 32:
     // SIMD against portable, the same 1e-4 relative to the output scale.
     for (int gs = 64; gs <= 128; gs *= 2) {
@@ -192,6 +197,11 @@ void test_matmul_kernels(void) {
             check_int8_blocks(x, wq, ws, B, n, d, gs, with_nan ? d : 0);
             free(x), free(w), free(ws), free(wq);
         }
+}
+
+/* matrix_row's dequantization, and quantize_q8 on non-finite and subnormal
+ * values. */
+void test_q8_rows_and_quantize(void) {
     // matrix_row dequantizes one row (the embedding lookup)
     int8_t q[8] = {1, -2, 3, -4, 127, 0, -127, 5};
     float sc[2] = {0.5f, 2.0f}, row[4];

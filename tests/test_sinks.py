@@ -1,5 +1,5 @@
-"""Attention sinks (--sinks S, StreamingLLM): a rolling cache of --ctx tokens
-that keeps its first S tokens and evicts the oldest of the rest, every key
+"""Attention sinks (--sinks n, StreamingLLM): a rolling cache of --ctx tokens
+that keeps its first n tokens and evicts the oldest of the rest, every key
 rotated at its place in the cache (run.c cache_slot / cache_place, docs/rope.md
 §13).
 
@@ -10,7 +10,7 @@ unrotated and rotated at their current place for every query; the query sits
 at the newest place. It uses tests/reference/forward.py's model arrays,
 rmsnorm and rotation. `run -m ppl --streaming` must give the same NLL on a text three
 times the cache size (NLL_TOL 1e-4 on the mean, as tests/test_forward.py:
-float32 against float64), for S = 4 and S = 0 (a plain sliding window) and
+float32 against float64), for n = 4 and n = 0 (a plain sliding window) and
 both layouts. Also: generation past --ctx with sinks runs to -n, and the flag
 combinations that make no sense are refused.
 """
@@ -35,7 +35,7 @@ def _softmax(x):
 
 def streaming_nll(ref, tokens, n_ctx, sinks):
     """NLL of tokens[1:] fed one by one through the rolling cache."""
-    S, R = sinks, n_ctx - sinks
+    R = n_ctx - sinks
     w, nh, nkv, hs = ref.w, ref.n_heads, ref.n_kv_heads, ref.head_size
     n_layers = w["wq"].shape[0]
     K = np.zeros((n_layers, n_ctx, nkv, hs))
@@ -43,11 +43,11 @@ def streaming_nll(ref, tokens, n_ctx, sinks):
     cos, sin = rope_cos_sin(n_ctx, ref.rot_dim, ref.base)
     out = []
     for p, tok in enumerate(tokens[:-1]):
-        slot = p if p < n_ctx else S + (p - S) % R
+        slot = p if p < n_ctx else sinks + (p - sinks) % R
         n = min(p + 1, n_ctx)
 
         def place(j):
-            if p < n_ctx or j < S:
+            if p < n_ctx or j < sinks:
                 return j
             return n_ctx - 1 - (slot - j) % R
 
