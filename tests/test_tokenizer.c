@@ -870,6 +870,8 @@ static void test_byte_level_encode_long(void)
     free(v);
 }
 
+static void test_byte_level_heap_and_pretokenizers(const Tokenizer *t, const V2Vocab *v);
+
 static void test_byte_level_encode(void)
 {
     Tokenizer t;
@@ -934,6 +936,17 @@ static void test_byte_level_encode(void)
     CHECK(n == 4 && ids[0] == BL_BOS && ids[1] == FFFD && ids[2] == FFFD && ids[3] == BL_EOT,
           "encode with add_bos/add_eos: n=%d", n);
 
+    test_byte_level_heap_and_pretokenizers(&t, v);
+    tokenizer_free(&t);
+    free(v);
+}
+
+/* The heap encoder against the quadratic reference; the other pre-tokenizers;
+ * a byte without a piece. t, v: the GPT-2 byte-level vocabulary and its
+ * pieces, for comparison. */
+static void test_byte_level_heap_and_pretokenizers(const Tokenizer *t, const V2Vocab *v)
+{
+    const int A = 'a';
     /* The heap encoder against the quadratic reference, on one pre-token of
      * random bytes from an alphabet rich in merges (PRE_NONE). */
     Tokenizer none;
@@ -942,7 +955,7 @@ static void test_byte_level_encode(void)
     ENCODE_PLAIN(&none, "hello world", bl_id(w, "hello"), bl_id(w, " "), 'w', 'o', 'r', 'l', 'd');
     ENCODE_PLAIN(&none, "hello ", bl_id(w, "hello"), ' '); /* "hello" (rank 11) before "o " (17) */
     ENCODE_PLAIN(&none, "go ", 'g', bl_id(w, "o "));
-    ENCODE_PLAIN(&t, "go ", 'g', 'o', ' ');
+    ENCODE_PLAIN(t, "go ", 'g', 'o', ' ');
     ENCODE_PLAIN(&none, ".\n", bl_id(w, ".\n"));
     const char alphabet[] = "abcxyz hello!.\n'123";
     unsigned seed = 99;
@@ -968,7 +981,7 @@ static void test_byte_level_encode(void)
     load_byte_level(&none, w, PRE_LLAMA3, -1, "bl_llama3.bin");
     ENCODE_PLAIN(&none, ".\n", bl_id(w, ".\n"));
     ENCODE_PLAIN(&none, "4123", '4', bl_id(w, "12"), '3'); /* \p{N}{1,3}: "412", "3" */
-    ENCODE_PLAIN(&t, "4123", '4', bl_id(v, "123"));
+    ENCODE_PLAIN(t, "4123", '4', bl_id(v, "123"));
     tokenizer_free(&none);
     load_byte_level(&none, w, PRE_QWEN2, -1, "bl_qwen2.bin");
     ENCODE_PLAIN(&none, "123", '1', '2', '3');
@@ -986,9 +999,6 @@ static void test_byte_level_encode(void)
     ENCODE_PLAIN(&none, "a\x04", A);
     tokenizer_free(&none);
     free(w);
-
-    tokenizer_free(&t);
-    free(v);
 }
 
 /* A long run of one character is one pre-token: it must not be quadratic. */
