@@ -237,7 +237,7 @@ void render_chat(Rendering *r, const ChatTemplate *ct, const Conversation *c, in
  * of input. */
 static char *read_line(const char *label) {
     printf("%s", label);
-    fflush(stdout);
+    flush_stdout();
     char *line = NULL;
     size_t cap = 0;
     ssize_t n = getline(&line, &cap, stdin);
@@ -298,7 +298,7 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
         memcpy(d.history + keep, r.ids + keep, (size_t)(r.n - keep) * sizeof(int));
         d.n = r.n;
         printf("Assistant: ");
-        fflush(stdout);
+        flush_stdout();
         int status;
         float *logits = prefill(t, d.history + keep, r.n - keep, keep, &status);
         if (!logits) forward_failed(t, status, d.history[r.n - 1], r.n - 1);

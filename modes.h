@@ -19,6 +19,7 @@
 #include "run.h"
 
 typedef struct {
+    const char *checkpoint; // the checkpoint's path
     Transformer *t;        // built for the options' context and position settings
     const Tokenizer *tok;  // loaded for every mode but rope
     const char *tok_path;  // where it came from

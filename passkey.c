@@ -348,7 +348,7 @@ void passkey_mode(const ModeInput *in) {
             if (plan.json && plan.prompts_only) printf("]}");
             else if (plan.json)
                 printf("], \"correct\": %d, \"accuracy\": %.4f}", correct, (double)correct / plan.trials);
-            else if (!plan.prompts_only) printf("  %6.0f%%", 100.0 * correct / plan.trials), fflush(stdout);
+            else if (!plan.prompts_only) printf("  %6.0f%%", 100.0 * correct / plan.trials), flush_stdout();
             if (!plan.prompts_only)
                 fprintf(stderr, "passkey: length %d depth %.2f: %d of %d correct (%.1f s)\n", length, depth, correct,
                         plan.trials, now_seconds() - start_time);

@@ -8,8 +8,10 @@
  *   - --save-logits / --kl-base: every scored token's logits saved as a
  *     baseline, and a later run compared with it (KL, delta NLL, top-1).
  */
+#define _DEFAULT_SOURCE /* mkstemp, lstat */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <signal.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -326,6 +328,10 @@ static int compare_logits(void *ctx, const float *logits, int vocab, int target,
  * with a message naming the file and what differs otherwise. */
 static void open_kl_base(KlCompare *c, const char *path, const Transformer *t, int stride, int add_bos,
                          int streaming, const int *targets, int n_targets) {
+    struct stat path_st;
+    if (stat(path, &path_st) == 0 && !S_ISREG(path_st.st_mode))
+        die(EXIT_BAD_INPUT, "--kl-base %s: expected a logits file (-m ppl --save-logits), got a %s", path,
+            S_ISDIR(path_st.st_mode) ? "directory" : "device, FIFO or socket");
     *c = (KlCompare){.f = fopen(path, "rb"), .path = path};
     c->base = malloc((size_t)t->config.vocab_size * sizeof(float));
     if (!c->f) die(EXIT_BAD_INPUT, "--kl-base %s: %s", path, strerror(errno));
@@ -355,13 +361,19 @@ static void open_kl_base(KlCompare *c, const char *path, const Transformer *t, i
     if (n != n_targets)
         die(EXIT_BAD_INPUT, "--kl-base %s: holds %lld tokens, this run scores %d (another text?)", path, (long long)n,
             n_targets);
-    for (long i = 0; i < n; i++) {
+    int vocab = t->config.vocab_size;
+    for (long i = 0; i < n; i++) { // every record, before the run: the tokens it predicts, its logits finite
         int32_t id;
-        if (fseek(c->f, (long)(LOGITS_HEADER_BYTES + i * record), SEEK_SET) != 0 || fread(&id, 4, 1, c->f) != 1)
+        if (fseek(c->f, (long)(LOGITS_HEADER_BYTES + i * record), SEEK_SET) != 0 || fread(&id, 4, 1, c->f) != 1 ||
+            fread(c->base, sizeof(float), (size_t)vocab, c->f) != (size_t)vocab)
             die(EXIT_BAD_INPUT, "--kl-base %s: read error at token %ld", path, i);
         if (id != targets[i])
             die(EXIT_BAD_INPUT, "--kl-base %s: token %ld is %ld in the file, %d here (another text?)", path, i,
                 (long)id, targets[i]);
+        for (int v = 0; v < vocab; v++) // checked as this run's own logits are (forward_block)
+            if (!isfinite(c->base[v]))
+                die(EXIT_BAD_INPUT, "--kl-base %s: token %ld's logit %d is %g (expected a finite number)", path, i, v,
+                    (double)c->base[v]);
     }
     if (fseek(c->f, LOGITS_HEADER_BYTES, SEEK_SET) != 0) die(EXIT_BAD_INPUT, "--kl-base %s: cannot seek", path);
 }
@@ -474,6 +486,67 @@ static void tokenize_progress(size_t done, size_t total) { // in MiB, rounded up
 }
 static void stream_progress(int done, int total) { progress_line("token", done, total); }
 
+/* ---- The logits file: never half-written, never over something else -------
+ * It is written under a unique name beside its path (PATH.XXXXXX, created
+ * with O_EXCL by mkstemp), renamed over PATH once complete, and removed on
+ * any failure and on Ctrl-C or SIGTERM. PATH must be a regular file or not
+ * exist (a device, a FIFO or a symlink is refused, never replaced), and must
+ * not be one of the run's inputs. */
+static char pending_tmp[4096]; // the temporary file to remove on a signal; "" = none
+
+static void remove_pending(int sig) {
+    if (pending_tmp[0]) unlink(pending_tmp); // async-signal-safe
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Whether path and other name the same file (both exist). */
+static int same_file(const char *path, const char *other) {
+    struct stat a, b;
+    return other && stat(path, &a) == 0 && stat(other, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* Open the temporary file for --save-logits PATH; exits with a message naming
+ * the flag and PATH when it cannot be, or may not be, written. */
+static FILE *open_logits_file(const char *path, const char *const inputs[], int n_inputs) {
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        die(EXIT_BAD_INPUT, "--save-logits %s: exists and is not a regular file (a %s); give a new path", path,
+            S_ISLNK(st.st_mode) ? "symbolic link" : S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO"
+            : "device or socket");
+    for (int i = 0; i < n_inputs; i++)
+        if (same_file(path, inputs[i]))
+            die(EXIT_BAD_INPUT, "--save-logits %s: is an input of this run (%s); give a new path", path, inputs[i]);
+    if (strlen(path) + sizeof ".XXXXXX" > sizeof pending_tmp)
+        die(EXIT_BAD_INPUT, "--save-logits %s: path too long (expected under %zu bytes)", path, sizeof pending_tmp - 8);
+    char tmp[sizeof pending_tmp];
+    snprintf(tmp, sizeof tmp, "%s.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (!f) {
+        int e = errno;
+        if (fd >= 0) close(fd), unlink(tmp);
+        die(EXIT_BAD_INPUT, "--save-logits %s: cannot create a file beside it: %s", path, strerror(e));
+    }
+    memcpy(pending_tmp, tmp, sizeof tmp);
+    signal(SIGINT, remove_pending);
+    signal(SIGTERM, remove_pending);
+    return f;
+}
+
+/* Close the temporary file and rename it to path (commit), or remove it. */
+static int close_logits_file(FILE *f, const char *path, int commit, char *err, size_t err_len) {
+    int failed = fclose(f) != 0;
+    if (!failed && commit && rename(pending_tmp, path) == 0) {
+        pending_tmp[0] = '\0';
+        return 0;
+    }
+    int e = errno;
+    unlink(pending_tmp);
+    pending_tmp[0] = '\0';
+    return commit ? fail(err, err_len, "--save-logits %s: %s", path, strerror(e)) : 0;
+}
+
 /* The hook of a ppl run that saves its logits, compares them with a
  * baseline, or both. */
 typedef struct {
@@ -508,22 +581,18 @@ void ppl_mode(const ModeInput *in) {
     if (max_stride < 1) die(EXIT_USAGE, "--ctx %d: ppl needs at least 2 positions", t->n_ctx);
     if (stride <= 0) stride = max_stride;
     if (stride > max_stride) die(EXIT_USAGE, "--stride %d: expected 1..%d (ctx - 1)", stride, max_stride);
-    // The baseline to compare with, and the file to save into (written under
-    // a temporary name, renamed when complete: never a half-written file).
+    // The baseline to compare with, and the file to save into (open_logits_file).
     KlCompare kl = {0};
     if (kl_path) // every text token is scored once, in order; the first only after BOS
         open_kl_base(&kl, kl_path, t, stride, tok->add_bos, streaming, ids + !tok->add_bos, n_ids - !tok->add_bos);
     LogitsWriter saver = {NULL, save_path, 0};
-    char *tmp_path = NULL;
     if (save_path) {
-        tmp_path = malloc(strlen(save_path) + 5);
-        if (!tmp_path) die(EXIT_BAD_INPUT, "out of memory");
-        sprintf(tmp_path, "%s.tmp", save_path);
-        unsigned char zeros[LOGITS_HEADER_BYTES] = {0};
-        saver.f = fopen(tmp_path, "wb");
-        if (!saver.f || fwrite(zeros, 1, sizeof zeros, saver.f) != sizeof zeros) {
+        const char *inputs[] = {in->o->prompt_file, in->checkpoint, in->tok_path, kl_path};
+        saver.f = open_logits_file(save_path, inputs, 4);
+        unsigned char zeros[LOGITS_HEADER_BYTES] = {0}; // the header, written once the count is known
+        if (fwrite(zeros, 1, sizeof zeros, saver.f) != sizeof zeros) {
             int e = errno;
-            if (saver.f) fclose(saver.f), remove(tmp_path);
+            close_logits_file(saver.f, save_path, 0, NULL, 0);
             die(EXIT_BAD_INPUT, "--save-logits %s: %s", save_path, strerror(e));
         }
         fprintf(stderr, "ppl: saving %.1f MiB of logits (%zu bytes per token)\n",
@@ -547,14 +616,15 @@ void ppl_mode(const ModeInput *in) {
                               sinks_or_none(t)};
         for (int k = 0; k < 10; k++) // little-endian whatever the machine
             for (int b = 0; b < 4; b++) h[4 * k + b] = (unsigned char)((uint32_t)fields[k] >> (8 * b));
-        if (fseek(saver.f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, saver.f) != sizeof h || fclose(saver.f) != 0 ||
-            rename(tmp_path, save_path) != 0)
-            rc = fail(err, sizeof err, "--save-logits %s: %s", save_path, strerror(errno));
-        saver.f = NULL;
+        if (fseek(saver.f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, saver.f) != sizeof h) {
+            rc = fail(err, sizeof err, "--save-logits %s: %s", save_path, strerror(errno)); // removed below
+        } else {
+            rc = close_logits_file(saver.f, save_path, 1, err, sizeof err);
+            saver.f = NULL; // closed, and renamed or removed
+        }
     }
     if (rc != 0) {
-        if (saver.f) fclose(saver.f);
-        if (tmp_path) remove(tmp_path);
+        if (saver.f) close_logits_file(saver.f, save_path, 0, NULL, 0);
         if (!strncmp(err, "--", 2)) die(EXIT_BAD_INPUT, "%s", err); // names its flag and file
         die(EXIT_BAD_INPUT, "-f %s: %s", path, err);
     }
@@ -566,7 +636,6 @@ void ppl_mode(const ModeInput *in) {
     ppl_report(t, &score, path, stride, json, per_position, kl_path ? &kl : NULL);
     if (kl.f) fclose(kl.f);
     free(kl.base);
-    free(tmp_path);
     free(ids);
     free_ppl_score(&score);
 }

@@ -77,6 +77,16 @@ void die(int code, const char *fmt, ...) {
     exit(code);
 }
 
+/* Flush stdout and exit with a one-line message if a write to it failed (a
+ * full disk, /dev/full): output that was lost is a failure, never exit 0. A
+ * reader that closed a pipe ends the program at once instead, quietly, by
+ * SIGPIPE's default action, as for cat or grep. */
+void flush_stdout(void) {
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout))
+        die(EXIT_BAD_INPUT, "stdout: write failed: %s", errno ? strerror(errno) : "output error");
+}
+
 double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1332,7 +1342,7 @@ void decoder_free(Decoder *d) {
 static void emit(Decoder *d, int token) {
     size_t n = tokenizer_decode(d->tok, &d->ds, d->n > 0 ? d->history[d->n - 1] : -1, token, d->buf);
     fwrite(d->buf, 1, n, stdout);
-    fflush(stdout);
+    flush_stdout();
 }
 
 /* Print what the decoder still holds back, then a newline. */
@@ -1340,7 +1350,7 @@ void end_text(Decoder *d) {
     size_t n = tokenizer_decode_flush(&d->ds, d->buf);
     fwrite(d->buf, 1, n, stdout);
     printf("\n");
-    fflush(stdout);
+    flush_stdout();
 }
 
 /* The decode step generate and chat share: sample the next token from the
@@ -1517,13 +1527,15 @@ int main(int argc, char **argv) {
     if (build_sampler(&sampler, t.config.vocab_size, (float)o.temperature, (float)o.topp, o.topk, (float)o.minp,
                       (float)o.repeat_penalty, o.repeat_last_n, (uint64_t)o.seed))
         die(EXIT_BAD_INPUT, "out of memory for the sampler");
-    ModeInput in = {&t, &tok, tok_path, &sampler, &o, text ? text : o.prompt ? o.prompt : "", text_len,
+    ModeInput in = {checkpoint, &t, &tok, tok_path, &sampler, &o, text ? text : o.prompt ? o.prompt : "", text_len,
                     o.prompt_file ? o.prompt_file : "-i", summary};
     void (*const modes[N_MODES])(const ModeInput *) = {
         [MODE_GENERATE] = generate_mode, [MODE_CHAT] = chat_mode, [MODE_PPL] = ppl_mode,
         [MODE_TOKENIZE] = tokenize_mode, [MODE_ROPE] = rope_mode, [MODE_PASSKEY] = passkey_mode,
     };
     modes[o.mode](&in);
+    flush_stdout(); // the last of the output, and its close, checked
+    if (fclose(stdout) != 0) die(EXIT_BAD_INPUT, "stdout: write failed: %s", strerror(errno));
 
     free_sampler(&sampler);
     free(text);

@@ -28,6 +28,8 @@ void die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), no
 #include <setjmp.h>
 extern jmp_buf *die_jump; // a fuzz target's landing point (tests/fuzz): die returns there instead of exiting
 #endif
+/* Flush stdout; exit with a message if a write to it failed. */
+void flush_stdout(void);
 double now_seconds(void);
 
 /* ---- 2. The model in memory ---------------------------------------------- */
