@@ -6,6 +6,7 @@ import collections
 import json
 import math
 import os
+import stat
 import sys
 import time
 
@@ -37,6 +38,16 @@ class _AtomicFile:
         self.path = os.fspath(path)
         if os.path.isdir(self.path):
             raise ExportError(f"{self.path}: is a directory")
+        try:  # an existing path must be a regular file: a device, FIFO or symlink is never replaced
+            mode = os.lstat(self.path).st_mode
+        except FileNotFoundError:
+            mode = None
+        except OSError as e:
+            raise ExportError(f"{self.path}: cannot check the output path: {e.strerror}") from None
+        if mode is not None and not stat.S_ISREG(mode):
+            kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a device or socket")
+            raise ExportError(f"{self.path}: exists and is not a regular file ({kind}); give a new output path")
         d, base = os.path.split(os.path.abspath(self.path))
         self.tmp = os.path.join(d, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
 
@@ -56,11 +67,17 @@ class _AtomicFile:
             self.f.close()
             if exc_type is None:
                 os.replace(self.tmp, self.path)
+        except OSError as e:  # a full disk while flushing, closing or renaming: the output's failure
+            _remove_quietly(self.tmp)
+            raise ExportError(f"{self.path}: write failed: {e.strerror or e}") from None
         except BaseException:
             _remove_quietly(self.tmp)
             raise
         if exc_type is not None:
             _remove_quietly(self.tmp)
+            if issubclass(exc_type, OSError) and not getattr(exc, "filename", None):
+                # a write into the temporary file failed (no space left): name the output, not an input
+                raise ExportError(f"{self.path}: write failed: {exc.strerror or exc}") from None
         return False
 
 

@@ -10,6 +10,8 @@
   file behind.
 - --kl-base: a baseline with a NaN or infinite logit, or a directory, is bad
   input, named as such.
+- export.py OUT: an OUT that exists and is not a regular file is refused and
+  left as it is; a write that fails for lack of space names OUT.
 """
 import os
 import signal
@@ -185,3 +187,51 @@ def test_kl_base_directory_is_named_as_such(tmp_path, text):
     p = run(MODEL, "-z", TOKENIZER, "-m", "ppl", "-f", text, "--kl-base", tmp_path)
     check_error(p, 1, ["--kl-base", str(tmp_path)])
     assert "directory" in p.stderr.decode()
+
+
+# ---- export.py's output file ------------------------------------------------
+
+from test_convert import export_run  # noqa: E402  (export.py's main in this process)
+
+import convert.common  # noqa: E402
+from conftest import make_model  # noqa: E402
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_export_refuses_an_output_that_is_not_a_regular_file(tmp_path, kind):
+    target = tmp_path / "target.bin"
+    target.write_bytes(b"keep me")
+    out = tmp_path / "out.bin"
+    if kind == "symlink":
+        out.symlink_to(target)
+    else:
+        os.mkfifo(out)
+    code, err = export_run(out, "--random", "64,96,2,4,4,300,32")
+    assert code == 1, err
+    assert str(out) in err and "not a regular file" in err, err
+    assert target.read_bytes() == b"keep me"
+    assert (out.is_symlink() if kind == "symlink" else stat.S_ISFIFO(os.lstat(out).st_mode))
+
+
+def test_export_full_disk_names_the_output(tmp_path, monkeypatch):
+    """A write that fails for lack of space is reported against the output
+    (it named the input before), and leaves no temporary file."""
+    source, _, _ = make_model(tmp_path, name="in.bin")
+    out = tmp_path / "out.bin"
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    enter = convert.common._AtomicFile.__enter__
+    monkeypatch.setattr(convert.common._AtomicFile, "__enter__", lambda self: FullDisk(enter(self)))
+    code, err = export_run(out, "--checkpoint", source)
+    assert code == 1, err
+    assert err.strip().splitlines() == [f"export.py: {out}: write failed: No space left on device"], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.bin"]
