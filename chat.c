@@ -7,11 +7,13 @@
  * (--chat; parse_conversation), which -m tokenize --chat renders too.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "chat.h"
@@ -233,22 +235,50 @@ void render_chat(Rendering *r, const ChatTemplate *ct, const Conversation *c, in
     flush_text(r);
 }
 
-/* Read one line from stdin (any length) after printing label; NULL at end
- * of input. */
-static char *read_line(const char *label) {
+/* Read one line from stdin after printing label; NULL at end of input. A line
+ * is a turn, so it is bounded before it is tokenized: max_bytes is what the
+ * context could ever hold (its tokens times the longest piece). Exits with
+ * one line naming stdin and the line on a longer line, a NUL byte (it would
+ * cut the turn), a read error or no memory. */
+static char *read_line(const char *label, size_t max_bytes) {
+    static int line_no = 0;
     printf("%s", label);
     flush_stdout();
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n = getline(&line, &cap, stdin);
-    if (n < 0) { // end of input: end the label's line
+    line_no++;
+    size_t n = 0, cap = 256;
+    char *line = malloc(cap);
+    if (!line) die(EXIT_BAD_INPUT, "stdin line %d: out of memory", line_no);
+    int ch;
+    while ((ch = getchar()) != EOF && ch != '\n') {
+        if (ch == '\0') die(EXIT_BAD_INPUT, "stdin line %d: holds a NUL byte (expected text)", line_no);
+        if (n == max_bytes)
+            die(EXIT_BAD_INPUT, "stdin line %d: longer than %zu bytes, more than the context can hold (raise --ctx)",
+                line_no, max_bytes);
+        if (n + 1 == cap) {
+            char *bigger = realloc(line, cap *= 2);
+            if (!bigger) die(EXIT_BAD_INPUT, "stdin line %d: out of memory after %zu bytes", line_no, n);
+            line = bigger;
+        }
+        line[n++] = (char)ch;
+    }
+    if (ferror(stdin)) die(EXIT_BAD_INPUT, "stdin: read error: %s", strerror(errno));
+    if (ch == EOF && n == 0) { // end of input: end the label's line
         free(line);
         printf("\n");
         return NULL;
     }
+    line[n] = '\0';
     while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
     if (!isatty(STDIN_FILENO)) printf("%s\n", line); // piped: show the turn, as a terminal would
     return line;
+}
+
+/* Chat reads the user's turns from stdin: it must be something to read. */
+static void check_stdin(void) {
+    struct stat st;
+    if (fstat(STDIN_FILENO, &st) != 0)
+        die(EXIT_BAD_INPUT, "stdin: %s (chat reads the user's turns from it)", strerror(errno));
+    if (S_ISDIR(st.st_mode)) die(EXIT_BAD_INPUT, "stdin: a directory (chat reads the user's turns from it)");
 }
 
 /* chat: continue conversation conv (a system prompt, turns from -i or a
@@ -272,12 +302,22 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
     Decoder d;
     decoder_init(&d, t, tok, sampler, t->n_ctx);
     Rendering r = {.tok = tok};
+    check_stdin();
+    if (conv.n > 0 && conv.m[conv.n - 1].role != ROLE_USER) { // -y, or a conversation ending with a reply:
+        conversation_add(&conv, ROLE_USER, "", 0);             // it must leave room for a turn and a reply
+        render_chat(&r, ct, &conv, 1);
+        free(conv.m[--conv.n].text);
+        if (r.n >= t->n_ctx)
+            die(EXIT_BAD_INPUT, "prompt: the conversation renders to %d tokens with an empty turn, and the reply "
+                "needs one more; the context holds %d (raise --ctx)", r.n, t->n_ctx);
+    }
+    size_t max_bytes = (size_t)t->n_ctx * (size_t)(tok->max_token_length > 0 ? tok->max_token_length : 1);
     int summary_shown = 0;
     for (;;) {
         int from_stdin = conv.n == 0 || conv.m[conv.n - 1].role != ROLE_USER;
         if (from_stdin) { // the user's turn
             if (!summary_shown++) fputs(summary, stderr); // inputs are good
-            char *user = read_line("User: ");
+            char *user = read_line("User: ", max_bytes);
             if (!user) break;
             conversation_add(&conv, ROLE_USER, user, strlen(user));
             free(user);

@@ -79,7 +79,7 @@ static int *passkey_encode(const Tokenizer *tok, const Sentences *f, int start, 
                            int *n_ids) {
     size_t len;
     char *text = passkey_prompt(f, start, k, (int)lround(depth * k), key, &len);
-    int *ids = encode_or_die(tok, text, len, tok->add_bos, n_ids);
+    int *ids = encode_or_die(tok, "passkey prompt", text, len, tok->add_bos, n_ids);
     free(text);
     return ids;
 }

@@ -574,7 +574,7 @@ void ppl_mode(const ModeInput *in) {
     int stride = o->stride, json = o->json, per_position = o->per_position, streaming = o->streaming;
     // In pieces of 1 MiB: memory follows the ids (4 bytes each), not the
     // encoder's work buffers (about 30 bytes per byte of text at once).
-    int *ids, n_ids = tokenizer_encode_long(tok, text, len, 1 << 20, &ids, tokenize_progress);
+    int *ids, n_ids = tokenizer_encode_long(tok, text, len, ENCODE_PIECE, &ids, tokenize_progress);
     if (n_ids < 0) die(EXIT_BAD_INPUT, "-f %s: out of memory while encoding %zu bytes", path, len);
     if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", path);
     int max_stride = t->n_ctx - 1; // positions a window predicts

@@ -1305,11 +1305,20 @@ int sample(Sampler *sampler, float *logits, const int *history, int n) {
  * ========================================================================== */
 
 /* Encode text (with BOS first when add_bos) into a new array; exits on failure. */
-int *encode_or_die(const Tokenizer *tok, const char *text, size_t len, int add_bos, int *n_out) {
+int *encode_or_die(const Tokenizer *tok, const char *what, const char *text, size_t len, int add_bos,
+                   int *n_out) {
+    if (len > ENCODE_PIECE) { // in pieces, as ppl does: memory follows the ids, not the encoder's buffers
+        int *ids, n = tokenizer_encode_long(tok, text, len, ENCODE_PIECE, &ids, NULL);
+        int *with_bos = n < 0 ? NULL : realloc(ids, ((size_t)n + 1) * sizeof(int));
+        if (!with_bos) die(EXIT_BAD_INPUT, "%s: out of memory while encoding %zu bytes", what, len);
+        if (add_bos) memmove(with_bos + 1, with_bos, (size_t)n * sizeof(int)), with_bos[0] = tok->bos_id;
+        *n_out = n + (add_bos != 0);
+        return with_bos;
+    }
     int *ids = malloc(tokenizer_bound(len) * sizeof(int));
-    if (!ids) die(EXIT_BAD_INPUT, "prompt: cannot allocate token buffer for %zu bytes", len);
+    if (!ids) die(EXIT_BAD_INPUT, "%s: cannot allocate a token buffer for %zu bytes", what, len);
     int n = tokenizer_encode(tok, text, len, add_bos, 0, ids);
-    if (n < 0) die(EXIT_BAD_INPUT, "prompt: out of memory while encoding %zu bytes", len);
+    if (n < 0) die(EXIT_BAD_INPUT, "%s: out of memory while encoding %zu bytes", what, len);
     *n_out = n;
     return ids;
 }
@@ -1373,10 +1382,15 @@ int decode_step(Decoder *d, float *logits, const int *end, int n_end) {
  * adds one; not with ignore_eos, for benchmarks), or a full context (never,
  * with attention sinks: the cache rolls).
  * Statistics go to stderr. */
-static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *prompt, size_t prompt_len,
-                     int max_new, int ignore_eos, const char *summary) {
+static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *what, const char *prompt,
+                     size_t prompt_len, int max_new, int ignore_eos, const char *summary) {
+    // A token covers at most max_token_length bytes: a longer prompt cannot fit (refused before encoding it).
+    size_t most_bytes = (size_t)t->n_ctx * (size_t)(tok->max_token_length > 0 ? tok->max_token_length : 1);
+    if (prompt_len > most_bytes && t->keys != KEYS_SINKS)
+        die(EXIT_BAD_INPUT, "%s: %zu bytes cannot fit in the context of %d tokens (at most %d bytes a token; raise "
+            "--ctx, or roll the cache with --sinks n)", what, prompt_len, t->n_ctx, tok->max_token_length);
     int n_prompt;
-    int *prompt_ids = encode_or_die(tok, prompt, prompt_len, tok->add_bos, &n_prompt);
+    int *prompt_ids = encode_or_die(tok, what, prompt, prompt_len, tok->add_bos, &n_prompt);
     if (n_prompt == 0)
         die(EXIT_BAD_INPUT, "prompt: empty, and this tokenizer adds no BOS to start from (give one with -i or -f)");
     if (n_prompt > t->n_ctx && t->keys != KEYS_SINKS) // a rolling cache takes any length
@@ -1429,7 +1443,8 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
 }
 
 void generate_mode(const ModeInput *in) {
-    generate(in->t, in->tok, in->sampler, in->text, in->text_len, in->o->steps, in->o->ignore_eos, in->summary);
+    generate(in->t, in->tok, in->sampler, in->o->prompt_file ? in->text_name : "prompt", in->text, in->text_len,
+             in->o->steps, in->o->ignore_eos, in->summary);
 }
 
 /* ==========================================================================

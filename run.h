@@ -229,7 +229,13 @@ int sample(Sampler *s, float *logits, const int *history, int n);
 
 /* ---- 8. Generate, and the decode step chat shares ------------------------- */
 
-int *encode_or_die(const Tokenizer *tok, const char *text, size_t len, int add_bos, int *n_out);
+/* Bytes of text encoded in one piece; longer texts go in pieces of this size
+ * (tokenizer_encode_long: the same ids, memory that follows the ids). */
+#define ENCODE_PIECE ((size_t)1 << 20)
+/* text's ids (BOS first when add_bos) in a new array; exits with a message
+ * naming `what` (the input) when memory runs out. */
+int *encode_or_die(const Tokenizer *tok, const char *what, const char *text, size_t len, int add_bos,
+                   int *n_out);
 char *tokens_text(const Tokenizer *tok, const int *ids, int n, int prev, size_t *len);
 
 /* What generate and chat share while they produce text: the tokens so far

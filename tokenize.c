@@ -23,7 +23,7 @@ void tokenize_mode(const ModeInput *in) {
         conversation_free(&conv);
         ids = r.ids, n = r.n;
     } else {
-        ids = encode_or_die(tok, in->text, in->text_len, tok->add_bos, &n);
+        ids = encode_or_die(tok, in->text_name, in->text, in->text_len, tok->add_bos, &n);
     }
     for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
