@@ -221,11 +221,26 @@ def _tj_model(path, j, notes):
 def _tj_pieces(path, vocab, added, vocab_size, notes):
     """(ids, pieces, kinds): ids maps each vocabulary text (GPT-2 characters)
     to its id; pieces are raw bytes in id order, added tokens special (their
-    literal text), ids without a piece unused."""
-    ids = {}
+    literal text), ids without a piece unused. Every id must lie below the
+    model's vocab_size, or (without a model) below the number of entries the
+    file declares (model.vocab plus added_tokens): no list grows past that."""
+    if vocab_size is not None:
+        bound, what = vocab_size, f"the model's vocab_size {vocab_size}"
+    else:
+        bound = len(vocab) + len(added)
+        what = (f"the {bound} entries the file declares ({len(vocab)} in model.vocab, "
+                f"{len(added)} in added_tokens)")
+    ids, raw = {}, {}
     for text, i in vocab.items():
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= INT32_MAX:
             raise ExportError(f"{path}: model.vocab[{text!r}] = {_js(i)} is not an id")
+        raw[text] = gpt2_to_bytes(text)
+        if raw[text] is None:
+            raise ExportError(f"{path}: vocabulary piece {text!r} (id {i}) has characters outside "
+                              "GPT-2's byte alphabet: not a byte-level BPE vocabulary")
+        if i >= bound:
+            raise ExportError(f"{path}: model.vocab[{text!r}] has id {i}, expected an id below "
+                              f"{what}")
         ids[text] = i
     specials = {}
     for a in added:
@@ -233,22 +248,16 @@ def _tj_pieces(path, vocab, added, vocab_size, notes):
                 or isinstance(a.get("id"), bool) or not isinstance(a.get("id"), int) \
                 or not 0 <= a["id"] <= INT32_MAX:
             raise ExportError(f"{path}: malformed added_tokens entry {_js(a)[:80]}")
+        if a["id"] >= bound:
+            raise ExportError(f"{path}: added token {a['content'][:40]!r} has id {a['id']}, "
+                              f"expected an id below {what}")
         specials[a["id"]] = a["content"]
-    n = max(max(ids.values()), max(specials, default=-1)) + 1
-    if vocab_size is not None:
-        if n > vocab_size:
-            raise ExportError(f"{path}: uses ids up to {n - 1}, but the model has vocab_size "
-                              f"{vocab_size}")
-        n = vocab_size
+    n = bound if vocab_size is not None else max(max(ids.values()), max(specials, default=-1)) + 1
     pieces, kinds = [None] * n, [PIECE_UNUSED] * n
     for text, i in ids.items():
         if pieces[i] is not None:
             raise ExportError(f"{path}: model.vocab gives id {i} to two pieces")
-        b = gpt2_to_bytes(text)
-        if b is None:
-            raise ExportError(f"{path}: vocabulary piece {text!r} (id {i}) has characters outside "
-                              "GPT-2's byte alphabet: not a byte-level BPE vocabulary")
-        pieces[i], kinds[i] = b, PIECE_NORMAL
+        pieces[i], kinds[i] = raw[text], PIECE_NORMAL
     for i, content in specials.items():  # literal text, not byte-mapped; overrides the vocab entry
         pieces[i], kinds[i] = content.encode("utf-8"), PIECE_SPECIAL
     unused = sum(1 for p in pieces if p is None)

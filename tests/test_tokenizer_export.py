@@ -455,6 +455,33 @@ def test_tokenizer_json_not_json_and_bad_config(tmp_path, trained):
                   tmp_path / "d" / "tokenizer_config.json", "<|not there|>")
 
 
+def _limited_memory():  # 3 GiB of address space: a reader that sizes lists by an id fails fast
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+def test_tokenizer_json_huge_added_token_id(tmp_path):
+    """An added token whose id (50,000,000) is far beyond the entries the file
+    declares is refused by its id before any list is sized by it (it used to
+    grow export.py to 5 GB); with a model, ids are bounded by its vocab_size."""
+    vocab = {export.bytes_to_gpt2(bytes([b])): b for b in range(256)}
+    j = tokenizer_json(vocab, [], "gpt2")
+    j["added_tokens"] = [dict(j["added_tokens"][0], id=50_000_000)]
+    src = write_tokenizer_dir(tmp_path / "src", j)
+    out = tmp_path / "out"
+    out.mkdir()
+    t0 = time.monotonic()
+    p = subprocess.run(EXPORT + [str(out / "t.bin"), "--tokenizer", str(src)],
+                       capture_output=True, timeout=120, preexec_fn=_limited_memory)
+    assert time.monotonic() - t0 < 60
+    check_failure(p, out, src, "50000000", "<|endoftext|>", "257 entries")
+    j["added_tokens"] = [dict(j["added_tokens"][0], id=300)]
+    write_tokenizer_dir(tmp_path / "src", j)
+    with pytest.raises(export.ExportError, match="id 300, expected an id below the model's "
+                                                 "vocab_size 280"):
+        export.read_tokenizer_source(src, 280)
+
+
 @pytest.mark.parametrize("config,post,want", [
     ({"add_bos_token": True, "bos_token": "<|im_start|>"}, None, (1, "<|im_start|>")),
     ({"add_bos_token": False, "bos_token": "<|im_start|>"}, None, (0, "<|im_start|>")),
