@@ -161,6 +161,21 @@ def _write_bytes(path, data):
         f.write(data)
 
 
+def _check_no_overlap(path, ranges):
+    """ranges: {name: (begin, end)} byte ranges of tensor data in one file.
+    Raises ExportError naming the first two tensors whose (non-empty) data
+    overlap: each tensor owns its bytes."""
+    last_name, last_end = None, 0
+    for begin, end, name in sorted((b, e, n) for n, (b, e) in ranges.items() if e > b):
+        if last_name is not None and begin < last_end:
+            b0, e0 = ranges[last_name]
+            raise ExportError(f"{path}: the data of tensors {last_name} (bytes {b0}..{e0}) and "
+                              f"{name} (bytes {begin}..{end}) overlap; expected separate ranges")
+        if end > last_end:
+            last_name, last_end = name, end
+    return ranges
+
+
 def _one_line(e, limit=160):
     s = " ".join(str(e).split())
     return s if len(s) <= limit else s[:limit - 3] + "..."

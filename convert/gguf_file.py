@@ -16,10 +16,11 @@ import importlib.util
 import math
 import os
 import struct
+import warnings
 
 import numpy as np
 
-from convert.common import ExportError, _one_line
+from convert.common import ExportError, _check_no_overlap, _one_line
 from convert.lazy import _view_rows
 
 
@@ -84,7 +85,7 @@ def _gguf_layout(path, gguf):
     absolute data offset, bytes)}. Raises ExportError for a file that is not
     GGUF, a version other than 2 or 3, a truncated header, metadata or tensor
     table, an unknown value or tensor type, a tensor whose data lies (partly)
-    past the end of the file, duplicate names."""
+    past the end of the file, tensors whose data overlap, duplicate names."""
     import mmap
     size = os.path.getsize(path)
     n_tensors, n_kv = _gguf_header(path, size)
@@ -115,6 +116,7 @@ def _gguf_layout(path, gguf):
             raise ExportError(f"{path}: tensor {name} appears twice")
         out[name] = _gguf_tensor_range(path, gguf, name, dims, ttype, offset, data_start,
                                        alignment, size)
+    _check_no_overlap(path, {n: (r[2], r[2] + r[3]) for n, r in out.items()})
     return out
 
 
@@ -240,9 +242,11 @@ class _GGUFTensor:
         self.raw = data.reshape(_view_rows(self.shape), -1)
 
     def rows(self, a, b):
-        try:
-            x = self.gguf.quants.dequantize(np.ascontiguousarray(self.raw[a:b]), self.qtype)
-            x = np.asarray(x, dtype=np.float32).reshape(b - a, self.shape[-1])
+        try:  # overflows in bad scales end as inf/NaN, refused below, not as numpy warnings
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                x = self.gguf.quants.dequantize(np.ascontiguousarray(self.raw[a:b]), self.qtype)
+                x = np.asarray(x, dtype=np.float32).reshape(b - a, self.shape[-1])
         except Exception as e:  # whatever the package raises on data it cannot take
             raise ExportError(f"{self.path}: tensor {self.name}: gguf could not dequantize its "
                               f"{self.qtype.name} data ({type(e).__name__}: {_one_line(e)})") \

@@ -14,7 +14,7 @@ import struct
 
 import numpy as np
 
-from convert.common import ExportError
+from convert.common import ExportError, _check_no_overlap
 
 
 SAFETENSORS_DTYPES = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2), "F64": ("<f8", 8)}
@@ -57,7 +57,7 @@ class _SafetensorsTensor:
 def read_safetensors_header(path):
     """{name: _SafetensorsTensor} for every tensor in a safetensors file, after
     checking the header against the file: JSON, dtypes, shapes, byte ranges
-    inside the file. Raises ExportError naming the file."""
+    inside the file and not overlapping one another. Raises ExportError naming the file."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ExportError(f"{path}: is a directory, expected a safetensors file")
@@ -79,7 +79,7 @@ def read_safetensors_header(path):
         raise ExportError(f"{path}: header JSON is nested too deeply; not a safetensors file") from None
     if not isinstance(header, dict):
         raise ExportError(f"{path}: header is not a JSON object; not a safetensors file")
-    data_start, out = 8 + n, {}
+    data_start, out, ranges = 8 + n, {}, {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -101,4 +101,6 @@ def read_safetensors_header(path):
                 raise ExportError(f"{path}: tensor {name}: {end - begin} data bytes, but "
                                   f"{dtype} {shape} needs {want}")
         out[name] = _SafetensorsTensor(path, name, dtype, shape, data_start + begin)
+        ranges[name] = (begin, end)
+    _check_no_overlap(path, ranges)
     return out

@@ -829,6 +829,17 @@ def _file_change(kind):
             header = data[8:8 + n].replace(b'"F32"', b'"I8" ', 1)
             st.write_bytes(data[:8] + header + data[8 + n:])
             return "model.safetensors"
+        if kind == "overlapping-offsets":  # o_proj's data shifted to start inside q_proj's
+            data = st.read_bytes()
+            n = struct.unpack_from("<Q", data)[0]
+            header = json.loads(data[8:8 + n])
+            q = header["model.layers.0.self_attn.q_proj.weight"]["data_offsets"]
+            o = header["model.layers.0.self_attn.o_proj.weight"]
+            o["data_offsets"] = [q[0] + 64, q[0] + 64 + o["data_offsets"][1] - o["data_offsets"][0]]
+            h = json.dumps(header).encode()
+            h += b" " * (-len(h) % 8)
+            st.write_bytes(struct.pack("<Q", len(h)) + h + data[8 + n:])
+            return "model.safetensors"
         if kind == "no-weights":
             st.unlink()
             return ""
@@ -932,6 +943,9 @@ HF_BAD = [
     ("garbage-file", _file_change("garbage"), ["safetensors"]),
     ("huge-header-length", _file_change("huge-header-length"), ["header length"]),
     ("int8-dtype", _file_change("int8-dtype"), ["I8", "embed_tokens"]),
+    ("overlapping-data-offsets", _file_change("overlapping-offsets"),
+     ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+      "overlap"]),
     ("no-weights", _file_change("no-weights"), ["model.safetensors"]),
     ("pytorch-bin-only", _file_change("pytorch-bin-only"), ["pytorch_model.bin", "safetensors"]),
     ("no-config", _file_change("no-config"), ["config.json"]),

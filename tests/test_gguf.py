@@ -677,6 +677,11 @@ def _patch_tensor(field):
             _patch(path, off + 8 + name_len + 4 + 8 * n_dims, "<I", int(Q.I32))
         elif field == "offset":
             _patch(path, type_at + 4, "<Q", 1 << 40)
+        elif field == "overlap":  # attn_q's data moved to start inside attn_k's (same size)
+            k_off, k_len, k_dims = _tensor_info(path, "blk.0.attn_k.weight")
+            k_at = k_off + 8 + k_len + 4 + 8 * k_dims + 4
+            (k_data,) = struct.unpack_from("<Q", path.read_bytes(), k_at)
+            _patch(path, type_at + 4, "<Q", k_data + 32)
         elif field == "dims":
             off, name_len, n_dims = _tensor_info(path, "token_embd.weight")
             _patch(path, off + 8 + name_len + 4 + 8, "<Q", 100 * SYN_VOCAB)
@@ -746,6 +751,8 @@ GGUF_BAD = [
      ["blk.0.attn_q.weight", "starts past the end of the file"]),
     ("tensor-size-beyond-the-file", {}, _patch_tensor("dims"),
      ["token_embd.weight", "past the end of the file"]),
+    ("tensor-data-overlaps-another", dict(qtype=Q.Q8_0), _patch_tensor("overlap"),
+     ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "overlap"]),
     ("unknown-tensor-type", {}, _patch_tensor("type"), ["blk.0.attn_q.weight", "unknown type 99"]),
     ("type-without-dequantizer", {}, _patch_tensor("i32"),
      ["blk.0.ffn_up.weight", "I32", "cannot dequantize"]),
@@ -809,7 +816,8 @@ def test_gguf_bad_file(case, tmp_path):
         bad = np.full(256, np.nan, dtype=np.float32)
         kwargs["extra_tensors"] = [("blk.1.attn_norm.weight", bad, None)]
         patch = None
-    path, _, _ = make_gguf(tmp_path / "m.gguf", Q.F32, **kwargs)
+    kwargs.setdefault("qtype", Q.F32)
+    path, _, _ = make_gguf(tmp_path / "m.gguf", **kwargs)
     if patch:
         patch(path)
     out = tmp_path / "out"
