@@ -107,13 +107,31 @@ class _Progress:
                   flush=True)
 
 
+def _text_encoding_problem(data):
+    """What is wrong with data as UTF-8 JSON text, when it is empty, UTF-16 or
+    starts with a byte-order mark; else None."""
+    if not data.strip():
+        return "is empty" if not data else "holds only whitespace"
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or (len(data) > 1 and 0 in data[:2]
+                                                    and data[:2].strip(b"\0").isascii()):
+        return "is UTF-16 text"
+    if data[:3] == b"\xef\xbb\xbf":
+        return "starts with a UTF-8 byte-order mark"
+    return None
+
+
 def _read_json(path, what):
+    with open(path, "rb") as f:
+        data = f.read()
+    problem = _text_encoding_problem(data)
+    if problem:
+        raise ExportError(f"{path}: {problem}; expected {what} (JSON text, UTF-8)")
     try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read().decode("utf-8"))
+        value = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        where = f" (line {e.lineno})" if hasattr(e, "lineno") else ""
-        raise ExportError(f"{path}: not valid JSON{where}") from None
+        where = f" (line {e.lineno})" if hasattr(e, "lineno") else " (not UTF-8)"
+        raise ExportError(f"{path}: not valid JSON{where}; expected {what} (JSON text, UTF-8)") \
+            from None
     except RecursionError:  # json recurses once per nesting level
         raise ExportError(f"{path}: JSON nested too deeply ({what})") from None
     if not isinstance(value, dict):

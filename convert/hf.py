@@ -7,7 +7,7 @@ import numpy as np
 
 from convert.checkpoint import (
     MAX_CTX, ROPE_LAYOUTS, TENSOR_TABLE, _kv_dim, normalize_config, tensor_names)
-from convert.common import ExportError, Source, _head_counts, _integer, _js, _number, _read_json
+from convert.common import INT32_MAX, ExportError, Source, _head_counts, _integer, _js, _number, _read_json
 from convert.hf_rope import hf_rope_scaling
 from convert.lazy import _HeadPermuted, _Stacked, head_permutation
 from convert.safetensors import SAFETENSORS_DTYPES, read_safetensors_header
@@ -100,10 +100,28 @@ def _hf_token_id(where, config, key, default, notes):
         if not v:
             notes.append(f"{key} is an empty list: using {default}")
             return default
+        for k, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= INT32_MAX:
+                raise ExportError(f"{where}: {key}[{k}]={_js(x)}: expected a token id (an "
+                                  "integer >= 0)")
         if len(v) > 1:
             notes.append(f"{key} is a list {v}: using the first, {v[0]}")
         v = v[0]
     return _integer(where, key, v, minimum=0)
+
+
+# config.json's torch_dtype (dtype in transformers v5): the float types weights are stored in
+HF_TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def _hf_torch_dtype(where, config):
+    """Refuse a torch_dtype (or dtype) that is not a float type (e.g. "int4")."""
+    for key in ("torch_dtype", "dtype"):
+        v = config.get(key)
+        if v is None or (isinstance(v, str) and v.removeprefix("torch.") in HF_TORCH_DTYPES):
+            continue
+        raise ExportError(f"{where}: {key}={_js(v)}: expected one of "
+                          f"{', '.join(HF_TORCH_DTYPES)} (or null)")
 
 
 def hf_family(config, where="config.json"):
@@ -143,6 +161,9 @@ def _hf_biases(where, config, family, notes):
 
 def _hf_window(where, config, family, n_layers, notes):
     """(sliding_window, window_first_layer) as the family's attention applies it."""
+    v = config.get("sliding_window")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise ExportError(f"{where}: sliding_window={_js(v)}: expected an integer >= 0 or null")
     if family == "llama":
         if config.get("sliding_window") is not None:
             notes.append(f"ignoring sliding_window={_js(config['sliding_window'])}: Llama attends "
@@ -193,6 +214,7 @@ def hf_config(config, where="config.json"):
     for key, what in (("qk_norm", "RMSNorm on q and k"), ("use_qk_norm", "RMSNorm on q and k")):
         if config.get(key):
             raise ExportError(f"{where}: {key}={_js(config[key])} ({what}) is not supported")
+    _hf_torch_dtype(where, config)
     act = config.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ExportError(f"{where}: hidden_act={_js(act)} is not supported (only silu: SwiGLU)")

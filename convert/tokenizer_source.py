@@ -1,9 +1,10 @@
 """Finds and reads a tokenizer source by its content (tokenizer.json, GGUF,
 tiktoken or sentencepiece), alone or beside a model."""
 
+import codecs
 import os
 
-from convert.common import ExportError, _read_json
+from convert.common import ExportError, _read_json, _text_encoding_problem
 from convert.gguf_tokenizer import read_gguf_tokenizer
 from convert.tiktoken_bpe import is_tiktoken_file, read_tiktoken_tokenizer
 from convert.tokenizer_bin import sentencepiece_vocab
@@ -28,13 +29,14 @@ def read_tokenizer_source(path, vocab_size=None):
         raise ExportError(f"{path}: no such file")
     with open(path, "rb") as f:
         head = f.read(64)
-    if head.lstrip()[:1] == b"{":
+    if head.lstrip()[:1] in (b"{", b"[") or (head and not head.strip()):
         tok, notes = read_tokenizer_json(path, vocab_size)
     elif head[:4] == b"GGUF":
         tok, notes = read_gguf_tokenizer(path)
     elif is_tiktoken_file(path):
         tok, notes = read_tiktoken_tokenizer(path)
     else:
+        _refuse_no_sentencepiece(path, head)
         pieces, scores = sentencepiece_vocab(path)
         if vocab_size is not None and len(pieces) != vocab_size:
             raise ExportError(f"{path}: {len(pieces)} pieces, but the model has vocab_size "
@@ -44,6 +46,41 @@ def read_tokenizer_source(path, vocab_size=None):
         raise ExportError(f"{path}: {len(tok['pieces'])} pieces, but the model has vocab_size "
                           f"{vocab_size}")
     return "ltok", tok, notes
+
+
+_KINDS = ("a tokenizer.json (JSON text, UTF-8), a GGUF file, a tiktoken file or a "
+          "sentencepiece model")
+
+
+def _printable_text(head):
+    """head (a file's first bytes) as text when it is printable UTF-8 (a
+    character cut at the end allowed), else None: a sentencepiece model is
+    binary protobuf, whose first bytes are not."""
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return None
+    return text if all(c.isprintable() or c in "\t\n\r" for c in text) else None
+
+
+def _refuse_no_sentencepiece(path, head):
+    """Raise ExportError for a file that is evidently not a sentencepiece model
+    (nor any other tokenizer read here): empty, UTF-16 text, other text that is
+    not JSON, or a .json name. The message says what was expected."""
+    if not head:
+        want = "a tokenizer.json (JSON text, UTF-8)" if path.lower().endswith(".json") else _KINDS
+        raise ExportError(f"{path}: is empty; expected {want}")
+    problem = _text_encoding_problem(head)
+    if problem:
+        raise ExportError(f"{path}: {problem}; expected a tokenizer.json (JSON text, UTF-8)")
+    text = _printable_text(head)
+    found = f"text starting {text[:24]!r}" if text is not None else \
+        f"binary data starting {head[:8]!r}"
+    if path.lower().endswith(".json"):
+        raise ExportError(f"{path}: {found}, not JSON; expected a tokenizer.json (JSON text, "
+                          "UTF-8)")
+    if text is not None:
+        raise ExportError(f"{path}: {found}, neither JSON nor tiktoken lines; expected {_KINDS}")
 
 
 def model_dir_tokenizer(directory, vocab_size):

@@ -482,6 +482,25 @@ def test_tokenizer_json_huge_added_token_id(tmp_path):
         export.read_tokenizer_source(src, 280)
 
 
+@pytest.mark.parametrize("content, words", [
+    (b"", ["is empty", "expected a tokenizer.json (JSON text, UTF-8)"]),
+    ('{"model": {"type": "BPE"}}'.encode("utf-16"), ["UTF-16", "expected a tokenizer.json"]),
+    ('{"model": {"type": "BPE"}}'.encode("utf-16-le"), ["UTF-16", "expected a tokenizer.json"]),
+    (b"model: BPE\nvocab: none\n", ["text starting 'model: BPE", "not JSON",
+                                      "expected a tokenizer.json (JSON text, UTF-8)"]),
+], ids=["empty", "utf-16", "utf-16-without-bom", "not-json"])
+def test_tokenizer_json_not_json_text(content, words, tmp_path):
+    """A tokenizer.json that is empty, UTF-16 or not JSON is not taken for a
+    sentencepiece model: the message says a tokenizer.json was expected."""
+    src = tmp_path / "tokenizer.json"
+    src.write_bytes(content)
+    out = tmp_path / "out"
+    out.mkdir()
+    p = export_cli(out / "t.bin", "--tokenizer", src)
+    check_failure(p, out, src, *words)
+    assert "sentencepiece" not in p.stderr.decode()
+
+
 @pytest.mark.parametrize("config,post,want", [
     ({"add_bos_token": True, "bos_token": "<|im_start|>"}, None, (1, "<|im_start|>")),
     ({"add_bos_token": False, "bos_token": "<|im_start|>"}, None, (0, "<|im_start|>")),
