@@ -56,7 +56,8 @@ def read_hf_weights(directory):
 #   num_key_value_heads (default: num_attention_heads), vocab_size,
 #   max_position_embeddings -> seq_len (the training context), rms_norm_eps,
 #   rope_theta (top level or inside rope_parameters), partial_rotary_factor ->
-#   rot_dim, bos/eos_token_id, tie_word_embeddings, rope_scaling (or v5
+#   rot_dim (phi3 only: Llama, Mistral and Qwen2 rotate the whole head and
+#   ignore it, with a note), bos/eos_token_id, tie_word_embeddings, rope_scaling (or v5
 #   rope_parameters) with `rope_type` or the older `type`:
 #     linear   factor
 #     dynamic  factor; L = max_position_embeddings (as transformers does)
@@ -89,6 +90,11 @@ HF_DEFAULTS = {
     "qwen2": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, num_key_value_heads=32),
     "phi3": dict(max_position_embeddings=4096, rms_norm_eps=1e-5, num_key_value_heads=None),
 }
+# The families whose transformers code reads partial_rotary_factor: Phi-3's
+# default rotary embedding sizes inv_freq by it and its attention rotates only
+# that share of each head. Llama, Mistral and Qwen2 size the default inv_freq
+# by the whole head and rotate the whole head, whatever the factor says.
+HF_PARTIAL_ROTARY = {"phi3"}
 
 
 def _hf_token_id(where, config, key, default, notes):
@@ -220,7 +226,7 @@ def hf_config(config, where="config.json"):
         raise ExportError(f"{where}: hidden_act={_js(act)} is not supported (only silu: SwiGLU)")
     config, dim, heads, kv = _hf_heads(where, config, family, notes)
     seq_len, eps = _hf_context_and_eps(where, config, family, notes)
-    theta, rot = _hf_rope_base(where, config, dim // heads, notes)
+    theta, rot, unread = _hf_rope_base(where, config, dim // heads, notes, family)
     tie = config.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise ExportError(f"{where}: tie_word_embeddings={_js(tie)} is not true or false")
@@ -235,6 +241,11 @@ def hf_config(config, where="config.json"):
                qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias,
                sliding_window=window, window_first_layer=first)
     scaling, rope_tensors = hf_rope_scaling(where, config, seq_len, notes, family, rot)
+    if unread and scaling["rope_scaling"] != "none":
+        # transformers' scaled inv_freq reads the factor, the attention does not
+        raise ExportError(f"{where}: partial_rotary_factor={_js(unread)} with {scaling['rope_scaling']} "
+                          f"rope scaling is not supported ({HF_FAMILIES[family]} in transformers "
+                          "sizes the scaled frequencies by it but rotates the whole head)")
     cfg.update(scaling)
     for k in ("bos_id", "eos_id"):
         if cfg[k] >= cfg["vocab_size"]:
@@ -291,9 +302,12 @@ def _hf_context_and_eps(where, config, family, notes):
     return seq_len, _number(where, "rms_norm_eps", eps)
 
 
-def _hf_rope_base(where, config, hs, notes):
-    """(rope_theta, rot_dim): rope_theta and partial_rotary_factor, at the top
-    level or inside v5's rope_parameters."""
+def _hf_rope_base(where, config, hs, notes, family="llama"):
+    """(rope_theta, rot_dim, unread): rope_theta and partial_rotary_factor, at
+    the top level or inside v5's rope_parameters. The factor sets rot_dim for
+    the families in HF_PARTIAL_ROTARY; the others rotate the whole head and
+    ignore it (a note), unread then being the factor when it would have
+    changed rot_dim, else None."""
     rp = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
     theta = config.get("rope_theta")
     if theta is not None and rp.get("rope_theta") is not None and rp["rope_theta"] != theta:
@@ -308,14 +322,20 @@ def _hf_rope_base(where, config, hs, notes):
     if theta <= 1:
         raise ExportError(f"{where}: rope_theta={_js(theta)} must be > 1")
     prf = config.get("partial_rotary_factor", rp.get("partial_rotary_factor"))
-    rot = hs
-    if prf is not None:
-        prf = _number(where, "partial_rotary_factor", prf)
-        rot = int(hs * prf)
-        if prf > 1 or rot < 2 or rot % 2:
-            raise ExportError(f"{where}: partial_rotary_factor={prf:g} gives {rot} rotary dims of "
-                              f"head size {hs}; expected an even number in 2..{hs}")
-    return theta, rot
+    if prf is None:
+        return theta, hs, None
+    if family not in HF_PARTIAL_ROTARY:
+        if isinstance(prf, (int, float)) and not isinstance(prf, bool) and int(hs * prf) == hs:
+            return theta, hs, None
+        notes.append(f"ignoring partial_rotary_factor={_js(prf)}: {HF_FAMILIES[family]} rotates "
+                     f"all {hs} dims of each head")
+        return theta, hs, prf
+    prf = _number(where, "partial_rotary_factor", prf)
+    rot = int(hs * prf)
+    if prf > 1 or rot < 2 or rot % 2:
+        raise ExportError(f"{where}: partial_rotary_factor={prf:g} gives {rot} rotary dims of "
+                          f"head size {hs}; expected an even number in 2..{hs}")
+    return theta, rot, None
 
 
 # ---------------------------------------------------------------------------

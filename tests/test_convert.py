@@ -322,6 +322,8 @@ def perturbed_nll(config, tensors, change, text_ids, ctx, dynamic="full"):
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"][::-1].copy()
     elif change == "rot":
         config["partial_rotary_factor"] = 1.0
+    elif change == "rot-applied":  # partial_rotary_factor applied to a Llama (as Phi-3 reads it)
+        config["model_type"] = "phi3"
     elif change == "biases":  # a converter that drops the biases
         tensors = {k: v for k, v in tensors.items() if not k.endswith(".bias")}
     elif change == "window":  # a converter that ignores the sliding window
@@ -376,8 +378,11 @@ HF_CASES = [
                                   "high_freq_factor": 4.0,
                                   "original_max_position_embeddings": 16}),
      dict(), ["layout", "scaling"]),
-    ("partial-rotary", dict(num_key_value_heads=2, partial_rotary_factor=0.5), dict(),
-     ["layout", "rot"]),
+    ("phi3-partial-rotary", dict(architectures=["Phi3ForCausalLM"], model_type="phi3",
+                                 num_key_value_heads=2, partial_rotary_factor=0.5), dict(),
+     ["layout", "rot", "fused-order"]),
+    ("llama-partial-rotary-ignored", dict(num_key_value_heads=2, partial_rotary_factor=0.5),
+     dict(), ["layout", "rot-applied"]),
     ("v5-rope_parameters", dict(rope_theta=None,
                                 rope_parameters={"rope_type": "yarn", "rope_theta": 20000.0,
                                                  "factor": 2.0,
@@ -458,6 +463,24 @@ def test_hf_default_layout_keeps_weights_bit_exact(tmp_path):
         assert np.array_equal(hf_permute(inter["wq"][l], 8), q)
         assert np.array_equal(hf_permute(inter["wk"][l], 2), k)
         assert np.array_equal(inter["wv"][l], tensors[f"model.layers.{l}.self_attn.v_proj.weight"])
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_hf_partial_rotary_ignored_with_a_note(family, tmp_path):
+    """Llama, Mistral and Qwen2 rotate the whole head whatever
+    partial_rotary_factor says (top level or in rope_parameters): rot_dim is
+    the head size, and a note says the factor is ignored."""
+    arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM"}[family]
+    for i, where in enumerate(("top", "rope_parameters")):
+        extra = (dict(partial_rotary_factor=0.5) if where == "top" else
+                 dict(rope_theta=None, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                        "partial_rotary_factor": 0.5}))
+        src, _, _ = make_hf(tmp_path / f"hf{i}", architectures=[arch], model_type=family,
+                            **extra)
+        err = export_ok(tmp_path / f"m{i}.bin", "--hf", src)
+        assert f"ignoring partial_rotary_factor=0.5: {arch} rotates all 16 dims" in err, err
+        assert export.read_header(tmp_path / f"m{i}.bin")["rot_dim"] == 16
 
 
 def test_hf_header_fields(tmp_path):
@@ -884,7 +907,11 @@ HF_BAD = [
     ("kv-heads-not-dividing", _config_change(num_key_value_heads=3), ["num_key_value_heads=3"]),
     ("head_dim-differs", _config_change(head_dim=32), ["head_dim=32"]),
     ("missing-hidden_size", _config_change(hidden_size=None), ["hidden_size"]),
-    ("odd-partial-rotary", _config_change(partial_rotary_factor=0.5625), ["partial_rotary_factor"]),
+    ("odd-partial-rotary", _config_change(architectures=["Phi3ForCausalLM"], model_type="phi3",
+                                          partial_rotary_factor=0.5625), ["partial_rotary_factor"]),
+    ("llama-partial-rotary-with-scaling",
+     _config_change(partial_rotary_factor=0.5, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     ["partial_rotary_factor=0.5 with linear", "whole head"]),
     ("unknown-rope-type", _config_change(rope_scaling={"rope_type": "mrope", "factor": 2.0}),
      ["mrope", "not supported"]),
     ("longrope-without-factor-arrays",

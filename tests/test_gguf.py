@@ -198,9 +198,9 @@ def make_gguf(path, qtype=Q.F32, tied=False, seed=0, metadata=None, extra_tensor
     return write_gguf(path, md, tensors), cfg, values
 
 
-def hf_dir_of(directory, cfg, values, **config_overrides):
+def hf_dir_of(directory, cfg, values, phi3=False, **config_overrides):
     """The Hugging Face form (F32) of our-named interleaved values: the --hf
-    side of every comparison."""
+    side of every comparison; phi3: as Phi-3's fused tensors."""
     t = dict(values)
     t.setdefault("wcls", values["token_embedding"])
     hs, rot = cfg["dim"] // cfg["n_heads"], cfg["rot_dim"]
@@ -210,7 +210,22 @@ def hf_dir_of(directory, cfg, values, **config_overrides):
             t[name] = np.stack([partial_to_full_order(w, heads, hs, rot) for w in t[name]])
     config, hf_tensors = hf_from_ours(cfg, t, tie_word_embeddings=cfg["shared_classifier"],
                                       **config_overrides)
+    if phi3:
+        config, hf_tensors = _phi3_fused(config, hf_tensors)
     return write_hf_dir(directory, config, hf_tensors)
+
+
+def _phi3_fused(config, t):
+    """A Llama-named Hugging Face model as Phi-3: q|k|v fused into qkv_proj,
+    gate|up into gate_up_proj."""
+    config = dict(config, architectures=["Phi3ForCausalLM"], model_type="phi3")
+    t = dict(t)
+    for l in range(config["num_hidden_layers"]):
+        a, m = f"model.layers.{l}.self_attn.", f"model.layers.{l}.mlp."
+        t[a + "qkv_proj.weight"] = np.concatenate([t.pop(a + x + "_proj.weight") for x in "qkv"])
+        t[m + "gate_up_proj.weight"] = np.concatenate([t.pop(m + x + "_proj.weight")
+                                                       for x in ("gate", "up")])
+    return config, t
 
 
 def partial_to_full_order(w, heads, hs, rot):
@@ -292,9 +307,10 @@ def test_gguf_q8_0_output(tmp_path, syn_tokenizer, text_file):
 
 def test_gguf_partial_rotary_matches_hf(tmp_path, syn_tokenizer, text_file):
     """rope.dimension_count below the head size -> rot_dim; the same model as
-    --hf with partial_rotary_factor 0.5 (both layouts)."""
+    a Phi-3 --hf with partial_rotary_factor 0.5 (both layouts)."""
     path, cfg, values = make_gguf(tmp_path / "m.gguf", Q.Q8_0, rot_dim=32, seed=8)
-    hf = hf_dir_of(tmp_path / "hf", cfg, values, partial_rotary_factor=0.5)
+    # Phi-3: the family whose transformers code reads partial_rotary_factor
+    hf = hf_dir_of(tmp_path / "hf", cfg, values, phi3=True, partial_rotary_factor=0.5)
     export_ok(tmp_path / "hf.bin", "--hf", hf)
     export_ok(tmp_path / "neox.bin", "--gguf", path, "--rope-layout", "neox")
     assert (tmp_path / "neox.bin").read_bytes() == (tmp_path / "hf.bin").read_bytes()

@@ -353,6 +353,25 @@ def test_phi3_partial_rotary_longrope_and_window(tmp_path, syn_tokenizer, text_f
                   "partial rotary")
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_partial_rotary_factor_ignored(family, tmp_path, syn_tokenizer, text_file, text_ids):
+    """partial_rotary_factor 0.5 in config.json (top level and in
+    rope_parameters): Llama, Qwen2 and Mistral rotate every dim of the head
+    whatever it says, so run must too (both layouts); the NLL equals the same
+    weights' without the key."""
+    def half(c):
+        c["partial_rotary_factor"] = 0.5
+        c["rope_parameters"]["partial_rotary_factor"] = 0.5
+    d = build(tmp_path / family, family, patch=half)
+    ref = compare(tmp_path, d, syn_tokenizer, text_file, text_ids, 64, layouts=("neox", "interleaved"))
+
+    def no_key(c):
+        c.pop("partial_rotary_factor")
+        c["rope_parameters"].pop("partial_rotary_factor")
+    without = hf_ppl(variant(d, tmp_path / "without", no_key), text_ids, 64, 64)
+    assert abs(ref["nll"] - without["nll"]) < 1e-9, (ref["nll"], without["nll"])
+
+
 def test_phi3_longrope_exact_one_layer(tmp_path, syn_tokenizer, text_file, text_ids):
     """--rope-dynamic exact re-rotates every cached key with the long factors
     once the sequence passes L. With ONE layer that is a fresh transformers

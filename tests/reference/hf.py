@@ -30,8 +30,10 @@ max_window_layers when use_sliding_window is true (or as layer_types says),
 Llama none.
 
 rotate_half(x) = cat(-x[rot/2:], x[:rot/2]); cos/sin = cat(c, c) with
-c[i] = mscale * cos(pos * inv_freq[i]) (docs/rope.md §4.1, §7.3). Partial rotary: only
-the first rot = int(head_dim * partial_rotary_factor) dims, halves inside them.
+c[i] = mscale * cos(pos * inv_freq[i]) (docs/rope.md §4.1, §7.3). Partial rotary
+(Phi-3 only): the first rot = int(head_dim * partial_rotary_factor) dims, halves
+inside them; Llama, Mistral and Qwen2 rotate all head_dim dims whatever
+partial_rotary_factor says.
 
 inv_freq and mscale follow transformers' RoPE initialisation for each rope type
 (docs/rope.md §8.3, §8.5-§8.7), written here from those formulas:
@@ -92,6 +94,8 @@ def rope_settings(config):
     theta = config.get("rope_theta", rp.get("rope_theta", 10000.0))
     hd = config["hidden_size"] // config["num_attention_heads"]
     prf = config.get("partial_rotary_factor", rp.get("partial_rotary_factor", 1.0))
+    if config.get("model_type") != "phi3":
+        prf = 1.0  # Llama, Mistral and Qwen2 do not read it
     return kind, params, float(theta), int(hd * prf)
 
 
