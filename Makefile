@@ -52,12 +52,15 @@ HAVE_CLANG := $(shell command -v $(CLANG) >/dev/null 2>&1 && echo yes)
 # FUZZ_SECONDS (default 120) on a corpus kept in tests/fuzz/build/corpus/;
 # `make fuzz-smoke` (part of `make test`) runs each over its seeds, then for
 # FUZZ_SMOKE_SECONDS (default 5).
-FUZZ_TARGETS = checkpoint tokenizer encode chat
+FUZZ_TARGETS = checkpoint tokenizer encode chat chat_input
 FUZZ_BIN = $(FUZZ_TARGETS:%=tests/fuzz/build/fuzz_%)
 FUZZ_FLAGS = -g -O1 -march=native -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=all \
 	-std=c11 -Wall -Wextra -Wno-unused-function -I.
 FUZZ_SECONDS ?= 120
 FUZZ_SMOKE_SECONDS ?= 5
+# Memory a fuzz run may use (libFuzzer -rss_limit_mb; ASan takes about 400 MB of it): an input that
+# makes a target grow past it is a finding.
+FUZZ_RSS_MB ?= 1024
 FUZZ_SEEDS = tests/fuzz/build/seeds
 
 .PHONY: all build portable reference run test test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation bench venv smollm2 clean help
@@ -168,7 +171,7 @@ else
 	@echo "sanitize: no $(CLANG) here: the clang build (float-cast-overflow) is skipped"
 endif
 
-tests/fuzz/build/fuzz_checkpoint tests/fuzz/build/fuzz_chat: tests/fuzz/build/%: tests/fuzz/%.c $(SRC) $(HDR)
+tests/fuzz/build/fuzz_checkpoint tests/fuzz/build/fuzz_chat tests/fuzz/build/fuzz_chat_input: tests/fuzz/build/%: tests/fuzz/%.c $(SRC) $(HDR)
 	@mkdir -p tests/fuzz/build
 	$(CLANG) $(FUZZ_FLAGS) -DTESTING -DFUZZING -o $@ $< $(SRC) $(LDLIBS)
 tests/fuzz/build/fuzz_tokenizer tests/fuzz/build/fuzz_encode: tests/fuzz/build/%: tests/fuzz/%.c tokenizer.c $(HDR)
@@ -184,11 +187,11 @@ ifeq ($(HAVE_CLANG),yes)
 fuzz-smoke: $(FUZZ_BIN) $(FUZZ_SEEDS)/.made
 	@for t in $(FUZZ_TARGETS); do \
 		log=tests/fuzz/build/smoke-$$t.log; \
-		FUZZ_TOKENIZERS=$(FUZZ_SEEDS)/tokenizers tests/fuzz/build/fuzz_$$t -runs=0 -close_fd_mask=2 \
+		FUZZ_TOKENIZERS=$(FUZZ_SEEDS)/tokenizers tests/fuzz/build/fuzz_$$t -runs=0 -close_fd_mask=2 -rss_limit_mb=$(FUZZ_RSS_MB) \
 			-artifact_prefix=tests/fuzz/build/crash-$$t- $(FUZZ_SEEDS)/$$t > $$log 2>&1 && \
 		rm -rf tests/fuzz/build/smoke/$$t && mkdir -p tests/fuzz/build/smoke/$$t && \
 		FUZZ_TOKENIZERS=$(FUZZ_SEEDS)/tokenizers tests/fuzz/build/fuzz_$$t -max_total_time=$(FUZZ_SMOKE_SECONDS) \
-			-close_fd_mask=2 -artifact_prefix=tests/fuzz/build/crash-$$t- tests/fuzz/build/smoke/$$t \
+			-close_fd_mask=2 -rss_limit_mb=$(FUZZ_RSS_MB) -artifact_prefix=tests/fuzz/build/crash-$$t- tests/fuzz/build/smoke/$$t \
 			$(FUZZ_SEEDS)/$$t >> $$log 2>&1 \
 		|| { tail -40 $$log; echo "fuzz-smoke: $$t found a problem (input in tests/fuzz/build/crash-$$t-*)"; exit 1; }; \
 		echo "fuzz-smoke: $$t: $$(grep -E '^#[0-9]+' $$log | tail -1)"; \
@@ -202,7 +205,7 @@ fuzz: $(FUZZ_BIN) $(FUZZ_SEEDS)/.made fuzz-export
 		log=tests/fuzz/build/fuzz-$$t.log; \
 		echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
 		FUZZ_TOKENIZERS=$(FUZZ_SEEDS)/tokenizers tests/fuzz/build/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) \
-			-close_fd_mask=2 -print_final_stats=1 -artifact_prefix=tests/fuzz/build/crash-$$t- \
+			-close_fd_mask=2 -rss_limit_mb=$(FUZZ_RSS_MB) -print_final_stats=1 -artifact_prefix=tests/fuzz/build/crash-$$t- \
 			tests/fuzz/build/corpus/$$t $(FUZZ_SEEDS)/$$t > $$log 2>&1 \
 		|| { tail -40 $$log; echo "fuzz: $$t found a problem (input in tests/fuzz/build/crash-$$t-*)"; exit 1; }; \
 		grep -E "stat::number_of_executed_units|^#[0-9]+.*DONE" $$log; \

@@ -235,40 +235,57 @@ void render_chat(Rendering *r, const ChatTemplate *ct, const Conversation *c, in
     flush_text(r);
 }
 
-/* Read one line from stdin after printing label; NULL at end of input. A line
- * is a turn, so it is bounded before it is tokenized: max_bytes is what the
- * context could ever hold (its tokens times the longest piece). Exits with
- * one line naming stdin and the line on a longer line, a NUL byte (it would
- * cut the turn), a read error or no memory. */
-static char *read_line(const char *label, size_t max_bytes) {
-    static int line_no = 0;
-    printf("%s", label);
-    flush_stdout();
-    line_no++;
+char *read_turn(FILE *in, const char *what, int line_no, size_t max_bytes, size_t *len) {
     size_t n = 0, cap = 256;
     char *line = malloc(cap);
-    if (!line) die(EXIT_BAD_INPUT, "stdin line %d: out of memory", line_no);
+    if (!line) die(EXIT_BAD_INPUT, "%s line %d: out of memory", what, line_no);
     int ch;
-    while ((ch = getchar()) != EOF && ch != '\n') {
-        if (ch == '\0') die(EXIT_BAD_INPUT, "stdin line %d: holds a NUL byte (expected text)", line_no);
-        if (n == max_bytes)
-            die(EXIT_BAD_INPUT, "stdin line %d: longer than %zu bytes, more than the context can hold (raise --ctx)",
-                line_no, max_bytes);
+    while ((ch = getc(in)) != EOF && ch != '\n') {
+        if (ch == '\0') {
+            free(line);
+            die(EXIT_BAD_INPUT, "%s line %d: holds a NUL byte (expected text)", what, line_no);
+        }
+        if (n == max_bytes) {
+            free(line);
+            die(EXIT_BAD_INPUT, "%s line %d: longer than %zu bytes, more than the context can hold (raise --ctx)",
+                what, line_no, max_bytes);
+        }
         if (n + 1 == cap) {
             char *bigger = realloc(line, cap *= 2);
-            if (!bigger) die(EXIT_BAD_INPUT, "stdin line %d: out of memory after %zu bytes", line_no, n);
+            if (!bigger) {
+                free(line);
+                die(EXIT_BAD_INPUT, "%s line %d: out of memory after %zu bytes", what, line_no, n);
+            }
             line = bigger;
         }
         line[n++] = (char)ch;
     }
-    if (ferror(stdin)) die(EXIT_BAD_INPUT, "stdin: read error: %s", strerror(errno));
-    if (ch == EOF && n == 0) { // end of input: end the label's line
+    if (ferror(in)) {
         free(line);
+        die(EXIT_BAD_INPUT, "%s: read error: %s", what, strerror(errno));
+    }
+    if (ch == EOF && n == 0) { // end of input
+        free(line);
+        return NULL;
+    }
+    while (n > 0 && line[n - 1] == '\r') n--;
+    line[n] = '\0';
+    *len = n;
+    return line;
+}
+
+/* The user's next turn from stdin, after printing label; NULL at end of input
+ * (read_turn says what is refused). */
+static char *read_line(const char *label, size_t max_bytes) {
+    static int line_no = 0;
+    printf("%s", label);
+    flush_stdout();
+    size_t n;
+    char *line = read_turn(stdin, "stdin", ++line_no, max_bytes, &n);
+    if (!line) { // end of input: end the label's line
         printf("\n");
         return NULL;
     }
-    line[n] = '\0';
-    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
     if (!isatty(STDIN_FILENO)) printf("%s\n", line); // piped: show the turn, as a terminal would
     return line;
 }

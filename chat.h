@@ -4,6 +4,7 @@
 #define CHAT_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "tokenizer.h"
 
@@ -53,6 +54,11 @@ ChatTemplate chat_template(const Tokenizer *tok, int kind, const char *tok_path)
 /* Conversation c rendered by template ct into r->ids, as Hugging Face's
  * apply_chat_template; with generation_prompt, up to where the reply starts. */
 void render_chat(Rendering *r, const ChatTemplate *ct, const Conversation *c, int generation_prompt);
+/* One line of in (a chat turn) without its "\n" or trailing "\r"s, in a new
+ * NUL-terminated buffer, its length in *len; NULL at end of input. The line is
+ * bounded before it is kept: longer than max_bytes, a NUL byte, a read error
+ * or no memory exit with one line naming `what` and line_no. */
+char *read_turn(FILE *in, const char *what, int line_no, size_t max_bytes, size_t *len);
 /* A conversation file ("role: text" per line) into c; exits naming the line. */
 void parse_conversation(Conversation *c, const char *what, const char *text, size_t len);
 

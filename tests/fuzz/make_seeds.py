@@ -18,6 +18,8 @@ fuzzers start from files the loaders accept and mutate from there):
     OUT_DIR/encode/       a selector byte + text (plain, UTF-8, invalid UTF-8,
                           typed special pieces, long runs)
     OUT_DIR/chat/         a selector byte + a conversation file ("role: text" lines)
+    OUT_DIR/chat_input/   a selector byte (the line reader's bound) + what a user types:
+                          turns, CRLF lines, a NUL byte, a long line, no final newline
     OUT_DIR/tokenizers/   the two fixed tokenizers fuzz_encode and fuzz_chat load:
                           sp.bin (the bundled models/tokenizer.bin, copied) and
                           bpe.bin (a byte-level BPE vocabulary with ChatML pieces)
@@ -75,7 +77,7 @@ def byte_level_tokenizer():
 
 def main():
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "tests" / "fuzz" / "build" / "seeds"
-    for sub in ("checkpoint", "tokenizer", "encode", "chat", "tokenizers"):
+    for sub in ("checkpoint", "tokenizer", "encode", "chat", "chat_input", "tokenizers"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     tmp = out / "tmp.bin"
 
@@ -125,6 +127,11 @@ def main():
              b"assistant: first", b"user: x\\", b"user: x\\q", b"nobody: hi"]
     for i, (sel, conv) in enumerate(itertools.product(range(8), convs)):
         (out / "chat" / f"conv-{i}").write_bytes(bytes([sel]) + conv)
+    typed = [b"hello\nhow are you?\n", b"user: hi\r\nassistant: yo\r\nuser: and?", b"a\0b\n",
+             b"x" * 300 + b"\n", b"no final newline", b"\n\n\n", "caf\u00e9 \u4e2d\n".encode(),
+             b"system: s\nuser: u\\n\\t\\\\\n"]
+    for i, (sel, text) in enumerate(itertools.product((0, 1, 5, 31), typed)):
+        (out / "chat_input" / f"typed-{i}").write_bytes(bytes([sel]) + text)
     tmp.unlink()
     print(f"make_seeds: wrote {out}", file=sys.stderr)
 
