@@ -278,15 +278,16 @@ char *read_turn(FILE *in, const char *what, int line_no, size_t max_bytes, size_
  * (read_turn says what is refused). */
 static char *read_line(const char *label, size_t max_bytes) {
     static int line_no = 0;
-    printf("%s", label);
+    out_printf("%s", label);
     flush_stdout();
     size_t n;
     char *line = read_turn(stdin, "stdin", ++line_no, max_bytes, &n);
     if (!line) { // end of input: end the label's line
-        printf("\n");
+        out_printf("\n");
         return NULL;
     }
-    if (!isatty(STDIN_FILENO)) printf("%s\n", line); // piped: show the turn, as a terminal would
+    if (!isatty(STDIN_FILENO)) out_printf("%s\n", line); // piped: show the turn, as a terminal would
+    else if (isatty(STDOUT_FILENO)) out_line_ended();      // the terminal echoed the user's Enter
     return line;
 }
 
@@ -344,8 +345,8 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
             if (!from_stdin)
                 die(EXIT_BAD_INPUT, "prompt: the conversation renders to %d tokens and the reply needs one more; "
                     "the context holds %d (raise --ctx)", r.n, t->n_ctx);
-            fprintf(stderr, "chat: the next turn needs %d tokens in all (%d held, %d more) and one for the reply; "
-                    "the context holds %d: ending the chat (raise --ctx)\n", r.n, d.n, r.n - d.n, t->n_ctx);
+            notice("chat: the next turn needs %d tokens in all (%d held, %d more) and one for the reply; the "
+                   "context holds %d: ending the chat (raise --ctx)", r.n, d.n, r.n - d.n, t->n_ctx);
             break;
         }
         if (!summary_shown++) fputs(summary, stderr);
@@ -354,7 +355,7 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
         while (keep < d.n && keep < r.n - 1 && d.history[keep] == r.ids[keep]) keep++;
         memcpy(d.history + keep, r.ids + keep, (size_t)(r.n - keep) * sizeof(int));
         d.n = r.n;
-        printf("Assistant: ");
+        out_printf("Assistant: ");
         flush_stdout();
         int status;
         float *logits = prefill(t, d.history + keep, r.n - keep, keep, &status);
@@ -373,8 +374,7 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
         conversation_add(&conv, ROLE_ASSISTANT, reply, reply_len);
         free(reply);
         if (d.n >= t->n_ctx) {
-            fprintf(stderr, "chat: the reply filled the context of %d tokens; ending the chat (raise --ctx)\n",
-                    t->n_ctx);
+            notice("chat: the reply filled the context of %d tokens; ending the chat (raise --ctx)", t->n_ctx);
             break;
         }
     }

@@ -216,19 +216,19 @@ static int check_cells(const Transformer *t, const Tokenizer *tok, const Passkey
 /* The table's or the JSON's opening. */
 static void print_header(const Transformer *t, const PasskeyPlan *plan) {
     if (plan->json) {
-        printf("{\"mode\": \"passkey\", \"filler\": %s", plan->filler_path ? "" : "\"fixed\"");
+        out_printf("{\"mode\": \"passkey\", \"filler\": %s", plan->filler_path ? "" : "\"fixed\"");
         if (plan->filler_path) print_json_string(plan->filler_path);
-        printf(", \"key_digits\": %d, \"trials_per_cell\": %d, \"seed\": %llu, \"ctx\": %d, \"orig_ctx\": %d, "
-               "\"scaling\": \"%s\", ", plan->digits, plan->trials, (unsigned long long)plan->seed, t->n_ctx,
-               t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
-        if (t->keys == KEYS_SINKS) printf("\"sinks\": %d, ", t->pos.n_sinks);
-        printf("\"cells\": [");
+        out_printf(", \"key_digits\": %d, \"trials_per_cell\": %d, \"seed\": %llu, \"ctx\": %d, \"orig_ctx\": %d, "
+                   "\"scaling\": \"%s\", ", plan->digits, plan->trials, (unsigned long long)plan->seed, t->n_ctx,
+                   t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
+        if (t->keys == KEYS_SINKS) out_printf("\"sinks\": %d, ", t->pos.n_sinks);
+        out_printf("\"cells\": [");
     } else if (!plan->prompts_only) {
-        printf("passkey: %d trials per cell, %d-digit keys, filler %s, ctx %d, scaling %s\n%8s", plan->trials,
-               plan->digits, plan->filler_path ? plan->filler_path : "fixed", t->n_ctx,
-               SCALING_NAMES[t->rope.scaling], "length");
-        for (int di = 0; di < plan->n_depths; di++) printf("  d=%-5.2f", plan->depths[di]);
-        printf("  %8s\n", "mean");
+        out_printf("passkey: %d trials per cell, %d-digit keys, filler %s, ctx %d, scaling %s\n%8s", plan->trials,
+                   plan->digits, plan->filler_path ? plan->filler_path : "fixed", t->n_ctx,
+                   SCALING_NAMES[t->rope.scaling], "length");
+        for (int di = 0; di < plan->n_depths; di++) out_printf("  d=%-5.2f", plan->depths[di]);
+        out_printf("  %8s\n", "mean");
     }
 }
 
@@ -244,13 +244,13 @@ static void print_prompt(const Sentences *f, const Trial *tr, int length, double
     size_t len;
     char *text = passkey_prompt(f, tr->start, tr->sentences, tr->key_after, tr->key, &len);
     if (json) {
-        printf("%s{\"key\": \"%s\", \"start\": %d, \"sentences\": %d, \"key_after\": %d, \"prompt_tokens\": %d, "
-               "\"prompt\": ", trial ? ", " : "", tr->key, tr->start, tr->sentences, tr->key_after, tr->n_ids);
+        out_printf("%s{\"key\": \"%s\", \"start\": %d, \"sentences\": %d, \"key_after\": %d, \"prompt_tokens\": %d, "
+                   "\"prompt\": ", trial ? ", " : "", tr->key, tr->start, tr->sentences, tr->key_after, tr->n_ids);
         print_json_string(text);
-        printf("}");
+        out_printf("}");
     } else {
-        printf("# length %d depth %g trial %d: key %s, %d tokens, %d filler sentences, key after %d\n%s\n", length,
-               depth, trial, tr->key, tr->n_ids, tr->sentences, tr->key_after, text);
+        out_printf("# length %d depth %g trial %d: key %s, %d tokens, %d filler sentences, key after %d\n%s\n", length,
+                   depth, trial, tr->key, tr->n_ids, tr->sentences, tr->key_after, text);
     }
     free(text);
 }
@@ -298,11 +298,11 @@ static int run_cell(Transformer *t, const Tokenizer *tok, const PasskeyPlan *pla
         int ok = passkey_correct(answer, tr.key);
         correct += ok;
         if (plan->json) {
-            printf("%s{\"key\": \"%s\", \"start\": %d, \"sentences\": %d, \"key_after\": %d, \"prompt_tokens\": %d, "
-                   "\"answer\": \"%.*s\", \"text\": ", trial ? ", " : "", tr.key, tr.start, tr.sentences,
-                   tr.key_after, tr.n_ids, (int)n_digits, digits);
+            out_printf("%s{\"key\": \"%s\", \"start\": %d, \"sentences\": %d, \"key_after\": %d, "
+                       "\"prompt_tokens\": %d, \"answer\": \"%.*s\", \"text\": ", trial ? ", " : "", tr.key, tr.start,
+                       tr.sentences, tr.key_after, tr.n_ids, (int)n_digits, digits);
             print_json_string(answer);
-            printf(", \"correct\": %s}", ok ? "true" : "false");
+            out_printf(", \"correct\": %s}", ok ? "true" : "false");
         }
         free(answer);
     }
@@ -338,25 +338,25 @@ void passkey_mode(const ModeInput *in) {
     double start_time = now_seconds();
     for (int li = 0; li < plan.n_lengths; li++) {
         int length = (int)plan.lengths[li], row_correct = 0;
-        if (!plan.json && !plan.prompts_only) printf("%8d", length);
+        if (!plan.json && !plan.prompts_only) out_printf("%8d", length);
         for (int di = 0; di < plan.n_depths; di++) {
             double depth = plan.depths[di];
             if (plan.json)
-                printf("%s{\"length\": %d, \"depth\": %g, \"trials\": [", li + di ? ", " : "", length, depth);
+                out_printf("%s{\"length\": %d, \"depth\": %g, \"trials\": [", li + di ? ", " : "", length, depth);
             int correct = run_cell(t, tok, &plan, &f, length, depth, &rng, history);
             row_correct += correct;
-            if (plan.json && plan.prompts_only) printf("]}");
+            if (plan.json && plan.prompts_only) out_printf("]}");
             else if (plan.json)
-                printf("], \"correct\": %d, \"accuracy\": %.4f}", correct, (double)correct / plan.trials);
-            else if (!plan.prompts_only) printf("  %6.0f%%", 100.0 * correct / plan.trials), flush_stdout();
+                out_printf("], \"correct\": %d, \"accuracy\": %.4f}", correct, (double)correct / plan.trials);
+            else if (!plan.prompts_only) out_printf("  %6.0f%%", 100.0 * correct / plan.trials), flush_stdout();
             if (!plan.prompts_only)
-                fprintf(stderr, "passkey: length %d depth %.2f: %d of %d correct (%.1f s)\n", length, depth, correct,
-                        plan.trials, now_seconds() - start_time);
+                notice("passkey: length %d depth %.2f: %d of %d correct (%.1f s)", length, depth, correct, plan.trials,
+                       now_seconds() - start_time);
         }
         if (!plan.json && !plan.prompts_only)
-            printf("  %7.0f%%\n", 100.0 * row_correct / ((double)plan.trials * plan.n_depths));
+            out_printf("  %7.0f%%\n", 100.0 * row_correct / ((double)plan.trials * plan.n_depths));
     }
-    if (plan.json) printf("]}\n");
+    if (plan.json) out_printf("]}\n");
     free(history);
     free_sentences(&f);
 }

@@ -56,21 +56,96 @@
  * with a one-line message in an err buffer (model.h's fail), so that the tests
  * can call them; the modes and main print such a message and exit with die(),
  * and so do the few steps that cannot go on (out of memory, a forward step
- * that failed).
+ * that failed). A message never lands in the middle of a line of output
+ * (out_write, notice).
  * ========================================================================== */
 
 #ifdef FUZZING
 jmp_buf *die_jump;
 #endif
 
-/* Print one line to stderr and exit with `code`. Every message names the file
- * or flag at fault and what was expected; nothing is printed to stdout. */
+/* stdout carries the output (the generated text, a table, JSON) and stderr
+ * the messages; on a terminal, or with 2>&1, the two land in one place. A
+ * message printed while stdout holds a partial line would be glued to it
+ * ("...on one corner andgenerate: the context ..."), so every message that can
+ * follow output starts a line of its own: the code that writes a partial line
+ * to stdout (generated text, chat's labels, passkey's rows and JSON) writes
+ * through out_write or out_printf, which remember whether the last byte ended a
+ * line, and a message (notice, die) first ends that line. The newline goes to
+ * stderr, never to stdout, so that stdout's bytes stay exactly the output (a
+ * file of generated text gets no newline it did not generate), and only when
+ * stdout and stderr are one file (the same terminal, pipe or file): written
+ * apart, stderr gets no blank line. Output that is printed after the last
+ * message (ppl's report, tokenize's ids, -m rope) needs no tracking. */
+static int stdout_line_open; // out_write left a partial line that no newline (on stdout, or before a
+                             // message on stderr) has ended yet
+
+/* Write n bytes to stdout, remembering whether they end a line. */
+void out_write(const char *bytes, size_t n) {
+    if (n == 0) return;
+    fwrite(bytes, 1, n, stdout);
+    stdout_line_open = bytes[n - 1] != '\n';
+}
+
+/* printf to stdout, remembering whether the text ends a line. */
+void out_printf(const char *fmt, ...) {
+    char small[256], *text = small;
+    va_list ap, again;
+    va_start(ap, fmt);
+    va_copy(again, ap);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof small) { // longer: format it again into a buffer of its size
+        text = malloc((size_t)n + 1);
+        if (!text) die(EXIT_BAD_INPUT, "out of memory");
+        vsnprintf(text, (size_t)n + 1, fmt, again);
+    }
+    va_end(again);
+    if (n > 0) out_write(text, (size_t)n);
+    if (text != small) free(text);
+}
+
+/* The open line ended without a byte from this program: a terminal's echo of
+ * the Enter that ended the user's line (chat). */
+void out_line_ended(void) { stdout_line_open = 0; }
+
+/* Whether stdout and stderr are one file (one terminal, one pipe, one file, as
+ * 2>&1 makes them), where their bytes interleave. */
+static int stdout_is_stderr(void) {
+    struct stat out, err;
+    return fstat(STDOUT_FILENO, &out) == 0 && fstat(STDERR_FILENO, &err) == 0 && out.st_dev == err.st_dev &&
+           out.st_ino == err.st_ino;
+}
+
+/* One message line on stderr, starting a line of its own: stdout's pending
+ * bytes go first (fflush; a failure stays in ferror for flush_stdout to
+ * report), then a newline on stderr if they left a line open where stderr
+ * lands, then the message. */
+static void message_line(const char *fmt, va_list ap) {
+    fflush(stdout);
+    if (stdout_line_open && stdout_is_stderr()) fputc('\n', stderr);
+    stdout_line_open = 0;
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+/* Print one line to stderr (message_line): the notices a run prints beside
+ * its output (a full context, a cell's result, a note). */
+void notice(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    message_line(fmt, ap);
+    va_end(ap);
+}
+
+/* Print one line to stderr (message_line) and exit with `code`. Every message
+ * names the file or flag at fault and what was expected; nothing is printed
+ * to stdout. */
 void die(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    message_line(fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 #ifdef FUZZING
     if (die_jump) longjmp(*die_jump, code);
 #endif
@@ -1350,15 +1425,15 @@ void decoder_free(Decoder *d) {
 /* Decode `token` after the last token of history and write it to stdout. */
 static void emit(Decoder *d, int token) {
     size_t n = tokenizer_decode(d->tok, &d->ds, d->n > 0 ? d->history[d->n - 1] : -1, token, d->buf);
-    fwrite(d->buf, 1, n, stdout);
+    out_write(d->buf, n);
     flush_stdout();
 }
 
 /* Print what the decoder still holds back, then a newline. */
 void end_text(Decoder *d) {
     size_t n = tokenizer_decode_flush(&d->ds, d->buf);
-    fwrite(d->buf, 1, n, stdout);
-    printf("\n");
+    out_write(d->buf, n);
+    out_write("\n", 1);
     flush_stdout();
 }
 
@@ -1413,7 +1488,7 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     if (!logits) forward_failed(t, status, d.history[n_prompt - 1], n_prompt - 1);
     double prefill_end = now_seconds();
     // Decode: sample, print, feed back, one token at a time.
-    int n_new = 0, stops[TOK_MAX_STOP + 1], n_stop = 0;
+    int n_new = 0, cut_short = 0, stops[TOK_MAX_STOP + 1], n_stop = 0; // cut_short: -n not reached, context full
     for (int i = 0; i < tok->n_stop; i++) stops[n_stop++] = tok->stop_ids[i];
     if (tok->add_bos) stops[n_stop++] = tok->bos_id; // BOS starts the next text (llama2.c's stories)
     if (ignore_eos) n_stop = 0;
@@ -1426,19 +1501,19 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
         int next = decode_step(&d, logits, stops, n_stop);
         if (next < 0) break; // a stop token
         if (pos == t->n_ctx && t->keys != KEYS_SINKS) {
-            if (n_new < max_new)
-                fprintf(stderr, "generate: the context of %d tokens is full after %d new tokens; raise --ctx, or "
-                        "go on past it with attention sinks (--sinks 4)\n", t->n_ctx, n_new);
+            cut_short = n_new < max_new;
             break;
         }
         logits = forward(t, next, pos, &status);
         if (!logits) forward_failed(t, status, next, pos);
     }
-    end_text(&d);
+    end_text(&d); // the text's line ends before the notices
+    if (cut_short)
+        notice("generate: the context of %d tokens is full after %d new tokens; raise --ctx, or go on past it with "
+               "attention sinks (--sinks 4)", t->n_ctx, n_new);
     double end = now_seconds(), prefill_s = prefill_end - start, decode_s = end - prefill_end;
-    fprintf(stderr, "%d prompt + %d new tokens; prefill %.1f tok/s, generation %.1f tok/s\n", n_prompt, n_new,
-            prefill_s > 0 ? n_prompt / prefill_s : 0.0,
-            decode_s > 0 ? (n_new - 1 > 0 ? n_new - 1 : 0) / decode_s : 0.0);
+    notice("%d prompt + %d new tokens; prefill %.1f tok/s, generation %.1f tok/s", n_prompt, n_new,
+           prefill_s > 0 ? n_prompt / prefill_s : 0.0, decode_s > 0 ? (n_new - 1 > 0 ? n_new - 1 : 0) / decode_s : 0.0);
     decoder_free(&d);
 }
 
@@ -1507,7 +1582,7 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
 #else
-    if (o.threads > 1) fprintf(stderr, "--threads %d: this build has no OpenMP; running on one thread\n", o.threads);
+    if (o.threads > 1) notice("--threads %d: this build has no OpenMP; running on one thread", o.threads);
 #endif
 
     // The model, with the command line's RoPE and position settings.

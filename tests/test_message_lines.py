@@ -1,0 +1,165 @@
+"""Messages beside the output: never glued to a partial line of it.
+
+- A message on stderr printed while stdout holds a partial line (generated
+  text, chat's "Assistant: ", a row of passkey's table, passkey's JSON) starts
+  a line of its own where the two streams meet: one pipe (2>&1), one terminal
+  (a pty here). The newline goes to stderr: stdout's bytes are the same
+  whether or not stderr shares its file, and stderr written apart gets no
+  blank line.
+"""
+import os
+import re
+import struct
+import subprocess
+
+import pytest
+
+import export
+from conftest import HANG_GUARD_S, ROOT, SYN_PIECES, SYN_SCORES, make_model, run_bin
+
+MODEL = ROOT / "models" / "model.bin"
+TOKENIZER = ROOT / "models" / "tokenizer.bin"
+
+
+def run_env():
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "2")
+    return env
+
+
+def run_apart(*args, stdin=b""):
+    """stdout and stderr in two pipes: (exit code, stdout, stderr)."""
+    p = subprocess.run([str(run_bin())] + [str(a) for a in args], input=stdin, capture_output=True,
+                       timeout=HANG_GUARD_S, env=run_env())
+    return p.returncode, p.stdout, p.stderr
+
+
+def run_joined(*args, stdin=b""):
+    """stdout and stderr in one pipe, as 2>&1 makes them: (exit code, bytes)."""
+    p = subprocess.run([str(run_bin())] + [str(a) for a in args], input=stdin, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=HANG_GUARD_S, env=run_env())
+    return p.returncode, p.stdout
+
+
+def run_on_pty(*args, typed=None, after=b""):
+    """stdin, stdout and stderr on one pseudo-terminal: (exit code, what the
+    terminal shows, with its \r\n line ends). typed: bytes typed once the
+    terminal shows `after` (stdin is empty without it)."""
+    master, slave = os.openpty()
+    p = subprocess.Popen([str(run_bin())] + [str(a) for a in args],
+                         stdin=slave if typed is not None else subprocess.DEVNULL, stdout=slave, stderr=slave,
+                         env=run_env())
+    os.close(slave)
+    shown = b""
+    while True:
+        if typed is not None and after in shown:
+            os.write(master, typed)
+            typed = None
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the program closed the terminal's last descriptor
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    return p.wait(timeout=HANG_GUARD_S), shown
+
+
+def untimed(text):
+    """text with its timings (seconds, ms, tok/s) replaced by '#', so that two
+    runs of the same command compare equal."""
+    return re.sub(rb"[0-9.]+( s| ms| tok/s)", rb"#\1", text)
+
+
+@pytest.fixture(scope="module")
+def nan_model(tmp_path_factory):
+    """A model whose first wq weight is NaN: the first forward step (after
+    the prompt's text is printed) stops with a message. Its tokenizer."""
+    d = tmp_path_factory.mktemp("nan")
+    tok = d / "tokenizer.bin"
+    export.write_tokenizer(tok, SYN_PIECES, SYN_SCORES)
+    ckpt, cfg, _ = make_model(d)
+    layout, _ = export.tensor_layout(cfg)
+    _, _, offset, _ = next(entry for entry in layout if entry[0] == "wq")
+    data = bytearray(ckpt.read_bytes())
+    struct.pack_into("<f", data, offset, float("nan"))
+    ckpt.write_bytes(bytes(data))
+    return ckpt, tok
+
+
+def test_a_failure_after_partial_text_starts_a_line(nan_model):
+    """generate prints the prompt's text, then the forward step fails: the
+    message starts a line in one pipe, stdout keeps exactly the text, and
+    stderr written apart has no blank line."""
+    ckpt, tok = nan_model
+    args = (ckpt, "-z", tok, "-t", "0", "-n", "4", "-i", "the cat")
+    code, out, err = run_apart(*args)
+    assert code == 1 and out == b"the cat", (out, err)
+    load, message = err.split(b"\n", 1)
+    assert message.startswith(b"forward: ") and b"NaN" in message and message.count(b"\n") == 1, err
+    code, joined = run_joined(*args)
+    assert code == 1
+    assert untimed(joined) == untimed(load + b"\n" + out + b"\n" + message), joined
+
+
+def test_a_failure_after_partial_text_starts_a_line_on_a_terminal(nan_model):
+    ckpt, tok = nan_model
+    code, shown = run_on_pty(ckpt, "-z", tok, "-t", "0", "-n", "4", "-i", "the cat")
+    assert code == 1
+    assert re.search(rb"\r\nthe cat\r\nforward: [^\r\n]*NaN[^\r\n]*\r\n$", shown), shown
+
+
+def test_chat_failure_after_the_reply_label_starts_a_line(nan_model):
+    """chat prints "Assistant: ", then the reply's first step fails."""
+    ckpt, tok = nan_model
+    args = (ckpt, "-z", tok, "-m", "chat", "--chat-template", "llama2", "-t", "0", "-n", "4")
+    code, out, err = run_apart(*args, stdin=b"hello\n")
+    assert code == 1 and out == b"User: hello\nAssistant: ", (out, err)
+    load, message = err.split(b"\n", 1)
+    assert message.startswith(b"forward: ") and message.count(b"\n") == 1, err
+    code, joined = run_joined(*args, stdin=b"hello\n")
+    assert code == 1
+    assert untimed(joined) == untimed(load + b"\n" + out + b"\n" + message), joined
+
+
+def test_chat_notice_after_a_typed_line_on_a_terminal():
+    """On a terminal the user's Enter ends the line "User: ..." (the terminal
+    echoes it): the notice that the turn does not fit follows with no blank
+    line."""
+    code, shown = run_on_pty(MODEL, "-z", TOKENIZER, "-m", "chat", "--ctx", "32", "-n", "4",
+                             typed=b"the dog ran to the park and back again " * 4 + b"\n", after=b"User: ")
+    assert code == 0, shown
+    assert re.search(rb"User: (the dog [^\r\n]*)\r\nchat: the next turn needs [^\r\n]*\r\n$", shown), shown
+
+
+def test_context_full_notice_starts_a_line():
+    """The text fills --ctx 32 before -n: the notice comes after the text's
+    final newline, on a line of its own, and stdout is the text alone."""
+    args = (MODEL, "-z", TOKENIZER, "-t", "0", "-n", "100", "--ignore-eos", "--ctx", "32", "-i", "It was")
+    code, out, err = run_apart(*args)
+    assert code == 0 and out.endswith(b"\n") and not out.endswith(b"\n\n"), out
+    lines = err.decode().splitlines(keepends=True)
+    assert len(lines) == 3 and lines[1].startswith("generate: the context of 32 tokens is full after "), err
+    code, joined = run_joined(*args)
+    assert code == 0
+    assert untimed(joined) == untimed(lines[0].encode() + out + "".join(lines[1:]).encode()), joined
+
+
+@pytest.mark.parametrize("json_output", [False, True], ids=["table", "json"])
+def test_passkey_cell_notices_start_a_line(json_output):
+    """passkey's table row (and its JSON, one line) is open while each cell's
+    notice prints: in one pipe every notice starts a line, and taking out each
+    notice with the newline before it gives stdout's bytes."""
+    args = [MODEL, "-z", TOKENIZER, "-m", "passkey", "--lengths", "100", "--depths", "0,1", "--trials", "1"]
+    args += ["--json"] if json_output else []
+    code, out, err = run_apart(*args)
+    assert code == 0, err
+    load, notices = err.split(b"\n", 1)
+    assert re.fullmatch(rb"(passkey: length 100 depth [01].00: [01] of 1 correct \([0-9.]+ s\)\n){2}", notices), err
+    code, joined = run_joined(*args)
+    assert code == 0
+    first, rest = joined.split(b"\n", 1)
+    assert untimed(first) == untimed(load), joined
+    assert len(re.findall(rb"\npasskey: length ", rest)) == 2, joined  # each after an inserted newline
+    assert re.sub(rb"\npasskey: length [^\n]*\n", b"", rest) == out, joined
