@@ -83,8 +83,10 @@ help:
 
 # make run: build, then generate from the bundled model. Override the prompt
 # or the sampling, e.g. make run PROMPT="The sea" RUN_ARGS="-t 0 -n 100".
+# -n 200: the prompt (10 tokens with BOS) and the text stay inside the model's
+# 256-token context, so that the run ends where -n says, not at a full context.
 PROMPT ?= It was a dark and stormy night
-RUN_ARGS ?= -t 0.8 -p 0.9 -n 256
+RUN_ARGS ?= -t 0.8 -p 0.9 -n 200
 run: build
 	./run models/model.bin -z models/tokenizer.bin $(RUN_ARGS) -i "$(PROMPT)"
 

@@ -6,6 +6,8 @@
   (a pty here). The newline goes to stderr: stdout's bytes are the same
   whether or not stderr shares its file, and stderr written apart gets no
   blank line.
+- make run's defaults (PROMPT, RUN_ARGS) fit the bundled model's context:
+  the run ends where -n says, with no context-full notice.
 """
 import os
 import re
@@ -15,7 +17,7 @@ import subprocess
 import pytest
 
 import export
-from conftest import HANG_GUARD_S, ROOT, SYN_PIECES, SYN_SCORES, make_model, run_bin
+from conftest import HANG_GUARD_S, ROOT, SYN_PIECES, SYN_SCORES, make_model, run_bin, tokenize
 
 MODEL = ROOT / "models" / "model.bin"
 TOKENIZER = ROOT / "models" / "tokenizer.bin"
@@ -163,3 +165,16 @@ def test_passkey_cell_notices_start_a_line(json_output):
     assert untimed(first) == untimed(load), joined
     assert len(re.findall(rb"\npasskey: length ", rest)) == 2, joined  # each after an inserted newline
     assert re.sub(rb"\npasskey: length [^\n]*\n", b"", rest) == out, joined
+
+
+def test_make_run_defaults_fit_the_context():
+    """`make run`'s command (make -n prints it) ends where -n says: its
+    prompt and -n new tokens fit the bundled model's 256 positions."""
+    dry = subprocess.run(["make", "-s", "-n", "run"], cwd=ROOT, capture_output=True, text=True, check=True)
+    command = next(line for line in dry.stdout.splitlines() if line.startswith("./run "))
+    n_new = int(re.search(r" -n (\d+)", command).group(1))
+    prompt = re.search(r'-i "([^"]*)"', command).group(1)
+    assert len(tokenize(MODEL, TOKENIZER, prompt)) + n_new <= 256, command
+    p = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, timeout=HANG_GUARD_S, env=run_env())
+    err = p.stderr.decode()
+    assert p.returncode == 0 and "is full" not in err, err
