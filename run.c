@@ -1450,6 +1450,34 @@ int decode_step(Decoder *d, float *logits, const int *end, int n_end) {
     return next;
 }
 
+/* A prompt shorter than this gets no rate: a few tokens' prefill is mostly
+ * the first forward step's one-time costs (the weights cold in the caches,
+ * the mapping's first page faults, threads starting), not the speed of a
+ * block. On the bundled model, one thread, 2-core VM: prompts of 3 and 5
+ * tokens went through at 1,300-2,500 tok/s, no faster than generation (about
+ * 2,500 tok/s), and 9 tokens at 3,800-5,700. */
+#define MIN_TIMED_PROMPT 8
+
+/* generate's last line on stderr: the token counts; the time from the
+ * prompt's encoding to the first new token (prefill and one sample); the
+ * prompt's rate (prefill), for a prompt of MIN_TIMED_PROMPT tokens or more;
+ * and generation's rate over the tokens after the first (a forward step and
+ * a sample each). */
+static void print_timing(int n_prompt, int n_new, double prefill_s, double first_token_s, double after_first_s) {
+    char line[256];
+    int k = snprintf(line, sizeof line, "%d prompt + %d new tokens", n_prompt, n_new);
+    if (n_new > 0)
+        k += snprintf(line + k, sizeof line - (size_t)k, "; first token after %.1f ms", 1e3 * first_token_s);
+    if (n_prompt < MIN_TIMED_PROMPT)
+        k += snprintf(line + k, sizeof line - (size_t)k, "; prompt too short to time (under %d tokens)",
+                      MIN_TIMED_PROMPT);
+    else
+        k += snprintf(line + k, sizeof line - (size_t)k, "; prompt %.1f tok/s", n_prompt / prefill_s);
+    if (n_new > 1)
+        snprintf(line + k, sizeof line - (size_t)k, ", generation %.1f tok/s", (n_new - 1) / after_first_s);
+    notice("%s", line);
+}
+
 /* generate: stdout = the prompt's text, then the continuation, then "\n"
  * (llama2.c prints the same). The prompt (after BOS, when the tokenizer adds
  * one) goes through in blocks; sampling starts at its last token and stops at
@@ -1459,6 +1487,7 @@ int decode_step(Decoder *d, float *logits, const int *end, int n_end) {
  * Statistics go to stderr. */
 static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, const char *what, const char *prompt,
                      size_t prompt_len, int max_new, int ignore_eos, const char *summary) {
+    double start = now_seconds();
     // A token covers at most max_token_length bytes: a longer prompt cannot fit (refused before encoding it).
     size_t most_bytes = (size_t)t->n_ctx * (size_t)(tok->max_token_length > 0 ? tok->max_token_length : 1);
     if (prompt_len > most_bytes && t->keys != KEYS_SINKS)
@@ -1482,11 +1511,11 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     }
     free(prompt_ids);
     // Prefill: the prompt through the model in blocks; logits of its last token.
-    double start = now_seconds();
+    double prefill_start = now_seconds();
     int status;
     float *logits = prefill(t, d.history, n_prompt, 0, &status);
     if (!logits) forward_failed(t, status, d.history[n_prompt - 1], n_prompt - 1);
-    double prefill_end = now_seconds();
+    double prefill_end = now_seconds(), first_token = 0, last_token = 0;
     // Decode: sample, print, feed back, one token at a time.
     int n_new = 0, cut_short = 0, stops[TOK_MAX_STOP + 1], n_stop = 0; // cut_short: -n not reached, context full
     for (int i = 0; i < tok->n_stop; i++) stops[n_stop++] = tok->stop_ids[i];
@@ -1499,6 +1528,8 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
             d.n--;
         }
         int next = decode_step(&d, logits, stops, n_stop);
+        last_token = now_seconds();
+        if (n_new == 1) first_token = last_token;
         if (next < 0) break; // a stop token
         if (pos == t->n_ctx && t->keys != KEYS_SINKS) {
             cut_short = n_new < max_new;
@@ -1511,9 +1542,7 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     if (cut_short)
         notice("generate: the context of %d tokens is full after %d new tokens; raise --ctx, or go on past it with "
                "attention sinks (--sinks 4)", t->n_ctx, n_new);
-    double end = now_seconds(), prefill_s = prefill_end - start, decode_s = end - prefill_end;
-    notice("%d prompt + %d new tokens; prefill %.1f tok/s, generation %.1f tok/s", n_prompt, n_new,
-           prefill_s > 0 ? n_prompt / prefill_s : 0.0, decode_s > 0 ? (n_new - 1 > 0 ? n_new - 1 : 0) / decode_s : 0.0);
+    print_timing(n_prompt, n_new, prefill_end - prefill_start, first_token - start, last_token - first_token);
     decoder_free(&d);
 }
 

@@ -6,6 +6,9 @@
   (a pty here). The newline goes to stderr: stdout's bytes are the same
   whether or not stderr shares its file, and stderr written apart gets no
   blank line.
+- generate's summary line: the time to the first new token; the prompt's
+  rate only for a prompt of 8 tokens or more (fewer: "prompt too short to
+  time"); generation's rate only when there is a token after the first.
 - make run's defaults (PROMPT, RUN_ARGS) fit the bundled model's context:
   the run ends where -n says, with no context-full notice.
 """
@@ -17,7 +20,7 @@ import subprocess
 import pytest
 
 import export
-from conftest import HANG_GUARD_S, ROOT, SYN_PIECES, SYN_SCORES, make_model, run_bin, tokenize
+from conftest import HANG_GUARD_S, ROOT, SYN_PIECES, SYN_SCORES, make_model, run_bin, run_ok, tokenize
 
 MODEL = ROOT / "models" / "model.bin"
 TOKENIZER = ROOT / "models" / "tokenizer.bin"
@@ -165,6 +168,44 @@ def test_passkey_cell_notices_start_a_line(json_output):
     assert untimed(first) == untimed(load), joined
     assert len(re.findall(rb"\npasskey: length ", rest)) == 2, joined  # each after an inserted newline
     assert re.sub(rb"\npasskey: length [^\n]*\n", b"", rest) == out, joined
+
+
+SUMMARY = re.compile(r"^(\d+) prompt \+ (\d+) new tokens(; first token after [0-9.]+ ms)?"
+                     r"; (prompt [0-9.]+ tok/s|prompt too short to time \(under 8 tokens\))"
+                     r"(, generation [0-9.]+ tok/s)?$")
+
+
+def summary(*args):
+    """generate's last stderr line, parsed with SUMMARY."""
+    last = run_ok(*args).stderr.decode().splitlines()[-1]
+    m = SUMMARY.match(last)
+    assert m, last
+    return m
+
+
+def prompt_of(n_tokens):
+    """A prompt of the bundled tokenizer that encodes to n_tokens, BOS included."""
+    text = " ".join(["the"] * (n_tokens - 1))  # "the" and each " the" are one token
+    assert len(tokenize(MODEL, TOKENIZER, text)) == n_tokens, text
+    return text
+
+
+@pytest.mark.parametrize("n_prompt, timed", [(7, False), (8, True), (16, True)])
+def test_prompt_rate_only_for_a_prompt_long_enough_to_time(n_prompt, timed):
+    m = summary(MODEL, "-z", TOKENIZER, "-t", "0", "-n", "5", "--ignore-eos", "-i", prompt_of(n_prompt))
+    assert int(m.group(1)) == n_prompt and int(m.group(2)) == 5
+    assert m.group(3) and m.group(5), m.group(0)  # first token, generation
+    assert m.group(4).startswith("prompt too short") != timed, m.group(0)
+
+
+def test_rates_leave_out_what_did_not_happen():
+    """-n 0: no new token, so no first token and no generation; -n 1: the
+    first token, no rate of the ones after it."""
+    prompt = prompt_of(8)
+    m0 = summary(MODEL, "-z", TOKENIZER, "-t", "0", "-n", "0", "-i", prompt)
+    assert m0.group(2) == "0" and not m0.group(3) and not m0.group(5), m0.group(0)
+    m1 = summary(MODEL, "-z", TOKENIZER, "-t", "0", "-n", "1", "--ignore-eos", "-i", prompt)
+    assert m1.group(2) == "1" and m1.group(3) and not m1.group(5), m1.group(0)
 
 
 def test_make_run_defaults_fit_the_context():
