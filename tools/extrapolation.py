@@ -991,7 +991,7 @@ def cost_table(meta):
         lines.append(f"| {g['study']} | {factor_label(g['k'])} | {g['cells']} | {g['missing']} | "
                      f"{g['cpu_s'] / 60:.2f} | {g['longest_s'] / 60:.2f} |")
     total = sum(g["cpu_s"] for g in cost)
-    missing = sum(g["missing"] for g in cost)
+    missing = len(meta.get("missing", []))  # with those of studies of which no cell came
     lines += ["", f"In all {total / 60:.2f} CPU-minutes ({total / 3600:.2f} CPU-hours)"
               + (f", without the {missing} missing cell{'s' if missing != 1 else ''}." if missing else "."), ""]
     return lines
@@ -1531,7 +1531,8 @@ def study_main(plan, out, n_jobs, threads, results):
     print(f"extrapolation: {meta['wall_s'] / 60:.1f} min; wrote {', '.join(files)} in {out}", file=sys.stderr)
 
 
-def main(argv=None):
+def build_parser():
+    """The command line's options (main reads them; the tests parse --list's commands with them)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="output folder (default docs/extrapolation; --quick: a new temporary one)")
     ap.add_argument("--quick", action="store_true", help="a small subset (every kind of cell), a few minutes")
@@ -1556,7 +1557,27 @@ def main(argv=None):
     ap.add_argument("--ctx", type=int, help="--stream-cell: the rolling cache's size (the training context)")
     ap.add_argument("-z", dest="tok", type=Path, help="--stream-cell: tokenizer, if not tokenizer.bin beside CKPT")
     ap.add_argument("--segments", type=Path, help="--stream-cell: keep the segment files in this folder")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def plan_from_args(args):
+    """The plan the options choose; exits with a one-line message on a bad option."""
+    names = args.studies.split(",") if args.studies else None
+    bad = [n for n in names or [] if n not in FULL]
+    if bad:
+        sys.exit(f"extrapolation: unknown stud{'ies' if len(bad) > 1 else 'y'} {', '.join(bad)} "
+                 f"(expected some of {', '.join(FULL)})")
+    if args.tokens is not None and args.tokens < 16:
+        sys.exit(f"extrapolation: --tokens {args.tokens}: expected at least 16")
+    model = args.passkey_model
+    if model is not None:  # relative to the repository root, as the listed commands run there
+        model = model.resolve()
+        model = str(model.relative_to(ROOT)) if model.is_relative_to(ROOT) else str(model)
+    return make_plan(args.quick, names, args.tokens, model)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     modes = [m for m, on in (("--list", args.list), ("--cell", args.cell), ("--collect", args.collect),
                              ("--stream-cell", args.stream_cell)) if on]
     if len(modes) > 1:
@@ -1566,6 +1587,10 @@ def main(argv=None):
         if v is not None and v < 1:
             sys.exit(f"extrapolation: {flag} {v}: expected at least 1")
     if args.collect:
+        given = [f for f, v in (("--quick", args.quick), ("--studies", args.studies), ("--tokens", args.tokens),
+                                ("--passkey-model", args.passkey_model)) if v]
+        if given:
+            sys.exit(f"extrapolation: --collect takes its plan from the cell files; expected no {', '.join(given)}")
         collect_main(args.collect, args.out)
         return
     if not RUN.is_file():
@@ -1573,18 +1598,7 @@ def main(argv=None):
     if args.stream_cell:
         stream_cell_main(args)
         return
-    names = args.studies.split(",") if args.studies else None
-    bad = [n for n in names or [] if n not in FULL]
-    if bad:
-        sys.exit(f"extrapolation: unknown stud{'ies' if len(bad) > 1 else 'y'} {', '.join(bad)} "
-                 f"(expected some of {', '.join(FULL)})")
-    if args.tokens is not None and args.tokens < 16:
-        sys.exit(f"extrapolation: --tokens {args.tokens}: expected at least 16")
-    model = args.passkey_model
-    if model is not None:
-        model = model.resolve()
-        model = str(model.relative_to(ROOT)) if model.is_relative_to(ROOT) else str(model)
-    plan = make_plan(args.quick, names, args.tokens, model)
+    plan = plan_from_args(args)
     if args.list:
         list_main(plan, args.threads or 1, args.results or Path("results"))
     elif args.cell:
