@@ -797,6 +797,10 @@ def test_collect_refuses_what_is_not_one_plan_of_cells(tmp_path, capsys):
         _json.loads((folder / "bundled_ntk_4x.json").read_text()),
         study=dict(rec["study"], text_recipe=["head -c 99 heldout.txt > books.txt"]))))
     refused([folder], "describes study bundled unlike")
+    (folder / "bundled_ntk_4x.json").unlink()
+    left_out = _json.loads((folder / "smollm2-passkey_yarn_2x.json").read_text())  # sinks at 2x: not run
+    (other / "smollm2-passkey_sinks_2x.json").write_text(_json.dumps(dict(left_out, cell="smollm2-passkey_sinks_2x")))
+    refused([folder, other], "cell smollm2-passkey_sinks_2x: expected a cell of its plan")
     with pytest.raises(SystemExit) as e:
         ex.main(["--collect", str(folder), "--quick"])
     assert "takes its plan from the cell files" in str(e.value)

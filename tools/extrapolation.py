@@ -966,8 +966,8 @@ def made_by(meta):
         return (f"Collected by `{meta['command']}` from {meta['collected_files']} cell files in "
                 f"{meta['collected_folders']} folder{'s' if meta['collected_folders'] != 1 else ''}, run where and "
                 f"when their commands (`tools/extrapolation.py --list`) were; the cells' wall times times their "
-                f"threads add up to {meta.get('cpu_s', 0) / 60:.1f} CPU-minutes (by study and factor at the end). Every cell's command is listed under its "
-                "table; they run from the repository root.")
+                f"threads add up to {meta.get('cpu_s', 0) / 60:.1f} CPU-minutes (by study and factor at the end). "
+                "Every cell's command is listed under its table; they run from the repository root.")
     threads = meta.get("threads", 1)
     return (f"Made by `{meta['command']}` in {meta['wall_s'] / 60:.1f} minutes: {meta['jobs']} runs at a time, "
             f"{'one thread' if threads == 1 else f'{threads} threads'} each, on {meta['cpus']} cores (1-minute load "
@@ -1250,8 +1250,9 @@ def run_cells(jobs, plan, results, n_parallel, threads):
                 done_cost += j["cost"]
                 elapsed = time.time() - t0
                 left = elapsed * (total - done_cost) / done_cost if done_cost else 0.0
-                print(f"[{n:{len(str(len(order)))}d}/{len(order)}] {j['study'].name:15s} {j['method']:14s} {factor_label(j['k']):>5s} "
-                      f"ctx {j['ctx']:6d}: {outcome(j['study'].kind, rec['result'])} ({rec['wall_s']:.0f} s); "
+                print(f"[{n:{len(str(len(order)))}d}/{len(order)}] {j['study'].name:15s} {j['method']:14s} "
+                      f"{factor_label(j['k']):>5s} ctx {j['ctx']:6d}: {outcome(j['study'].kind, rec['result'])} "
+                      f"({rec['wall_s']:.0f} s); "
                       f"{clock(elapsed)} elapsed, about {clock(left)} left", file=sys.stderr, flush=True)
         except BaseException:
             for f in futures:
@@ -1357,7 +1358,8 @@ def collect(cells, meta):
     expected = {j["name"] for j in jobs}
     stray = sorted(set(cells) - expected)
     if stray:
-        raise ValueError(f"cell {stray[0]} is not one its plan ({' '.join(plan_args(plan)) or 'the full study'}) runs")
+        shown = " ".join(plan_args(plan)) or "the full study"
+        raise ValueError(f"cell {stray[0]}: expected a cell of its plan ({shown}), got one it does not run")
     ppl, passkey = [], []
     for s in studies:
         for j in (ppl_jobs if s.kind == "ppl" else passkey_jobs)(s, Where()):
@@ -1540,7 +1542,7 @@ def build_parser():
     ap.add_argument("--tokens", type=int, help="evaluation text per perplexity study, tokens (default per study)")
     ap.add_argument("--jobs", type=int, help="cells at a time (default: one per core)")
     ap.add_argument("--threads", type=int, help="threads per cell (default: cores / jobs, at least 1; "
-                    "--list and --cell: 1)")
+                    "--list, --cell and --stream-cell: 1)")
     ap.add_argument("--passkey-model", type=Path, help="checkpoint for the retrieval study "
                     "(default models/retrieval/model.bin)")
     ap.add_argument("--list", action="store_true", help="print every cell's command (one line each, the costliest "
