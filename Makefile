@@ -232,10 +232,14 @@ test: build test-c sanitize fuzz-smoke test-py
 # stories260K), passkey heatmaps of the retrieval-trained model, SmolLM2-135M at
 # 1/4x..2x; writes docs/extrapolation/ (tables with every cell's command, plots).
 # About an hour on 2 cores; EXTRAPOLATION_ARGS=--quick runs a subset in a few
-# minutes into a temporary folder.
+# minutes into a temporary folder. The cells run EXTRAPOLATION_JOBS at a time
+# (default: one per core, one thread each); `tools/extrapolation.py --list`
+# prints the same cells as commands to run on other machines and --collect
+# gathers their files (docs/extrapolation/README.md).
 EXTRAPOLATION_ARGS ?=
+EXTRAPOLATION_JOBS ?=
 extrapolation: build venv
-	$(PYTHON) tools/extrapolation.py $(EXTRAPOLATION_ARGS)
+	$(PYTHON) tools/extrapolation.py $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) $(EXTRAPOLATION_ARGS)
 
 # The benchmark (tools/bench.py): random checkpoints shaped like stories15M,
 # 42M and 110M, f32 and q8_0, 1 and 2 threads; medians against the reference

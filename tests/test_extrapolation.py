@@ -592,3 +592,253 @@ def test_ppl_cells_left_out_are_listed_with_their_commands():
     assert "| self-extend | = none | = none | = none | not run |" in text
     assert "\"not run\": left out to keep the study's time (sinks score SmolLM2 token by token" in text
     assert "# sinks, 2x: not run\n" + left[("sinks", 2)]["shown"] in text
+
+
+# --------------------------------------------------------------------------
+# The study fanned out: --list's commands, the cell files, --collect. Cells
+# are run by fake runners (no model) except in the last test.
+
+import shlex as _shlex
+import shutil as _shutil
+import subprocess as _subprocess
+
+
+def _plan_studies():
+    """Studies shaped like the full plan's: every method, a sinks row, SmolLM2's
+    '= none' and 'not run' cells, a passkey study with its factors' own depths."""
+    smol = ex.FULL["smollm2-passkey"]
+    return [_study(factors=(1, 4)), _study("passkey", "retrieval", factors=(1, 4), depths=(0, 1), trials=2),
+            _study("passkey", "smollm2-passkey", 8192, smol["factors"], smol["rows"], depths=smol["depths"],
+                   trials=smol["trials"], at=smol["at"], ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin")]
+
+
+def _fake_run(job):
+    """What run would print for the job, made up but fixed by the cell's name."""
+    seed = sum(map(ord, job["name"]))
+    if job["study"].kind == "ppl":
+        nll = 3 + seed % 100 / 100
+        return dict(tokens=1000, windows=4, nll=nll, ppl=math.exp(nll), nll_se=0.01, nll_se_windows=0.03,
+                    ppl_lo=math.exp(nll - 0.0196), ppl_hi=math.exp(nll + 0.0196), ctx=job["ctx"],
+                    per_position=[None] + [nll + (i % 7) / 10 for i in range(1, job["ctx"])])
+    s, k = job["study"], job["k"]
+    return dict(cells=[dict(length=job["length"], depth=d, correct=(seed + i) % 2,
+                            trials=[dict(key="12345", answer="12345", correct=True)] * s.trials_at(k))
+                       for i, d in enumerate(s.depths_at(k))])
+
+
+def _fake_jobs(studies):
+    jobs = ex.all_jobs(studies, ex.Where("/nonexistent-work"))
+    for j in jobs:
+        j["run"] = lambda threads, j=j: _fake_run(j)
+    return jobs
+
+
+_PLAN = ex.make_plan(studies=["bundled", "retrieval", "smollm2-passkey"])
+
+
+def test_list_commands_are_well_formed_and_unique_per_cell():
+    jobs = _fake_jobs(_plan_studies())
+    cmds = [ex.cell_command(_PLAN, j["name"], 2, _Path("results")) for j in jobs]
+    assert len(set(cmds)) == len(cmds) == len({j["name"] for j in jobs}) == 18 + 18 + 5
+    for j, cmd in zip(jobs, cmds):
+        argv = _shlex.split(cmd)
+        assert argv[:2] == [".venv/bin/python", "tools/extrapolation.py"], cmd
+        args = ex.build_parser().parse_args(argv[2:])  # the tool's own options, nothing else
+        assert args.cell == j["name"] and args.threads == 2 and args.results == _Path("results")
+        assert ex.plan_from_args(args) == _PLAN
+        assert ex.parse_cell_name(args.cell) == (j["study"].name, j["method"], j["k"])
+        assert "/work" not in cmd and "/tmp" not in cmd and "nonexistent" not in cmd
+    # cells left out for time (SmolLM2 at 2x) and those that are none's run (k <= 1) are not cells of their own
+    names = {j["name"] for j in jobs}
+    assert "smollm2-passkey_none_0.25x" in names and "smollm2-passkey_yarn_2x" in names
+    assert "smollm2-passkey_yarn_0.5x" not in names and "smollm2-passkey_sinks_2x" not in names
+    assert ex.make_plan(studies=list(ex.FULL)) == ex.make_plan()  # one plan, however it is typed
+    for bad in ("bundled_yarn", "bundled_yarn_4", "bundled_yarn_fourx", "bundled_yarn_4x_b"):
+        with pytest.raises(ValueError):
+            ex.parse_cell_name(bad)
+
+
+def _run_all(tmp_path, capsys):
+    """Every cell of the plan run (fake runs) into one folder, 2 at a time."""
+    folder = tmp_path / "all"
+    ex.run_cells(_fake_jobs(_plan_studies()), _PLAN, folder, 2, 1)
+    return folder
+
+
+def _outputs(folder_list, out, plots=False):
+    """What --collect writes from the folders, table.md without its opening
+    sentence; with plots, by --collect itself, else without the plots (the
+    same functions, quicker)."""
+    if plots:
+        ex.main(["--collect"] + [str(f) for f in folder_list] + ["--out", str(out)])
+        for name in ("ppl_vs_ctx.png", "nll_vs_position.png", "passkey_retrieval.png"):
+            assert (out / name).stat().st_size > 1000, name
+    else:
+        cells, _ = ex.read_cells(folder_list)
+        ppl, passkey, studies, meta = ex.collect(cells, dict(command="collect", collected_files=len(cells),
+                                                             collected_folders=len(folder_list)))
+        out.mkdir()
+        lines = ["# Extrapolation study: tables", "", ex.made_by(meta), ""] + ex.PREAMBLE
+        for s in studies:
+            lines += ex.ppl_table(s, ppl) if s.kind == "ppl" else ex.passkey_table(s, passkey)
+        (out / "table.md").write_text("\n".join(lines + ex.absent_studies(meta) + ex.cost_table(meta)))
+        ex.write_csvs(ppl, passkey, out)
+        (out / "results.json").write_text(_json.dumps(dict(meta=meta, ppl=ppl, passkey=passkey)))
+    table = (out / "table.md").read_text().splitlines()
+    saved = _json.loads((out / "results.json").read_text())
+    ppl_rows = [{k: v for k, v in r.items() if k != "per_position"} for r in saved["ppl"]]
+    return dict(table=[table[0]] + table[3:], csv=(out / "results.csv").read_text(),
+                passkey=(out / "passkey.csv").read_text(), ppl_rows=ppl_rows, pk_rows=saved["passkey"],
+                meta=saved["meta"])
+
+
+def test_run_cells_writes_a_file_per_cell_and_prints_progress(tmp_path, capsys):
+    folder = _run_all(tmp_path, capsys)
+    progress = capsys.readouterr().err.splitlines()
+    assert len(progress) == 41 and progress[-1].startswith("[41/41]")
+    assert all("elapsed, about" in line and "left" in line for line in progress)
+    files = sorted(folder.iterdir())
+    assert len(files) == 41 and all(f.suffix == ".json" for f in files)  # no temporary file left
+    rec = _json.loads((folder / "bundled_yarn_4x.json").read_text())
+    assert rec["cell"] == "bundled_yarn_4x" and rec["plan"] == _PLAN and rec["threads"] == 1
+    assert rec["wall_s"] >= 0 and rec["study"]["L"] == 256 and rec["study"]["ckpt"] == "models/model.bin"
+    assert rec["result"]["command"].endswith("--ctx 1024 --json --per-position --rope-scaling yarn --rope-factor 4")
+    # a cell that fails leaves no file
+    job = _fake_jobs(_plan_studies())[0]
+
+    def fail(threads):
+        raise RuntimeError("./run: exit 1: boom")
+    job["run"] = fail
+    with pytest.raises(RuntimeError):
+        ex.run_cell(job, _PLAN, 1, tmp_path / "failed")
+    failed = tmp_path / "failed"
+    assert not failed.exists() or not any(failed.iterdir())
+
+
+def test_collect_from_two_folders_equals_one_folder(tmp_path, capsys):
+    folder = _run_all(tmp_path, capsys)
+    a, b = tmp_path / "machine-a", tmp_path / "machine-b"
+    a.mkdir()
+    b.mkdir()
+    for i, f in enumerate(sorted(folder.iterdir())):
+        _shutil.copy(f, (a if i % 3 else b) / f.name)
+    one = _outputs([folder], tmp_path / "one", plots=True)
+    two = _outputs([a, b], tmp_path / "two")
+    swapped = _outputs([b, a], tmp_path / "swapped")
+    for got in (two, swapped):
+        for key in ("table", "csv", "passkey", "ppl_rows", "pk_rows"):
+            assert got[key] == one[key], key
+        assert got["meta"]["cost"] == one["meta"]["cost"] and got["meta"]["missing"] == []
+    assert two["meta"]["collected_files"] == 41 and two["meta"]["collected_folders"] == 2
+    text = "\n".join(one["table"])
+    assert "missing" not in text.replace("| missing |", "")  # the cost table's column, nothing else
+    assert "| smollm2-passkey | 2x | 2 | 0 |" in text and "not run" in text  # left out for time, as before
+    assert "| yarn | = none | = none | = none |" in text
+
+
+def test_a_missing_cell_shows_as_missing(tmp_path, capsys):
+    folder = _run_all(tmp_path, capsys)
+    (folder / "bundled_yarn_4x.json").unlink()
+    (folder / "retrieval_sinks_1x.json").unlink()
+    (folder / "smollm2-passkey_none_0.5x.json").unlink()  # also none's run for the other methods at 1/2x
+    got = _outputs([folder], tmp_path / "out")
+    text = "\n".join(got["table"])
+    yarn = [line for line in got["table"] if line.startswith("| yarn |")][0]  # bundled's table comes first
+    assert [c.strip() for c in yarn.strip("|").split("|")][1:] == ["%s [%s, %s]" % tuple(
+        ex.fmt(math.exp(3 + sum(map(ord, "bundled_yarn_1x")) % 100 / 100 + d)) for d in (0, -0.0196, 0.0196)),
+        "missing"]
+    assert "| sinks | missing | " in text and "| sinks | 0 | missing | " in text
+    smol = text.split("### smollm2")[1].splitlines()
+    for m in ("none", "ntk"):  # ntk at 1/2x is none's run: missing with it
+        line = [x for x in smol if x.startswith(f"| {m} | ")][0]
+        assert [c.strip() for c in line.strip("|").split("|")][2] == "missing", line
+    assert "# yarn, 4x: missing\n./run models/model.bin -m ppl -f books.txt --ctx 1024" in text
+    assert "\"missing\": no file of this cell" in text and "without the 3 missing cells" in text
+    assert sorted(got["meta"]["missing"]) == ["bundled_yarn_4x", "retrieval_sinks_1x", "smollm2-passkey_none_0.5x"]
+    assert [r for r in got["ppl_rows"] if r["method"] == "yarn" and r["k"] == 4][0]["missing"] is True
+    assert [line.split(",")[2] for line in got["csv"].splitlines() if line.startswith("bundled,yarn,")] == ["1"]
+    # a study of which no cell came is named, with the cells its plan gives it (the full study's: 9 methods x 5)
+    for f in folder.glob("retrieval_*.json"):
+        f.unlink()
+    got = _outputs([folder], tmp_path / "out2")
+    text = "\n".join(got["table"])
+    assert "### retrieval: no cell collected" in text and "All 45 cells of this study are missing" in text
+    assert "retrieval_yarn_16x" in text and "without the 47 missing cells" in text
+
+
+def test_collect_refuses_what_is_not_one_plan_of_cells(tmp_path, capsys):
+    folder = _run_all(tmp_path, capsys)
+    other = tmp_path / "other"
+    other.mkdir()
+
+    def refused(folders, message):
+        with pytest.raises(SystemExit) as e:
+            ex.main(["--collect"] + [str(f) for f in folders] + ["--out", str(tmp_path / "x")])
+        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+    refused([other], "no cell files (*.json) there")
+    refused([tmp_path / "nowhere"], "no such folder")
+    _shutil.copy(folder / "bundled_none_1x.json", other)
+    refused([folder, other], "bundled_none_1x.json: cell bundled_none_1x is also in")
+    rec = _json.loads((other / "bundled_none_1x.json").read_text())
+    (other / "bundled_none_1x.json").unlink()
+    (other / "bundled_none_4x.json").write_text(_json.dumps(rec))
+    refused([other], "holds cell bundled_none_1x, expected bundled_none_4x")
+    (other / "bundled_none_4x.json").unlink()
+    (folder / "bundled_none_1x.json").unlink()  # now only in other, of another plan
+    (other / "bundled_none_1x.json").write_text(_json.dumps(dict(rec, plan=dict(rec["plan"], quick=True))))
+    refused([folder, other], "made by the plan '--quick --studies bundled,retrieval,smollm2-passkey', expected")
+    (other / "bundled_none_1x.json").write_text("{\"ppl\": 3}")
+    refused([other], "expected a cell file of format 'extrapolation-cell/1', got format None")
+    (other / "bundled_none_1x.json").write_text("not json")
+    refused([other], "expected a cell file (JSON), got unreadable JSON")
+    (other / "bundled_none_1x.json").unlink()
+    (folder / "bundled_ntk_4x.json").write_text(_json.dumps(dict(
+        _json.loads((folder / "bundled_ntk_4x.json").read_text()),
+        study=dict(rec["study"], text_recipe=["head -c 99 heldout.txt > books.txt"]))))
+    refused([folder], "describes study bundled unlike")
+    (folder / "bundled_ntk_4x.json").unlink()
+    left_out = _json.loads((folder / "smollm2-passkey_yarn_2x.json").read_text())  # sinks at 2x: not run
+    (other / "smollm2-passkey_sinks_2x.json").write_text(_json.dumps(dict(left_out, cell="smollm2-passkey_sinks_2x")))
+    refused([folder, other], "cell smollm2-passkey_sinks_2x: expected a cell of its plan")
+    with pytest.raises(SystemExit) as e:
+        ex.main(["--collect", str(folder), "--quick"])
+    assert "takes its plan from the cell files" in str(e.value)
+
+
+def test_listed_command_runs_one_cell_and_collect_shows_the_rest_missing(tmp_path):
+    """End to end on the bundled model: --list, one listed command run as a
+    shell would, then --collect; the cell's score is the one `run` prints
+    for the command its file records."""
+    from conftest import run_bin
+    run_bin()
+    if not (ex.SHARED / "data" / "books").is_dir():
+        pytest.skip(f"{ex.SHARED / 'data' / 'books'} not found (set SHARED_DIR to the shared folder)")
+    listed = _subprocess.run([_sys.executable, "tools/extrapolation.py", "--list", "--quick", "--studies", "bundled",
+                              "--tokens", "64", "--results", str(tmp_path / "cells")], cwd=ex.ROOT,
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(listed) == 18 and len(set(listed)) == 18
+    cmd = [c for c in listed if " --cell bundled_yarn_4x " in c][0]
+    p = _subprocess.run(cmd, shell=True, cwd=ex.ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rec = _json.loads((tmp_path / "cells" / "bundled_yarn_4x.json").read_text())
+    assert rec["threads"] == 1 and rec["wall_s"] > 0 and rec["plan"]["tokens"] == 64
+    # the recorded command, run on the text its study's recipe makes, gives the recorded score
+    work = tmp_path / "work"
+    work.mkdir()
+    for step in ["make_heldout"] + rec["study"]["text_recipe"][1:]:
+        if step == "make_heldout":
+            _sys.path.insert(0, str(ex.ROOT / "tools"))
+            import prepare_data
+            (work / "heldout.txt").write_text(prepare_data.heldout_text(ex.SHARED), encoding="utf-8")
+        else:
+            _subprocess.run(step, shell=True, cwd=work, check=True)
+    argv = _shlex.split(rec["result"]["command"])
+    argv = [str(ex.RUN), str(ex.ROOT / argv[1])] + argv[2:]
+    direct = _json.loads(_subprocess.run(argv, cwd=work, capture_output=True, check=True).stdout)
+    assert direct["nll"] == rec["result"]["nll"] and direct["tokens"] == rec["result"]["tokens"]
+    out = tmp_path / "out"
+    ex.main(["--collect", str(tmp_path / "cells"), "--out", str(out)])
+    table = (out / "table.md").read_text()
+    assert f"| yarn | missing | {ex.fmt(rec['result']['ppl'])} [" in table
+    assert len(_json.loads((out / "results.json").read_text())["meta"]["missing"]) == 17

@@ -58,10 +58,11 @@ a column score the same tokens, so their differences are more certain than eithe
 Passkey cells show correct / trials and a 95% Wilson interval.
 
 Outputs (in --out, default docs/extrapolation/):
-    results.json          every cell: its command, scores, passkey trials; the run's timing
+    results.json          every cell: its command, scores, passkey trials; the cells' times and threads,
+                          the CPU time by study and factor, the cells missing
     results.csv           one row per perplexity cell
     passkey.csv           one row per passkey cell (study, method, k, depth)
-    table.md              the tables, with the command that reproduces every cell
+    table.md              the tables, with the command that reproduces every cell; the CPU time
     ppl_vs_ctx.png        perplexity against context, one panel per study, 95% bars
     nll_vs_position.png   NLL by in-window position at the largest k, with a 95% band
     passkey_<study>.png   passkey accuracy heatmaps (length x depth), one panel per method
@@ -72,13 +73,34 @@ Texts (made here, in a temporary folder; table.md states the same commands):
                   white space, with at most --tokens tokens)
     smollm2-books.txt, stories.txt likewise (stories.txt from TinyStories validation)
 
+Cells and their files (the study fans out): every cell (study, method, k) has
+a name, study_method_kx (bundled_yarn_4x, smollm2_none_0.25x), and a command of
+its own that makes its text, runs it and writes RESULTS/NAME.json: the plan
+(--quick, --studies, --tokens, --passkey-model), the study's settings, the
+cell's result and command, its wall time and threads. --list prints those
+commands, the costliest first; they run anywhere with the same checkout,
+models and ../shared, in any order. --collect reads the files of one plan from
+any number of folders and writes the outputs below; a cell without a file is
+"missing" in every table (a gap in the plots), and table.md ends with the CPU
+time (wall x threads) by study and factor. Without --list, --cell or
+--collect, the script does all three here: it runs the cells --jobs at a time
+(default one per core) with --threads each (default cores / jobs, so jobs x
+threads <= cores), printing cells done / total, elapsed and the time left, and
+collects them (the files go to a temporary folder, or to --results DIR, where
+cells already there are not run again).
+
 Usage:
-    .venv/bin/python tools/extrapolation.py [--out DIR] [--jobs J] [--studies a,b] [--tokens N]
+    .venv/bin/python tools/extrapolation.py [--out DIR] [--jobs J] [--threads T] [--studies a,b] [--tokens N]
+                                            [--results DIR]
     .venv/bin/python tools/extrapolation.py --quick        # a small subset, a few minutes
+    .venv/bin/python tools/extrapolation.py --list [--quick ...] [--threads T] [--results DIR] > cells.txt
+    .venv/bin/python tools/extrapolation.py --cell NAME [--quick ...] [--threads T] [--results DIR]
+    .venv/bin/python tools/extrapolation.py --collect DIR [DIR ...] [--out DIR]
     .venv/bin/python tools/extrapolation.py --stream-cell CKPT TEXT --window E --ctx L [-z TOK]
 (`make extrapolation` runs it with the defaults, about an hour on 2 cores;
-`make extrapolation EXTRAPOLATION_ARGS=--quick` the subset. --quick writes to a
-new temporary folder unless --out is given, so it never replaces the study.)
+`make extrapolation EXTRAPOLATION_ARGS=--quick` the subset. --quick, and
+--collect of a --quick plan, write to a new temporary folder unless --out is
+given, so they never replace the study.)
 """
 import argparse
 import concurrent.futures
@@ -87,6 +109,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -205,6 +228,24 @@ def factor_label(k):
     return f"1/{round(1 / k)}x"
 
 
+def cell_name(study, method, k):
+    """A cell's name, which is also its file's: study_method_kx, e.g.
+    bundled_yarn_4x, smollm2_none_0.25x (no study or method has a '_')."""
+    return f"{study}_{method}_{num(k)}x"
+
+
+def parse_cell_name(name):
+    """(study, method, k) of a cell name; ValueError if it is not one."""
+    parts = name.split("_")
+    if len(parts) != 3 or not parts[2].endswith("x"):
+        raise ValueError(f"cell {name!r}: expected STUDY_METHOD_Kx, e.g. bundled_yarn_4x")
+    try:
+        k = float(parts[2][:-1])
+    except ValueError:
+        raise ValueError(f"cell {name!r}: the factor {parts[2]!r} is not a number followed by x") from None
+    return parts[0], parts[1], int(k) if k.is_integer() else k
+
+
 # --------------------------------------------------------------------------
 # Commands: lists of str and Path; shown with paths a user can type
 
@@ -267,9 +308,9 @@ def passkey_command(ckpt, tok, filler, ctx, length, depths, trials, flags):
         "--depths", ",".join(num(d) for d in depths), "--trials", str(trials), "--json"] + list(flags)
 
 
-def run_json(cmd):
-    """Run one command (one thread) and parse its JSON; a one-line error otherwise."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def run_json(cmd, threads=1):
+    """Run one command with `threads` OpenMP threads and parse its JSON; a one-line error otherwise."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     p = subprocess.run([str(c) for c in cmd], capture_output=True, env=env)
     if p.returncode != 0:
         err = p.stderr.decode(errors="replace").strip().splitlines()
@@ -375,10 +416,11 @@ def combine_scores(parts):
     return out
 
 
-def stream_cell(ckpt, tok, text, window, ctx, work, where=None):
+def stream_cell(ckpt, tok, text, window, ctx, work, where=None, threads=1):
     """A sinks cell: text cut into segments of one window each (window tokens
     with BOS: window - 1 text tokens; without BOS, window), each streamed
-    through a rolling cache of ctx tokens with SINKS sinks; the combined score."""
+    through a rolling cache of ctx tokens with SINKS sinks (`threads` threads
+    per run); the combined score."""
     count = TokenCounter(ckpt, tok, work)
     segments = split_segments(Path(text).read_text(encoding="utf-8"), window - count.bos, count)
     count.probe.unlink(missing_ok=True)
@@ -388,7 +430,7 @@ def stream_cell(ckpt, tok, text, window, ctx, work, where=None):
     for i, seg in enumerate(segments):
         f = folder / f"{i:04d}.txt"
         f.write_text(seg, encoding="utf-8")
-        parts.append(run_json(stream_command(ckpt, tok, f, ctx)))
+        parts.append(run_json(stream_command(ckpt, tok, f, ctx), threads))
     r = combine_scores(parts)
     r["segment_command"] = (where or Where(work)).command(stream_command(ckpt, tok, folder / "NNNN.txt", ctx))
     return r
@@ -419,8 +461,26 @@ def fmt(v):
     return f"{v:.2f}"
 
 
+MISSING_NOTE = ("\"missing\": no file of this cell was among those collected (--collect); its command is listed "
+                "below, and `tools/extrapolation.py --list` gives the one that writes its file.")
+GAP = (math.nan, math.nan, math.nan)  # a missing cell's (ppl, lo, hi) in a plot: a gap in its line
+
+
+def measured(r):
+    """Whether a result row holds a measurement (not a cell left out for time, nor a missing one)."""
+    return not r.get("not_run") and not r.get("missing")
+
+
+def command_mark(r):
+    """What follows '# method, k' above a cell's command: ': not run', ': missing' or nothing."""
+    return ": missing" if r.get("missing") else ": not run" if r.get("not_run") else ""
+
+
 def ppl_cell(r):
-    """'88.16 [86.90, 89.45]'; '= none' for a cell that is none's run; 'not run'."""
+    """'88.16 [86.90, 89.45]'; '= none' for a cell that is none's run; 'not run';
+    'missing' for a cell whose file was not collected."""
+    if r.get("missing"):
+        return "missing"
     if r.get("not_run"):
         return "not run"
     if r.get("same_as"):
@@ -511,25 +571,28 @@ def job_cost(study, method, tokens, E):
 
 
 def ppl_jobs(study, where, not_run=False):
-    """[(study, method, k, command-to-show, runner)] for a perplexity study; with
-    not_run, the cells left out for time instead (their commands)."""
+    """[(study, method, k, name, command-to-show, runner)] for a perplexity
+    study, the runner a function of the threads per run; with not_run, the
+    cells left out for time instead (their commands)."""
     jobs = []
     for m, k in study.cells(not_run):
         E = study.ctx(k)
         if m == "sinks":
             shown = stream_cell_command(study.ckpt, study.tok, study.text, E, study.L)
-            run = (lambda s=study, E=E: stream_cell(s.ckpt, s.tok, s.text, E, s.L, where.work, where))
+            run = (lambda threads, s=study, E=E: stream_cell(s.ckpt, s.tok, s.text, E, s.L, where.work, where,
+                                                             threads))
         else:
             cmd = ppl_command(study.ckpt, study.tok, study.text, E, method_flags(m, k, study.L))
-            shown, run = cmd, (lambda c=cmd: run_json(c))
-        jobs.append(dict(study=study, method=m, k=k, ctx=E, shown=where.command(shown), run=run,
+            shown, run = cmd, (lambda threads, c=cmd: run_json(c, threads))
+        jobs.append(dict(study=study, method=m, k=k, name=cell_name(study.name, m, k), ctx=E,
+                         shown=where.command(shown), run=run,
                          flags=" ".join(method_flags(m, k, study.L)),
                          cost=job_cost(study, m, study.tokens or E, E)))
     return jobs
 
 
 def passkey_jobs(study, where, not_run=False):
-    """[(study, method, k, command-to-show, runner)] for a passkey study; with
+    """[(study, method, k, name, command-to-show, runner)] for a passkey study; with
     not_run, the cells left out for time instead (their commands, at the
     factor's depths and trials)."""
     jobs = []
@@ -539,8 +602,9 @@ def passkey_jobs(study, where, not_run=False):
         flags = method_flags(m, k, study.L)
         T, depths = study.trials_at(k), study.depths_at(k)
         cmd = passkey_command(study.ckpt, study.tok, study.filler, ctx, E - ANSWER_TOKENS, depths, T, flags)
-        jobs.append(dict(study=study, method=m, k=k, ctx=ctx, length=E - ANSWER_TOKENS, shown=where.command(cmd),
-                         run=(lambda c=cmd: run_json(c)), flags=" ".join(flags),
+        jobs.append(dict(study=study, method=m, k=k, name=cell_name(study.name, m, k), ctx=ctx,
+                         length=E - ANSWER_TOKENS, shown=where.command(cmd),
+                         run=(lambda threads, c=cmd: run_json(c, threads)), flags=" ".join(flags),
                          cost=job_cost(study, m, E * T * len(depths), E)))
     return jobs
 
@@ -595,13 +659,13 @@ def ppl_table(study, results):
     """Markdown lines: one study's perplexity table, its notes and its commands.
     A result with not_run is a cell left out for time (its command is listed)."""
     listed = [r for r in results if r["model"] == study.name]
-    rows = [r for r in listed if not r.get("not_run")]  # the cells measured
-    if not rows:
+    rows = [r for r in listed if measured(r)]
+    if not listed:
         return []
     none = {r["k"]: r for r in rows if r["method"] == "none"}
     tokens = sorted({r["tokens"] for r in rows if not r.get("streaming") and not r.get("same_as")})
     seg_tokens = sorted({r["tokens"] for r in rows if r.get("streaming") and not r.get("same_as")})
-    tok_txt = "/".join(str(t) for t in tokens) + " tokens scored per cell"
+    tok_txt = "/".join(str(t) for t in tokens) + " tokens scored per cell" if tokens else "no cell measured"
     if seg_tokens:
         tok_txt += f" ({SINKS} sinks: {seg_tokens[0]}" + (f"-{seg_tokens[-1]}" if len(seg_tokens) > 1 else "") + \
             ", the same text cut at white space)"
@@ -635,13 +699,15 @@ def ppl_table(study, results):
     if any(r.get("not_run") for r in listed):
         lines.append("\"not run\": left out to keep the study's time" + (f" ({study.note})" if study.note else "")
                      + "; its command is listed below.")
+    if any(r.get("missing") for r in listed):
+        lines.append(MISSING_NOTE)
     lines += ["", "Commands (from the repository root, after `make`):", "", "```"]
     lines += study.text_recipe
     for m in study.rows:
         for k in study.factors:
             hit = [r for r in listed if r["method"] == m and r["k"] == k and not r.get("same_as")]
             if hit:
-                lines.append(f"# {m}, {factor_label(k)}" + (": not run" if hit[0].get("not_run") else ""))
+                lines.append(f"# {m}, {factor_label(k)}" + command_mark(hit[0]))
                 lines.append(hit[0]["command"])
     seg = [r["segment_command"] for r in rows if r.get("segment_command")]
     if seg:
@@ -684,6 +750,8 @@ def passkey_table(study, results):
         return hit[0] if hit else None
 
     def mark(r):
+        if r.get("missing"):
+            return "missing"
         return "not run" if r.get("not_run") else f"= {r['same_as']}" if r.get("same_as") else None
 
     for m in study.rows:
@@ -714,6 +782,8 @@ def passkey_table(study, results):
         lines.append("\"= none\": up to the training context the method changes nothing, so the cell is none's run.")
     if any(r.get("not_run") for r in rows):
         lines.append("\"not run\": left out to keep the study's time; its command is listed below.")
+    if any(r.get("missing") for r in rows):
+        lines.append(MISSING_NOTE)
     few = sorted({c["trials"] for r in rows for c in r["cells"] if c["trials"] < 5})
     if few:
         lines.append(f"Cells of {'/'.join(map(str, few))} trial{'s' if few != [1] else ''} say little alone: "
@@ -724,7 +794,7 @@ def passkey_table(study, results):
         for k in study.factors:
             r = find(m, k)
             if r and not r.get("same_as"):
-                lines += [f"# {m}, {factor_label(k)}" + (": not run" if r.get("not_run") else ""), r["command"]]
+                lines += [f"# {m}, {factor_label(k)}" + command_mark(r), r["command"]]
     lines += ["```", ""]
     return lines
 
@@ -761,7 +831,7 @@ def write_csvs(ppl, passkey, out):
         w = csv.writer(f)
         w.writerow(["model", "method", "k", "ctx", "train_ctx", "flags", "tokens", "windows", "nll", "nll_se",
                     "nll_se_windows", "ppl", "ppl_lo", "ppl_hi", "same_as", "command"])
-        for r in (r for r in ppl if not r.get("not_run")):  # the cells measured; results.json lists all
+        for r in (r for r in ppl if measured(r)):  # the cells measured; results.json lists all
             g = lambda key, f: "" if r.get(key) is None else f.format(r[key])  # noqa: E731
             w.writerow([r["model"], r["method"], r["k"], r["ctx"], r["train_ctx"], r["flags"], r["tokens"],
                         r["windows"], g("nll", "{:.5f}"), g("nll_se", "{:.5f}"), g("nll_se_windows", "{:.5f}"),
@@ -798,8 +868,8 @@ def plot_ppl(ppl, studies, out):
     fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.8), squeeze=False)
     for ax, s in zip(axes[0], studies):
         for m in s.rows:
-            pts = sorted((r["ctx"], r["ppl"], r["ppl_lo"], r["ppl_hi"]) for r in ppl
-                         if r["model"] == s.name and r["method"] == m and not r.get("not_run"))
+            pts = sorted((r["ctx"], r["ppl"], r["ppl_lo"], r["ppl_hi"]) if not r.get("missing") else (r["ctx"],) + GAP
+                         for r in ppl if r["model"] == s.name and r["method"] == m and not r.get("not_run"))
             if not pts:
                 continue
             x, y = [p[0] for p in pts], [p[1] for p in pts]
@@ -820,6 +890,8 @@ def plot_ppl(ppl, studies, out):
             hit = [r for r in ppl if r["model"] == s.name and r["method"] == m and r["k"] == kmax
                    and r.get("per_position")]
             if not hit:
+                if any(r.get("missing") for r in ppl if r["model"] == s.name and r["method"] == m and r["k"] == kmax):
+                    ax.plot([], [], " ", label=f"{m}: missing")  # named in the legend, no line
                 continue
             bins = log_bins(hit[0]["per_position"])
             xs = [math.sqrt(b[0] * b[1]) for b in bins]
@@ -857,8 +929,9 @@ def plot_passkey(study, passkey, out):
         grid = [[math.nan] * len(study.factors) for _ in study.depths]
         for j, k in enumerate(study.factors):
             hit = [r for r in rows if r["method"] == m and r["k"] == k]
-            if hit and hit[0].get("not_run"):
-                ax.text(j, (len(study.depths) - 1) / 2, "not\nrun", ha="center", va="center", fontsize=7)
+            if hit and (hit[0].get("not_run") or hit[0].get("missing")):
+                ax.text(j, (len(study.depths) - 1) / 2, "missing" if hit[0].get("missing") else "not\nrun",
+                        ha="center", va="center", fontsize=7)
             for di, d in enumerate(study.depths):
                 c = [c for c in hit[0]["cells"] if c["depth"] == d] if hit else []
                 if c:
@@ -886,6 +959,44 @@ def plot_passkey(study, passkey, out):
     return name
 
 
+def made_by(meta):
+    """table.md's opening sentence: how the cells were run (one machine) or gathered (--collect)."""
+    cpu = f"{meta.get('cpu_s', 0) / 60:.0f} minutes"
+    if "collected_files" in meta:
+        return (f"Collected by `{meta['command']}` from {meta['collected_files']} cell files in "
+                f"{meta['collected_folders']} folder{'s' if meta['collected_folders'] != 1 else ''}, run where and "
+                f"when their commands (`tools/extrapolation.py --list`) were; the cells' wall times times their "
+                f"threads add up to {meta.get('cpu_s', 0) / 60:.1f} CPU-minutes (by study and factor at the end). "
+                "Every cell's command is listed under its table; they run from the repository root.")
+    threads = meta.get("threads", 1)
+    return (f"Made by `{meta['command']}` in {meta['wall_s'] / 60:.1f} minutes: {meta['jobs']} runs at a time, "
+            f"{'one thread' if threads == 1 else f'{threads} threads'} each, on {meta['cpus']} cores (1-minute load "
+            f"average {meta.get('load_before', '?')} before the study, so other work shared the cores; the runs' "
+            f"wall times{' times their threads' if threads != 1 else ''} add up to {cpu}). Every cell's command is "
+            "listed under its table; they run from the repository root.")
+
+
+def cost_table(meta):
+    """Markdown lines: CPU time (wall x threads) by study and factor, from
+    meta's cost (written by collect); nothing without it."""
+    cost = meta.get("cost")
+    if not cost:
+        return []
+    lines = ["## What the cells cost", "",
+             "CPU time of each cell is its wall time times its threads, as the cell's file records them; the cells "
+             "shared their machines with whatever else ran there, so these are what the runs took, not a benchmark.",
+             "", "| study | factor | cells | missing | CPU-minutes | longest cell, CPU-minutes |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for g in cost:
+        lines.append(f"| {g['study']} | {factor_label(g['k'])} | {g['cells']} | {g['missing']} | "
+                     f"{g['cpu_s'] / 60:.2f} | {g['longest_s'] / 60:.2f} |")
+    total = sum(g["cpu_s"] for g in cost)
+    missing = len(meta.get("missing", []))  # with those of studies of which no cell came
+    lines += ["", f"In all {total / 60:.2f} CPU-minutes ({total / 3600:.2f} CPU-hours)"
+              + (f", without the {missing} missing cell{'s' if missing != 1 else ''}." if missing else "."), ""]
+    return lines
+
+
 def write_outputs(ppl, passkey, studies, out, meta):
     """results.json, results.csv, passkey.csv, table.md and the plots."""
     out.mkdir(parents=True, exist_ok=True)
@@ -893,14 +1004,10 @@ def write_outputs(ppl, passkey, studies, out, meta):
     (out / "results.json").write_text(json.dumps(dict(meta=meta, ppl=slim_ppl, passkey=passkey), indent=1) + "\n")
     write_csvs(slim_ppl, passkey, out)
     files = ["results.json", "results.csv", "passkey.csv", "table.md"]
-    lines = [f"# Extrapolation study: tables", "",
-             f"Made by `{meta['command']}` in {meta['wall_s'] / 60:.1f} minutes: {meta['jobs']} runs at a time, "
-             f"one thread each, on {meta['cpus']} cores (1-minute load average {meta.get('load_before', '?')} "
-             f"before the study, so other work shared the cores; the runs' wall times add up to "
-             f"{meta.get('cpu_s', 0) / 60:.0f} minutes). Every cell's command is listed under its table; they run "
-             "from the repository root.", ""] + PREAMBLE
+    lines = [f"# Extrapolation study: tables", "", made_by(meta), ""] + PREAMBLE
     for s in studies:
         lines += ppl_table(s, ppl) if s.kind == "ppl" else passkey_table(s, passkey)
+    lines += absent_studies(meta) + cost_table(meta)
     (out / "table.md").write_text("\n".join(lines))
     files += plot_ppl(ppl, [s for s in studies if s.kind == "ppl"], out)
     for s in studies:
@@ -1006,38 +1113,445 @@ def train_ctx(path):
     return json.loads(p.stdout)["orig_ctx"]
 
 
-def run_jobs(jobs, n_parallel):
-    """Run every job (longest first, so the pool ends evenly); (job, JSON, seconds) in job order."""
-    order = sorted(range(len(jobs)), key=lambda i: -jobs[i]["cost"])
-    done = [None] * len(jobs)
+# --------------------------------------------------------------------------
+# Fan-out: every cell a command of its own that writes one file; --collect
+# builds the outputs from a set of such files, wherever they were made.
 
-    def one(i):
-        t0 = time.time()
-        r = jobs[i]["run"]()
-        return i, r, time.time() - t0
+CELL_FORMAT = "extrapolation-cell/1"  # a cell file's "format"; --collect reads no other
 
+
+def make_plan(quick=False, studies=None, tokens=None, passkey_model=None):
+    """What a study measures, as the options that choose it: --quick,
+    --studies (None: every study of the configuration), --tokens and
+    --passkey-model (relative to the repository root). Every cell file records
+    its plan; --collect expects the plan's cells."""
+    plan = dict(quick=bool(quick), studies=list(studies) if studies else None, tokens=tokens,
+                passkey_model=passkey_model)
+    if plan["studies"] == list(QUICK if quick else FULL):
+        plan["studies"] = None  # the same plan, however it was typed
+    return plan
+
+
+def plan_config(plan):
+    """The plan's studies: name -> settings (QUICK's where --quick has them)."""
+    if plan["studies"] is None:
+        return dict(QUICK if plan["quick"] else FULL)
+    return {n: (QUICK.get(n) or FULL[n]) if plan["quick"] else FULL[n] for n in plan["studies"]}
+
+
+def plan_args(plan):
+    """The options that make the plan, for a command line."""
+    args = ["--quick"] if plan["quick"] else []
+    if plan["studies"] is not None:
+        args += ["--studies", ",".join(plan["studies"])]
+    if plan["tokens"]:
+        args += ["--tokens", str(plan["tokens"])]
+    if plan["passkey_model"]:
+        args += ["--passkey-model", plan["passkey_model"]]
+    return args
+
+
+def plan_of_studies(plan, studies):
+    """The plan narrowed to the studies made (those whose files are here), so
+    that --collect expects no cell of a study skipped for its absent files."""
+    return make_plan(plan["quick"], [s.name for s in studies], plan["tokens"], plan["passkey_model"])
+
+
+def all_jobs(studies, where):
+    """Every cell the studies run (not those left out for time)."""
+    return [j for s in studies for j in (ppl_jobs(s, where) if s.kind == "ppl" else passkey_jobs(s, where))]
+
+
+def cell_command(plan, name, threads, results):
+    """The shell command, run from the repository root, that runs one cell
+    with `threads` threads and writes RESULTS/NAME.json."""
+    args = [".venv/bin/python", "tools/extrapolation.py", "--cell", name] + plan_args(plan) + \
+        ["--threads", str(threads), "--results", str(results)]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def study_record(s):
+    """What --collect needs of a study (every field but its files' folder),
+    the paths as the commands show them."""
+    w = Where()
+    return dict(name=s.name, kind=s.kind, ckpt=w.path(s.ckpt), tok=w.path(s.tok) if s.tok else None, L=s.L,
+                factors=list(s.factors), rows=list(s.rows), data=s.data,
+                text=Path(s.text).name if s.text else None, text_recipe=s.text_recipe, tokens=s.tokens,
+                depths=list(s.depths), trials=s.trials, filler=Path(s.filler).name if s.filler else None,
+                at={num(k): d for k, d in s.at.items()}, note=s.note)
+
+
+def study_from_record(d):
+    """The Study of a record, its files where the shown commands name them
+    (the text files by name, as if in the repository root)."""
+    def path(p):
+        if p is None:
+            return None
+        return SHARED / p[len("../shared/"):] if p.startswith("../shared/") else ROOT / p
+
+    def number(x):
+        return int(x) if float(x).is_integer() else float(x)
+
+    return Study(d["name"], d["kind"], path(d["ckpt"]), path(d["tok"]), d["L"], [number(k) for k in d["factors"]],
+                 d["rows"], data=d["data"], text=path(d["text"]), text_recipe=d["text_recipe"], tokens=d["tokens"],
+                 depths=d["depths"], trials=d["trials"], filler=path(d["filler"]),
+                 at={number(k): v for k, v in d["at"].items()}, note=d["note"])
+
+
+def outcome(kind, result):
+    """A cell's result in a few characters, for the progress lines."""
+    if kind == "ppl":
+        return f"ppl {result['ppl']:9.3f}"
+    return f"passkey {sum(c['correct'] for c in result['cells'])}/{sum(c['trials'] for c in result['cells'])}"
+
+
+def run_cell(job, plan, threads, results):
+    """Run one cell with `threads` threads per run and write RESULTS/NAME.json:
+    the plan, the study, the cell's wall time and threads, and its result
+    (with its command). Written under a temporary name and renamed, so a cell
+    that fails or is stopped leaves no file. Returns the record."""
+    t0, load0 = time.time(), os.getloadavg()[0]
+    r = job["run"](threads)
+    wall = time.time() - t0
+    s = job["study"]
+    rec = dict(format=CELL_FORMAT, cell=job["name"], plan=plan, study=study_record(s), threads=threads,
+               wall_s=round(wall, 2), cpus=os.cpu_count(), load_before=round(load0, 2),
+               finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               result=ppl_result(job, r) if s.kind == "ppl" else passkey_result(job, r))
+    results = Path(results)
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{job['name']}.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rec) + "\n")
+    os.replace(tmp, path)
+    return rec
+
+
+def clock(seconds):
+    """42 s, 3.5 min, 1.2 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def run_cells(jobs, plan, results, n_parallel, threads):
+    """Run the cells, n_parallel at a time with `threads` threads each, the
+    costliest first (so the pool ends evenly), each writing its file in
+    results. Prints a line per cell: cells done / total, elapsed, and the time
+    left as estimated from job_cost (rough). The first cell that fails raises
+    RuntimeError once the cells already running end (the rest are cancelled)."""
+    order = sorted(jobs, key=lambda j: -j["cost"])
+    total, done_cost, t0 = sum(j["cost"] for j in order), 0.0, time.time()
     with concurrent.futures.ThreadPoolExecutor(max_workers=n_parallel) as pool:
-        futures = [pool.submit(one, i) for i in order]
-        for n, f in enumerate(concurrent.futures.as_completed(futures), 1):
-            i, r, dt = f.result()
-            done[i] = (jobs[i], r, dt)
-            j = jobs[i]
-            what = f"ppl {r['ppl']:9.3f}" if "ppl" in r else \
-                f"passkey {sum(c['correct'] for c in r['cells'])}/{sum(len(c['trials']) for c in r['cells'])}"
-            print(f"[{n}/{len(jobs)}] {j['study'].name:15s} {j['method']:14s} {factor_label(j['k']):>5s} "
-                  f"ctx {j['ctx']:6d}: {what} ({dt:.0f} s)", file=sys.stderr, flush=True)
-    return done
+        futures = {pool.submit(run_cell, j, plan, threads, results): j for j in order}
+        try:
+            for n, f in enumerate(concurrent.futures.as_completed(futures), 1):
+                j, rec = futures[f], f.result()
+                done_cost += j["cost"]
+                elapsed = time.time() - t0
+                left = elapsed * (total - done_cost) / done_cost if done_cost else 0.0
+                print(f"[{n:{len(str(len(order)))}d}/{len(order)}] {j['study'].name:15s} {j['method']:14s} "
+                      f"{factor_label(j['k']):>5s} ctx {j['ctx']:6d}: {outcome(j['study'].kind, rec['result'])} "
+                      f"({rec['wall_s']:.0f} s); "
+                      f"{clock(elapsed)} elapsed, about {clock(left)} left", file=sys.stderr, flush=True)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
 
 
-def main(argv=None):
+def read_cells(folders):
+    """Every cell file (*.json) in the folders, as {name: record} and {name:
+    file}. ValueError (one line, naming the file) unless each is a cell file
+    named after its cell, all are of one plan, the cells of a study describe
+    it alike, and no cell comes twice."""
+    cells, where = {}, {}
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            raise ValueError(f"--collect {folder}: no such folder")
+        for f in sorted(folder.glob("*.json")):
+            try:
+                rec = json.loads(f.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"{f}: expected a cell file (JSON), got unreadable JSON ({e})") from None
+            got = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
+            if got != CELL_FORMAT:
+                raise ValueError(f"{f}: expected a cell file of format {CELL_FORMAT!r}, got format {got!r}")
+            absent = [k for k in ("cell", "plan", "study", "threads", "wall_s", "result") if k not in rec]
+            if absent:
+                raise ValueError(f"{f}: a cell file without {', '.join(absent)}")
+            name = rec["cell"]
+            if name != f.stem:
+                raise ValueError(f"{f}: holds cell {name}, expected {f.stem} (a cell's file is named after it)")
+            if name in cells:
+                raise ValueError(f"{f}: cell {name} is also in {where[name]}; keep one of them")
+            cells[name], where[name] = rec, f
+    if not cells:
+        raise ValueError(f"--collect {' '.join(map(str, folders))}: no cell files (*.json) there")
+    first = min(cells)
+    study_seen = {}
+    for name in sorted(cells):
+        rec = cells[name]
+        if rec["plan"] != cells[first]["plan"]:
+            shown = [" ".join(plan_args(cells[n]["plan"])) or "the full study" for n in (name, first)]
+            raise ValueError(f"{where[name]}: made by the plan {shown[0]!r}, expected {shown[1]!r} as {where[first]}")
+        s = rec["study"]["name"]
+        if s in study_seen and rec["study"] != cells[study_seen[s]]["study"]:
+            raise ValueError(f"{where[name]}: describes study {s} unlike {where[study_seen[s]]} (another model, "
+                             "text or checkout?)")
+        study_seen.setdefault(s, name)
+    return cells, where
+
+
+def placeholder(job, **mark):
+    """A result row for a cell without a measurement (missing=True: no file;
+    not_run=True: left out for time), with its command."""
+    s = job["study"]
+    r = dict(model=s.name, method=job["method"], k=job["k"], ctx=job["ctx"])
+    if s.kind == "passkey":
+        r["length"] = job["length"]
+    r.update(train_ctx=s.L, flags=job["flags"], command=job["shown"], **mark)
+    if s.kind == "passkey":
+        r["cells"] = []
+    return r
+
+
+def config_cells(name, cfg):
+    """(method, k) of the cells a study of the configuration runs; no files needed."""
+    return Study(name, cfg["kind"], "", None, None, cfg["factors"], cfg["rows"], at=cfg.get("at")).cells()
+
+
+def cost_groups(cells, jobs):
+    """CPU time by (study, factor): cells measured and missing, their wall
+    time times threads summed, and the longest cell's."""
+    groups = {}
+    for j in jobs:
+        g = groups.setdefault((j["study"].name, j["k"]), dict(study=j["study"].name, k=j["k"], cells=0, missing=0,
+                                                              cpu_s=0.0, longest_s=0.0))
+        rec = cells.get(j["name"])
+        if rec is None:
+            g["missing"] += 1
+            continue
+        cpu = rec["wall_s"] * rec["threads"]
+        g["cells"] += 1
+        g["cpu_s"] = round(g["cpu_s"] + cpu, 2)
+        g["longest_s"] = max(g["longest_s"], round(cpu, 2))
+    return list(groups.values())
+
+
+def collect(cells, meta):
+    """(ppl results, passkey results, studies, meta) from the cell records:
+    every cell of their plan, those without a file marked missing, those left
+    out for time marked not run. meta gains the cells' CPU time and its
+    groups, their wall times, and the studies of which no cell came."""
+    plan = next(iter(cells.values()))["plan"]
+    records = {}
+    for name in sorted(cells):
+        records.setdefault(cells[name]["study"]["name"], cells[name]["study"])
+    studies, absent = [], {}
+    for name, cfg in plan_config(plan).items():
+        if name in records:
+            studies.append(study_from_record(records[name]))
+        else:
+            absent[name] = [cell_name(name, m, k) for m, k in config_cells(name, cfg)]
+    jobs = all_jobs(studies, Where())
+    expected = {j["name"] for j in jobs}
+    stray = sorted(set(cells) - expected)
+    if stray:
+        shown = " ".join(plan_args(plan)) or "the full study"
+        raise ValueError(f"cell {stray[0]}: expected a cell of its plan ({shown}), got one it does not run")
+    ppl, passkey = [], []
+    for s in studies:
+        for j in (ppl_jobs if s.kind == "ppl" else passkey_jobs)(s, Where()):
+            rec = cells.get(j["name"])
+            (ppl if s.kind == "ppl" else passkey).append(rec["result"] if rec else placeholder(j, missing=True))
+        for j in (ppl_jobs if s.kind == "ppl" else passkey_jobs)(s, Where(), not_run=True):
+            (ppl if s.kind == "ppl" else passkey).append(placeholder(j, not_run=True))
+    ppl = fill_same_as_none(ppl, [s for s in studies if s.kind == "ppl"])
+    passkey = fill_same_as_none(passkey, [s for s in studies if s.kind == "passkey"])
+    key = lambda r: (r["model"], ROWS.index(r["method"]), r["k"])  # noqa: E731
+    ppl.sort(key=key)
+    passkey.sort(key=key)
+    ran = [j for j in jobs if j["name"] in cells]
+    meta = dict(meta, cpu_s=round(sum(cells[j["name"]]["wall_s"] * cells[j["name"]]["threads"] for j in ran), 1),
+                run_seconds={f"{j['study'].name} {j['method']} {factor_label(j['k'])}": cells[j["name"]]["wall_s"]
+                             for j in ran},
+                run_threads=sorted({cells[j["name"]]["threads"] for j in ran}),
+                missing=sorted(expected - set(cells)) + [n for names in absent.values() for n in names],
+                cost=cost_groups(cells, jobs))
+    if absent:
+        meta["absent_studies"] = absent
+    return ppl, passkey, studies, meta
+
+
+def absent_studies(meta):
+    """Markdown lines for the studies of the plan of which no cell was collected."""
+    lines = []
+    for name, names in meta.get("absent_studies", {}).items():
+        lines += [f"### {name}: no cell collected", "",
+                  f"All {len(names)} cells of this study are missing (no file among those collected): "
+                  f"{', '.join(names)}. `tools/extrapolation.py --list` gives their commands.", ""]
+    return lines
+
+
+def shown_folder(p):
+    """A folder as table.md names it: relative to the repository, else its name."""
+    return Where().path(Path(p))
+
+
+# --------------------------------------------------------------------------
+# The command line: the whole study here, --list, --cell, --collect, --stream-cell
+
+def stream_cell_main(args):
+    """--stream-cell: one sinks cell, its JSON on stdout."""
+    if not args.window or not args.ctx:
+        sys.exit("extrapolation: --stream-cell needs --window E and --ctx L")
+    ckpt, text = map(Path, args.stream_cell)
+    for p in (ckpt, text):
+        if not p.is_file():
+            sys.exit(f"extrapolation: {p}: no such file")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.segments or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            r = stream_cell(ckpt, args.tok, text, args.window, args.ctx, work, threads=args.threads or 1)
+        except (RuntimeError, ValueError) as e:
+            sys.exit(f"extrapolation: {e}")
+    if args.segments:
+        print(f"extrapolation: segments and the command of each: {args.segments}, {r['segment_command']}",
+              file=sys.stderr)
+    r.pop("segment_command")
+    print(json.dumps(r))
+
+
+def prepare(plan, work):
+    """The plan's studies with their texts made in work (those whose files are
+    here), and the plan narrowed to them; exits with a message on failure."""
+    try:
+        model = ROOT / plan["passkey_model"] if plan["passkey_model"] else None
+        studies = make_studies(plan_config(plan), work, plan["tokens"], model)
+    except (RuntimeError, ValueError) as e:
+        sys.exit(f"extrapolation: {e}")
+    if not studies:
+        sys.exit("extrapolation: no study to run (see the messages above)")
+    return studies, plan_of_studies(plan, studies)
+
+
+def list_main(plan, threads, results):
+    """--list: every cell's command, the costliest first (so that a pool that
+    takes them in order ends evenly); cells left out for time are not listed."""
+    with tempfile.TemporaryDirectory() as work:
+        studies, plan = prepare(plan, work)
+        jobs = sorted(all_jobs(studies, Where(work)), key=lambda j: -j["cost"])
+        left_out = sum(len(s.cells(not_run=True)) for s in studies)
+    for j in jobs:
+        print(cell_command(plan, j["name"], threads, results))
+    print(f"extrapolation: {len(jobs)} cells, the costliest first, each writing {results}/NAME.json"
+          + (f" ({left_out} left out for time are not listed)" if left_out else "")
+          + f"; then: .venv/bin/python tools/extrapolation.py --collect {results}", file=sys.stderr)
+
+
+def cell_main(name, plan, threads, results):
+    """--cell: run one cell of the plan (its text made here) and write its file."""
+    try:
+        study, _, _ = parse_cell_name(name)
+    except ValueError as e:
+        sys.exit(f"extrapolation: --cell {e}")
+    config = plan_config(plan)
+    if study not in config:
+        sys.exit(f"extrapolation: --cell {name}: expected a study of the plan ({', '.join(config)}), got {study}")
+    with tempfile.TemporaryDirectory() as work:
+        studies, _ = prepare(dict(plan, studies=[study]), work)
+        jobs = [j for j in all_jobs(studies, Where(work)) if j["name"] == name]
+        if not jobs:
+            sys.exit(f"extrapolation: --cell {name}: not a cell this plan runs (`--list` with the same options "
+                     "names them)")
+        try:
+            rec = run_cell(jobs[0], plan, threads, results)
+        except RuntimeError as e:
+            sys.exit(f"extrapolation: {e}")
+    print(f"extrapolation: {name}: {outcome(studies[0].kind, rec['result']).strip()} in {clock(rec['wall_s'])} "
+          f"on {threads} thread{'s' if threads != 1 else ''}; wrote {Path(results) / (name + '.json')}",
+          file=sys.stderr)
+
+
+def default_out(plan):
+    """docs/extrapolation, or for --quick a new temporary folder (never the study's)."""
+    return Path(tempfile.mkdtemp(prefix="extrapolation-quick-")) if plan["quick"] else ROOT / "docs" / "extrapolation"
+
+
+def collect_main(folders, out):
+    """--collect: the tables and plots from the cell files in the folders."""
+    try:
+        cells, _ = read_cells(folders)
+        plan = next(iter(cells.values()))["plan"]
+        meta = dict(command="tools/extrapolation.py --collect " + " ".join(shown_folder(f) for f in folders),
+                    collected_files=len(cells), collected_folders=len(set(folders)))
+        ppl, passkey, studies, meta = collect(cells, meta)
+    except ValueError as e:
+        sys.exit(f"extrapolation: {e}")
+    out = out or default_out(plan)
+    files = write_outputs(ppl, passkey, studies, out, meta)
+    missing = meta["missing"]
+    print(f"extrapolation: {len(cells)} cells collected, {len(missing)} missing"
+          + (f" ({', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''})" if missing else "")
+          + f"; wrote {', '.join(files)} in {out}", file=sys.stderr)
+
+
+def study_main(plan, out, n_jobs, threads, results):
+    """The whole study on this machine: its cells, n_jobs at a time, each
+    writing its file in results (a temporary folder unless given; a cell whose
+    file is already there is not run again), then collected into out."""
+    t0, load0 = time.time(), os.getloadavg()[0]
+    command = " ".join([".venv/bin/python tools/extrapolation.py"] + plan_args(plan))
+    with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory() as tmp_results:
+        studies, plan = prepare(plan, work)
+        jobs = all_jobs(studies, Where(work))
+        results = Path(results or tmp_results)
+        try:
+            have, where = read_cells([results]) if results.is_dir() and any(results.glob("*.json")) else ({}, {})
+        except ValueError as e:
+            sys.exit(f"extrapolation: {e}")
+        for name, rec in have.items():
+            if rec["plan"] != plan:
+                sys.exit(f"extrapolation: {where[name]}: made by another plan ({' '.join(plan_args(rec['plan']))})"
+                         f"; give another --results folder")
+        todo = [j for j in jobs if j["name"] not in have]
+        print(f"extrapolation: {len(jobs)} cells, {n_jobs} at a time, {threads} thread{'s' if threads != 1 else ''} "
+              f"each" + (f"; {len(jobs) - len(todo)} already in {results}" if len(todo) < len(jobs) else ""),
+              file=sys.stderr)
+        try:
+            run_cells(todo, plan, results, n_jobs, threads)
+            cells, _ = read_cells([results])
+            meta = dict(command=command, wall_s=round(time.time() - t0, 1), jobs=n_jobs, threads=threads,
+                        cpus=os.cpu_count(), load_before=round(load0, 2), load_after=round(os.getloadavg()[0], 2))
+            ppl, passkey, studies, meta = collect(cells, meta)
+        except (RuntimeError, ValueError) as e:
+            sys.exit(f"extrapolation: {e}")
+        out = out or default_out(plan)
+        files = write_outputs(ppl, passkey, studies, out, meta)
+    print(f"extrapolation: {meta['wall_s'] / 60:.1f} min; wrote {', '.join(files)} in {out}", file=sys.stderr)
+
+
+def build_parser():
+    """The command line's options (main reads them; the tests parse --list's commands with them)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="output folder (default docs/extrapolation; --quick: a new temporary one)")
     ap.add_argument("--quick", action="store_true", help="a small subset (every kind of cell), a few minutes")
     ap.add_argument("--studies", help="comma-separated subset of: " + ", ".join(FULL))
     ap.add_argument("--tokens", type=int, help="evaluation text per perplexity study, tokens (default per study)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel (one thread each)")
+    ap.add_argument("--jobs", type=int, help="cells at a time (default: one per core)")
+    ap.add_argument("--threads", type=int, help="threads per cell (default: cores / jobs, at least 1; "
+                    "--list, --cell and --stream-cell: 1)")
     ap.add_argument("--passkey-model", type=Path, help="checkpoint for the retrieval study "
                     "(default models/retrieval/model.bin)")
+    ap.add_argument("--list", action="store_true", help="print every cell's command (one line each, the costliest "
+                    "first), which writes RESULTS/CELL.json")
+    ap.add_argument("--cell", metavar="NAME", help="run one cell (a name from --list) and write RESULTS/NAME.json")
+    ap.add_argument("--results", type=Path, help="the cell files' folder (--list, --cell: default results; the "
+                    "whole study: a temporary one, else cells already there are not run again)")
+    ap.add_argument("--collect", nargs="+", action="extend", type=Path, metavar="DIR",
+                    help="make the tables and plots from the cell files in these folders (repeatable)")
     ap.add_argument("--stream-cell", nargs=2, metavar=("CKPT", "TEXT"),
                     help="score one sinks cell: TEXT in segments of --window tokens, each streamed through a "
                          "rolling cache of --ctx tokens with 4 sinks; prints the combined JSON")
@@ -1045,81 +1559,60 @@ def main(argv=None):
     ap.add_argument("--ctx", type=int, help="--stream-cell: the rolling cache's size (the training context)")
     ap.add_argument("-z", dest="tok", type=Path, help="--stream-cell: tokenizer, if not tokenizer.bin beside CKPT")
     ap.add_argument("--segments", type=Path, help="--stream-cell: keep the segment files in this folder")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def plan_from_args(args):
+    """The plan the options choose; exits with a one-line message on a bad option."""
+    names = args.studies.split(",") if args.studies else None
+    bad = [n for n in names or [] if n not in FULL]
+    if bad:
+        sys.exit(f"extrapolation: unknown stud{'ies' if len(bad) > 1 else 'y'} {', '.join(bad)} "
+                 f"(expected some of {', '.join(FULL)})")
+    if args.tokens is not None and args.tokens < 16:
+        sys.exit(f"extrapolation: --tokens {args.tokens}: expected at least 16")
+    model = args.passkey_model
+    if model is not None:  # relative to the repository root, as the listed commands run there
+        model = model.resolve()
+        model = str(model.relative_to(ROOT)) if model.is_relative_to(ROOT) else str(model)
+    return make_plan(args.quick, names, args.tokens, model)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    modes = [m for m, on in (("--list", args.list), ("--cell", args.cell), ("--collect", args.collect),
+                             ("--stream-cell", args.stream_cell)) if on]
+    if len(modes) > 1:
+        sys.exit(f"extrapolation: expected at most one of --list, --cell, --collect, --stream-cell, got "
+                 f"{' and '.join(modes)}")
+    for flag, v in (("--jobs", args.jobs), ("--threads", args.threads)):
+        if v is not None and v < 1:
+            sys.exit(f"extrapolation: {flag} {v}: expected at least 1")
+    if args.collect:
+        given = [f for f, v in (("--quick", args.quick), ("--studies", args.studies), ("--tokens", args.tokens),
+                                ("--passkey-model", args.passkey_model)) if v]
+        if given:
+            sys.exit(f"extrapolation: --collect takes its plan from the cell files; expected no {', '.join(given)}")
+        collect_main(args.collect, args.out)
+        return
     if not RUN.is_file():
         sys.exit(f"extrapolation: {RUN.name} not found; build it with `make`")
     if args.stream_cell:
-        if not args.window or not args.ctx:
-            sys.exit("extrapolation: --stream-cell needs --window E and --ctx L")
-        ckpt, text = map(Path, args.stream_cell)
-        for p in (ckpt, text):
-            if not p.is_file():
-                sys.exit(f"extrapolation: {p}: no such file")
-        with tempfile.TemporaryDirectory() as tmp:
-            work = args.segments or Path(tmp)
-            work.mkdir(parents=True, exist_ok=True)
-            try:
-                r = stream_cell(ckpt, args.tok, text, args.window, args.ctx, work)
-            except (RuntimeError, ValueError) as e:
-                sys.exit(f"extrapolation: {e}")
-        if args.segments:
-            print(f"extrapolation: segments and the command of each: {args.segments}, {r['segment_command']}",
-                  file=sys.stderr)
-        r.pop("segment_command")
-        print(json.dumps(r))
+        stream_cell_main(args)
         return
-    config = QUICK if args.quick else FULL
-    if args.studies:
-        names = args.studies.split(",")
-        bad = [n for n in names if n not in FULL]
-        if bad:
-            sys.exit(f"extrapolation: unknown stud{'ies' if len(bad) > 1 else 'y'} {', '.join(bad)} "
-                     f"(expected some of {', '.join(FULL)})")
-        config = {n: (QUICK.get(n) or FULL[n]) if args.quick else FULL[n] for n in names}
-    if args.tokens is not None and args.tokens < 16:
-        sys.exit(f"extrapolation: --tokens {args.tokens}: expected at least 16")
-    out = args.out or (Path(tempfile.mkdtemp(prefix="extrapolation-quick-")) if args.quick
-                       else ROOT / "docs" / "extrapolation")
-    t0, load0 = time.time(), os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as work:
-        where = Where(work)
-        try:
-            studies = make_studies(config, work, args.tokens, args.passkey_model)
-        except (RuntimeError, ValueError) as e:
-            sys.exit(f"extrapolation: {e}")
-        if not studies:
-            sys.exit("extrapolation: no study to run (see the messages above)")
-        jobs = []
-        for s in studies:
-            jobs += ppl_jobs(s, where) if s.kind == "ppl" else passkey_jobs(s, where)
-        print(f"extrapolation: {len(jobs)} runs, {args.jobs} at a time", file=sys.stderr)
-        try:
-            done = run_jobs(jobs, args.jobs)
-        except RuntimeError as e:
-            sys.exit(f"extrapolation: {e}")
-        ppl = [ppl_result(j, r) for j, r, _ in done if j["study"].kind == "ppl"]
-        ppl += [dict(model=j["study"].name, method=j["method"], k=j["k"], ctx=j["ctx"], train_ctx=j["study"].L,
-                     flags=j["flags"], command=j["shown"], not_run=True)
-                for s in studies if s.kind == "ppl" for j in ppl_jobs(s, where, not_run=True)]
-        passkey = [passkey_result(j, r) for j, r, _ in done if j["study"].kind == "passkey"]
-        passkey += [dict(model=j["study"].name, method=j["method"], k=j["k"], ctx=j["ctx"], length=j["length"],
-                         train_ctx=j["study"].L, flags=j["flags"], command=j["shown"], not_run=True, cells=[])
-                    for s in studies if s.kind == "passkey" for j in passkey_jobs(s, where, not_run=True)]
-        ppl = fill_same_as_none(ppl, [s for s in studies if s.kind == "ppl"])
-        passkey = fill_same_as_none(passkey, [s for s in studies if s.kind == "passkey"])
-        key = lambda r: (r["model"], ROWS.index(r["method"]), r["k"])  # noqa: E731
-        ppl.sort(key=key)
-        passkey.sort(key=key)
-        cmd = ".venv/bin/python tools/extrapolation.py" + (" --quick" if args.quick else "") + \
-            (f" --studies {args.studies}" if args.studies else "") + \
-            (f" --tokens {args.tokens}" if args.tokens else "")
-        meta = dict(command=cmd, wall_s=round(time.time() - t0, 1), jobs=args.jobs, cpus=os.cpu_count(),
-                    load_before=round(load0, 2), load_after=round(os.getloadavg()[0], 2),
-                    cpu_s=round(sum(dt for _, _, dt in done), 1),
-                    run_seconds={f"{j['study'].name} {j['method']} {factor_label(j['k'])}": round(dt, 1)
-                                 for j, _, dt in done})
-        files = write_outputs(ppl, passkey, studies, out, meta)
-    print(f"extrapolation: {meta['wall_s'] / 60:.1f} min; wrote {', '.join(files)} in {out}", file=sys.stderr)
+    plan = plan_from_args(args)
+    if args.list:
+        list_main(plan, args.threads or 1, args.results or Path("results"))
+    elif args.cell:
+        cell_main(args.cell, plan, args.threads or 1, args.results or Path("results"))
+    else:
+        cpus = os.cpu_count() or 1
+        n_jobs = args.jobs or cpus
+        threads = args.threads or max(1, cpus // n_jobs)
+        if n_jobs * threads > cpus:
+            print(f"extrapolation: --jobs {n_jobs} x --threads {threads} = {n_jobs * threads} threads on {cpus} "
+                  "cores: the cells' times (and CPU-hours) will include the waiting", file=sys.stderr)
+        study_main(plan, args.out, n_jobs, threads, args.results)
 
 
 if __name__ == "__main__":
