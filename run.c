@@ -46,6 +46,7 @@
 #include <omp.h>
 #endif
 
+#include "filekind.h"
 #include "modes.h"
 #include "run.h"
 
@@ -354,6 +355,15 @@ static int validate_config(const char *path, const Config *c, const RopeConfig *
     return 0;
 }
 
+/* A load that failed: when the file is a format filekind.c recognises (a
+ * GGUF, a tokenizer, safetensors ...), replace the message in err by what the
+ * file is and the export.py command that converts it. Returns -1. */
+static int not_a_checkpoint(const char *path, char *err, size_t err_len) {
+    char what[768];
+    if (!explain_foreign_file(path, AS_CHECKPOINT, what, sizeof what)) return -1; // err keeps the loader's message
+    return fail(err, err_len, "%s: not a checkpoint: %s", path, what);
+}
+
 /* Open, validate and map a checkpoint into t->config, t->rope, t->weights.
  * Nothing is mapped and no pointer is formed until the header has passed
  * validation and the file size equals the size the header implies.
@@ -388,7 +398,7 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
     if (parse_header(path, header, (size_t)got, c, r, err, err_len) != 0 ||
         validate_config(path, c, r, err, err_len) != 0) {
         close(fd);
-        return -1;
+        return not_a_checkpoint(path, err, err_len);
     }
     if (c->version == 0) r->rot_dim = c->dim / c->n_heads;
     if (r->orig_ctx == 0) r->orig_ctx = c->train_ctx; // 0 = the training context
@@ -396,10 +406,12 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
     if (file_size != expected) {
         close(fd);
         if (file_size < expected)
-            return fail(err, err_len, "%s: truncated: the header implies %zu bytes, the file has %zu", path, expected,
-                        file_size);
-        return fail(err, err_len, "%s: %zu trailing bytes: the header implies %zu bytes, the file has %zu", path,
-                    file_size - expected, expected, file_size);
+            fail(err, err_len, "%s: truncated: the header implies %zu bytes, the file has %zu", path, expected,
+                 file_size);
+        else
+            fail(err, err_len, "%s: %zu trailing bytes: the header implies %zu bytes, the file has %zu", path,
+                 file_size - expected, expected, file_size);
+        return not_a_checkpoint(path, err, err_len);
     }
     void *map = mmap(NULL, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd); // the mapping stays valid after close
@@ -1511,7 +1523,7 @@ int main(int argc, char **argv) {
 #endif
 
     // The model, with the command line's RoPE and position settings.
-    char err[512];
+    char err[1024];
     Transformer t;
     double t0 = now_seconds();
     PositionOverrides overrides = position_overrides(&o);
