@@ -885,6 +885,32 @@ static int check_positions(const Transformer *t, const PositionOverrides *ov, ch
     return 0;
 }
 
+/* A scaling method and its factor s only mean something together; before the
+ * overrides are applied (t holds the checkpoint's values), refuse
+ *  - --rope-factor when the scaling in effect is none: it would change nothing;
+ *  - --rope-scaling METHOD without --rope-factor when the checkpoint stores no
+ *    factor above 1: METHOD would run at s = 1, which for linear, ntk, yarn
+ *    and llama3 is plain RoPE. (LongRoPE is exempt: its factor arrays, which
+ *    only a longrope checkpoint has, scale the frequencies at any s.) */
+static int check_factor(const Transformer *t, const PositionOverrides *ov, const char *path, int n_ctx, char *err,
+                        size_t err_len) {
+    if (!ov) return 0;
+    int scaling = ov->scaling.given ? ov->scaling.value : t->rope.scaling, train_ctx = t->config.train_ctx;
+    if (ov->factor.given && scaling == ROPE_NONE)
+        return fail(err, err_len, "--rope-factor %g: the RoPE scaling in effect is none (%s), so a factor "
+                    "changes nothing (add --rope-scaling linear|ntk|dynamic|yarn|llama3|longrope)",
+                    ov->factor.value, ov->scaling.given ? "--rope-scaling none" : path);
+    if (!ov->scaling.given || scaling == ROPE_NONE || scaling == ROPE_LONGROPE || ov->factor.given ||
+        t->rope.factor > 1.0)
+        return 0;
+    if (n_ctx > train_ctx)
+        return fail(err, err_len, "--rope-scaling %s: needs --rope-factor s (%s stores no factor); to stretch its "
+                    "train_ctx %d to --ctx %d, s = %g", SCALING_NAMES[scaling], path, train_ctx, n_ctx,
+                    (double)n_ctx / train_ctx);
+    return fail(err, err_len, "--rope-scaling %s: needs --rope-factor s (%s stores no factor), e.g. s = ctx / %d "
+                "for a --ctx past its train_ctx %d", SCALING_NAMES[scaling], path, train_ctx, train_ctx);
+}
+
 /* Load a checkpoint, apply the command line's overrides, size everything
  * for n_ctx positions (0 = train_ctx) with a KV cache of kv_type (KV_F32 |
  * KV_F16). Returns 0; BUILD_BAD_INPUT with a message for a bad checkpoint or
@@ -895,10 +921,7 @@ int build_transformer(Transformer *t, const char *path, const PositionOverrides 
                       char *err, size_t err_len) {
     if (load_checkpoint(t, path, err, err_len) != 0) return BUILD_BAD_INPUT;
     const PositionOverrides *ov = overrides;
-    if (ov && ov->factor.given && (ov->scaling.given ? ov->scaling.value : t->rope.scaling) == ROPE_NONE)
-        return fail(err, err_len, "--rope-factor %g: the RoPE scaling in effect is none (%s), so a factor "
-                    "changes nothing (add --rope-scaling linear|ntk|dynamic|yarn|llama3|longrope)",
-                    ov->factor.value, ov->scaling.given ? "--rope-scaling none" : path), BUILD_BAD_SETTINGS;
+    if (check_factor(t, ov, path, n_ctx, err, err_len) != 0) return BUILD_BAD_SETTINGS;
     t->kv_type = kv_type;
     apply_overrides(t, ov);
     t->n_ctx = n_ctx > 0 ? n_ctx : t->config.train_ctx;
