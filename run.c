@@ -1508,13 +1508,12 @@ static char *tokenizer_path(const Options *o, const char *checkpoint, char *orig
         snprintf(origin, origin_len, "the default, beside the checkpoint");
         return beside;
     }
-    if (dir_len == 0 || access("tokenizer.bin", F_OK) != 0) {
-        if (dir_len == 0)
-            die(EXIT_BAD_INPUT, "tokenizer: no -z given, and no ./tokenizer.bin beside the checkpoint %s; give the "
-                "tokenizer with -z", checkpoint);
+    if (dir_len == 0) // the checkpoint's folder is the current one: there is no other place to look
+        die(EXIT_BAD_INPUT, "tokenizer: no -z given, and no ./tokenizer.bin beside the checkpoint %s; give the "
+            "tokenizer with -z", checkpoint);
+    if (access("tokenizer.bin", F_OK) != 0)
         die(EXIT_BAD_INPUT, "tokenizer: no -z given, and neither %s (beside the checkpoint) nor ./tokenizer.bin "
             "exists; give the tokenizer with -z", beside);
-    }
     snprintf(origin, origin_len, "the default in the current directory, as there is no %s beside the checkpoint",
              beside);
     memcpy(beside, "tokenizer.bin", sizeof "tokenizer.bin");
@@ -1526,7 +1525,7 @@ static char *tokenizer_path(const Options *o, const char *checkpoint, char *orig
  * path tried and how it was chosen, says what the file is when it is not a
  * tokenizer file at all (filekind.c), and suggests -z when -z was not given. */
 static char *load_tokenizer(Tokenizer *tok, const Options *o, const char *checkpoint, const Config *c) {
-    char origin[4200], err[1024], what[768];
+    char origin[4200], err[1024], what[768]; // origin holds a path (up to 4096 bytes on Linux) and words
     char *path = tokenizer_path(o, checkpoint, origin, sizeof origin);
     if (tokenizer_build(tok, path, c->vocab_size, c->bos_id, c->eos_id, err, sizeof err) == 0) return path;
     if (explain_foreign_file(path, AS_TOKENIZER, what, sizeof what))
@@ -1535,7 +1534,8 @@ static char *load_tokenizer(Tokenizer *tok, const Options *o, const char *checkp
     size_t head = strlen("tokenizer ") + strlen(path);
     const char *why = !strncmp(err, "tokenizer ", 10) && !strncmp(err + 10, path, strlen(path)) &&
                       !strncmp(err + head, ": ", 2) ? err + head + 2 : err;
-    die(EXIT_BAD_INPUT, "tokenizer %s (%s): %s%s", path, origin, why, o->tokenizer ? "" : "; give the tokenizer with -z");
+    die(EXIT_BAD_INPUT, "tokenizer %s (%s): %s%s", path, origin, why,
+        o->tokenizer ? "" : "; give the tokenizer with -z");
 }
 
 /* The load line every mode prints to stderr once its inputs are good: the
