@@ -30,11 +30,12 @@ WARN = -std=c11 -Wall -Wextra
 FP = -fno-trapping-math
 LDLIBS = -lm
 # run.c is the model and main; every other mode and the command line are files
-# of their own. LIB: all of them but run.c's main, for the tests (which build
-# run.c with -DTESTING, leaving main out).
+# of their own; filekind.c says what a file given in the wrong place is (a GGUF
+# as the checkpoint, ...). LIB: all of them but run.c's main, for the tests
+# (which build run.c with -DTESTING, leaving main out).
 MODES = chat.c ppl.c passkey.c tokenize.c rope_mode.c cli.c
-SRC = run.c $(MODES) kernels.c tokenizer.c
-HDR = model.h run.h modes.h cli.h chat.h ppl.h passkey.h tokenizer.h kernels.h unicode_tables.h
+SRC = run.c $(MODES) filekind.c kernels.c tokenizer.c
+HDR = model.h run.h modes.h cli.h chat.h ppl.h passkey.h tokenizer.h kernels.h filekind.h unicode_tables.h
 
 # Sanitizer build: AddressSanitizer (out-of-bounds, use-after-free, leaks) and
 # UndefinedBehaviorSanitizer (overflow, misaligned loads, bad shifts); any

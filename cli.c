@@ -241,12 +241,12 @@ static void usage(FILE *out, int mode) {
     for (int m = 0; m < N_MODES; m++) fprintf(out, "  %-10s %s\n", MODE_NAMES[m], MODE_HELP[m]);
     fprintf(out, "Common options (run --help MODE lists every option MODE reads):\n");
     for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) flag_help(out, find_flag(common[i]));
-    fprintf(out, "Examples:\n"
+    fprintf(out, "Weights: float32 or q8_0, as the checkpoint says (export.py --dtype).\n"
+                 "Exit status: 0 ok, 1 bad input or runtime failure, 2 bad usage.\n"
+                 "Examples:\n"
                  "  run models/model.bin -i \"It was a dark and stormy night\" -t 0.8 -n 200\n"
                  "  run models/model.bin -m ppl -f book.txt --ctx 1024 --rope-scaling yarn --rope-factor 4\n"
-                 "  run models/smollm2/model-q8_0.bin -m chat\n"
-                 "Weights: float32 or q8_0, as the checkpoint says (export.py --dtype).\n"
-                 "Exit status: 0 ok, 1 bad input or runtime failure, 2 bad usage.\n");
+                 "  run models/smollm2/model-q8_0.bin -m chat\n");
 }
 
 /* Strict number parsing: the whole string must be a number in f's range. */

@@ -46,6 +46,7 @@
 #include <omp.h>
 #endif
 
+#include "filekind.h"
 #include "modes.h"
 #include "run.h"
 
@@ -429,6 +430,15 @@ static int validate_config(const char *path, const Config *c, const RopeConfig *
     return 0;
 }
 
+/* A load that failed: when the file is a format filekind.c recognises (a
+ * GGUF, a tokenizer, safetensors ...), replace the message in err by what the
+ * file is and the export.py command that converts it. Returns -1. */
+static int not_a_checkpoint(const char *path, char *err, size_t err_len) {
+    char what[768];
+    if (!explain_foreign_file(path, AS_CHECKPOINT, what, sizeof what)) return -1; // err keeps the loader's message
+    return fail(err, err_len, "%s: not a checkpoint: %s", path, what);
+}
+
 /* Open, validate and map a checkpoint into t->config, t->rope, t->weights.
  * Nothing is mapped and no pointer is formed until the header has passed
  * validation and the file size equals the size the header implies.
@@ -463,7 +473,7 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
     if (parse_header(path, header, (size_t)got, c, r, err, err_len) != 0 ||
         validate_config(path, c, r, err, err_len) != 0) {
         close(fd);
-        return -1;
+        return not_a_checkpoint(path, err, err_len);
     }
     if (c->version == 0) r->rot_dim = c->dim / c->n_heads;
     if (r->orig_ctx == 0) r->orig_ctx = c->train_ctx; // 0 = the training context
@@ -471,10 +481,12 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
     if (file_size != expected) {
         close(fd);
         if (file_size < expected)
-            return fail(err, err_len, "%s: truncated: the header implies %zu bytes, the file has %zu", path, expected,
-                        file_size);
-        return fail(err, err_len, "%s: %zu trailing bytes: the header implies %zu bytes, the file has %zu", path,
-                    file_size - expected, expected, file_size);
+            fail(err, err_len, "%s: truncated: the header implies %zu bytes, the file has %zu", path, expected,
+                 file_size);
+        else
+            fail(err, err_len, "%s: %zu trailing bytes: the header implies %zu bytes, the file has %zu", path,
+                 file_size - expected, expected, file_size);
+        return not_a_checkpoint(path, err, err_len);
     }
     void *map = mmap(NULL, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd); // the mapping stays valid after close
@@ -948,6 +960,32 @@ static int check_positions(const Transformer *t, const PositionOverrides *ov, ch
     return 0;
 }
 
+/* A scaling method and its factor s only mean something together; before the
+ * overrides are applied (t holds the checkpoint's values), refuse
+ *  - --rope-factor when the scaling in effect is none: it would change nothing;
+ *  - --rope-scaling METHOD without --rope-factor when the checkpoint stores no
+ *    factor above 1: METHOD would run at s = 1, which for linear, ntk, yarn
+ *    and llama3 is plain RoPE. (LongRoPE is exempt: its factor arrays, which
+ *    only a longrope checkpoint has, scale the frequencies at any s.) */
+static int check_factor(const Transformer *t, const PositionOverrides *ov, const char *path, int n_ctx, char *err,
+                        size_t err_len) {
+    if (!ov) return 0;
+    int scaling = ov->scaling.given ? ov->scaling.value : t->rope.scaling, train_ctx = t->config.train_ctx;
+    if (ov->factor.given && scaling == ROPE_NONE)
+        return fail(err, err_len, "--rope-factor %g: the RoPE scaling in effect is none (%s), so a factor "
+                    "changes nothing (add --rope-scaling linear|ntk|dynamic|yarn|llama3|longrope)",
+                    ov->factor.value, ov->scaling.given ? "--rope-scaling none" : path);
+    if (!ov->scaling.given || scaling == ROPE_NONE || scaling == ROPE_LONGROPE || ov->factor.given ||
+        t->rope.factor > 1.0)
+        return 0;
+    if (n_ctx > train_ctx)
+        return fail(err, err_len, "--rope-scaling %s: needs --rope-factor s (%s stores no factor); to stretch its "
+                    "train_ctx %d to --ctx %d, s = %g", SCALING_NAMES[scaling], path, train_ctx, n_ctx,
+                    (double)n_ctx / train_ctx);
+    return fail(err, err_len, "--rope-scaling %s: needs --rope-factor s (%s stores no factor), e.g. s = ctx / %d "
+                "for a --ctx past its train_ctx %d", SCALING_NAMES[scaling], path, train_ctx, train_ctx);
+}
+
 /* Load a checkpoint, apply the command line's overrides, size everything
  * for n_ctx positions (0 = train_ctx) with a KV cache of kv_type (KV_F32 |
  * KV_F16). Returns 0; BUILD_BAD_INPUT with a message for a bad checkpoint or
@@ -958,10 +996,7 @@ int build_transformer(Transformer *t, const char *path, const PositionOverrides 
                       char *err, size_t err_len) {
     if (load_checkpoint(t, path, err, err_len) != 0) return BUILD_BAD_INPUT;
     const PositionOverrides *ov = overrides;
-    if (ov && ov->factor.given && (ov->scaling.given ? ov->scaling.value : t->rope.scaling) == ROPE_NONE)
-        return fail(err, err_len, "--rope-factor %g: the RoPE scaling in effect is none (%s), so a factor "
-                    "changes nothing (add --rope-scaling linear|ntk|dynamic|yarn|llama3|longrope)",
-                    ov->factor.value, ov->scaling.given ? "--rope-scaling none" : path), BUILD_BAD_SETTINGS;
+    if (check_factor(t, ov, path, n_ctx, err, err_len) != 0) return BUILD_BAD_SETTINGS;
     t->kv_type = kv_type;
     apply_overrides(t, ov);
     t->n_ctx = n_ctx > 0 ? n_ctx : t->config.train_ctx;
@@ -1556,16 +1591,55 @@ void generate_mode(const ModeInput *in) {
  * ========================================================================== */
 #ifndef TESTING
 
-/* The tokenizer beside the checkpoint if there is one, else ./tokenizer.bin. */
-static char *default_tokenizer_path(const char *checkpoint) {
+/* The tokenizer file of this run: -z's, else tokenizer.bin beside the
+ * checkpoint, else ./tokenizer.bin when there is none beside it. How it was
+ * chosen goes into `origin` for the messages. Exits, naming the paths it
+ * looked at, when -z was not given and neither file exists. */
+static char *tokenizer_path(const Options *o, const char *checkpoint, char *origin, size_t origin_len) {
+    if (o->tokenizer) {
+        snprintf(origin, origin_len, "given with -z");
+        char *path = strdup(o->tokenizer);
+        if (!path) die(EXIT_BAD_INPUT, "out of memory");
+        return path;
+    }
     const char *slash = strrchr(checkpoint, '/');
     size_t dir_len = slash ? (size_t)(slash - checkpoint + 1) : 0;
-    char *path = malloc(dir_len + sizeof "tokenizer.bin");
-    if (!path) die(EXIT_BAD_INPUT, "out of memory");
-    memcpy(path, checkpoint, dir_len);
-    memcpy(path + dir_len, "tokenizer.bin", sizeof "tokenizer.bin");
-    if (access(path, F_OK) != 0) memcpy(path, "tokenizer.bin", sizeof "tokenizer.bin");
-    return path;
+    char *beside = malloc(dir_len + sizeof "tokenizer.bin");
+    if (!beside) die(EXIT_BAD_INPUT, "out of memory");
+    memcpy(beside, checkpoint, dir_len);
+    memcpy(beside + dir_len, "tokenizer.bin", sizeof "tokenizer.bin");
+    if (access(beside, F_OK) == 0) {
+        snprintf(origin, origin_len, "the default, beside the checkpoint");
+        return beside;
+    }
+    if (dir_len == 0) // the checkpoint's folder is the current one: there is no other place to look
+        die(EXIT_BAD_INPUT, "tokenizer: no -z given, and no ./tokenizer.bin beside the checkpoint %s; give the "
+            "tokenizer with -z", checkpoint);
+    if (access("tokenizer.bin", F_OK) != 0)
+        die(EXIT_BAD_INPUT, "tokenizer: no -z given, and neither %s (beside the checkpoint) nor ./tokenizer.bin "
+            "exists; give the tokenizer with -z", beside);
+    snprintf(origin, origin_len, "the default in the current directory, as there is no %s beside the checkpoint",
+             beside);
+    memcpy(beside, "tokenizer.bin", sizeof "tokenizer.bin");
+    return beside;
+}
+
+/* Load the tokenizer for the checkpoint's vocabulary into tok and return its
+ * path (the caller frees it). On failure exit with one line that names the
+ * path tried and how it was chosen, says what the file is when it is not a
+ * tokenizer file at all (filekind.c), and suggests -z when -z was not given. */
+static char *load_tokenizer(Tokenizer *tok, const Options *o, const char *checkpoint, const Config *c) {
+    char origin[4200], err[1024], what[768]; // origin holds a path (up to 4096 bytes on Linux) and words
+    char *path = tokenizer_path(o, checkpoint, origin, sizeof origin);
+    if (tokenizer_build(tok, path, c->vocab_size, c->bos_id, c->eos_id, err, sizeof err) == 0) return path;
+    if (explain_foreign_file(path, AS_TOKENIZER, what, sizeof what))
+        die(EXIT_BAD_INPUT, "tokenizer %s (%s): not a tokenizer file: %s", path, origin, what);
+    // tokenizer.c's message is "tokenizer PATH: why"; the origin goes after PATH
+    size_t head = strlen("tokenizer ") + strlen(path);
+    const char *why = !strncmp(err, "tokenizer ", 10) && !strncmp(err + 10, path, strlen(path)) &&
+                      !strncmp(err + head, ": ", 2) ? err + head + 2 : err;
+    die(EXIT_BAD_INPUT, "tokenizer %s (%s): %s%s", path, origin, why,
+        o->tokenizer ? "" : "; give the tokenizer with -z");
 }
 
 /* The load line every mode prints to stderr once its inputs are good: the
@@ -1615,7 +1689,7 @@ int main(int argc, char **argv) {
 #endif
 
     // The model, with the command line's RoPE and position settings.
-    char err[512];
+    char err[1024];
     Transformer t;
     double t0 = now_seconds();
     PositionOverrides overrides = position_overrides(&o);
@@ -1628,11 +1702,7 @@ int main(int argc, char **argv) {
 
     // The tokenizer (every mode but rope reads text) and the text of -i or -f.
     Tokenizer tok = {0};
-    char *tok_path = o.tokenizer ? strdup(o.tokenizer) : default_tokenizer_path(checkpoint);
-    if (!tok_path) die(EXIT_BAD_INPUT, "out of memory");
-    if (o.mode != MODE_ROPE &&
-        tokenizer_build(&tok, tok_path, t.config.vocab_size, t.config.bos_id, t.config.eos_id, err, sizeof err) != 0)
-        die(EXIT_BAD_INPUT, "%s (give the tokenizer with -z)", err);
+    char *tok_path = o.mode != MODE_ROPE ? load_tokenizer(&tok, &o, checkpoint, &t.config) : NULL;
     char summary[1024];
     describe(summary, sizeof summary, &t, checkpoint, o.mode != MODE_ROPE ? &tok : NULL, &overrides,
              now_seconds() - t0);

@@ -39,6 +39,7 @@ import io
 import json
 import math
 import pathlib
+import shlex
 import struct
 import subprocess
 import sys
@@ -1184,6 +1185,40 @@ def hf_from_ours(cfg, tensors, **config_overrides):
                 w = hf_permute(w, cfg["n_heads"] if ours == "wq" else cfg["n_kv_heads"])
             t[f"model.layers.{l}.{theirs}.weight"] = w
     return config, t
+
+
+def advised_command(message, after, before=None):
+    """The export.py command a message of run's gives (between `after` and
+    `before`, or the end), as argv: python3 and export.py become this Python
+    and the repository's export.py."""
+    text = message.split(after, 1)[1]
+    text = text.split(before, 1)[0] if before else text.strip()
+    argv = shlex.split(text)
+    assert argv[:2] == ["python3", "export.py"], argv
+    return [sys.executable, str(ROOT / "export.py")] + argv[2:]
+
+
+@pytest.mark.parametrize("source", ["safetensors", "config-json", "meta-pth"])
+def test_source_given_to_run_converts_as_the_message_says(source, tmp_path, syn_tokenizer):
+    """`run` given a Hugging Face model's model.safetensors or config.json, or
+    a Meta consolidated.00.pth, as the checkpoint names the export.py command
+    that converts its folder; run as printed, it writes a checkpoint that runs."""
+    if source == "meta-pth":
+        pytest.importorskip("torch")
+        src, _, _ = meta_model(tmp_path / "meta")
+        path = src / "consolidated.00.pth"
+    else:
+        src, _, _ = make_hf(tmp_path / "hf")
+        path = src / ("model.safetensors" if source == "safetensors" else "config.json")
+    p = run(path, "-z", syn_tokenizer, "-i", "the cat")
+    err = p.stderr.decode()
+    assert p.returncode == 1 and err.startswith(f"{path}: not a checkpoint: "), err
+    out = tmp_path / "out"
+    out.mkdir()
+    command = advised_command(err, "with: ", " (a Hugging Face" if source == "meta-pth" else None)
+    conv = subprocess.run(command, cwd=out, capture_output=True)
+    assert conv.returncode == 0, conv.stderr
+    run_ok(out / "model.bin", "-z", syn_tokenizer, "-t", "0", "-n", "2", "-i", "the cat")
 
 
 @pytest.mark.parametrize("shards,emb_axis", [(1, 0), (2, 1), (2, 0)],

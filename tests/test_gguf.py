@@ -48,9 +48,10 @@ from gguf import quants  # noqa: E402
 
 import export  # noqa: E402
 from conftest import (ROOT, SHARED, SYN_PIECES, SYN_SCORES, SYN_VOCAB, TEXT,  # noqa: E402
-                      bpe_encode_ltok, pre_split, read_tok_ltok, run_ok, run_ppl, train_byte_bpe)
+                      bpe_encode_ltok, pre_split, read_tok_ltok, run, run_ok, run_ppl, train_byte_bpe)
 from reference.forward import Reference  # noqa: E402
-from test_convert import export_ok, export_run, hf_from_ours, text_file, write_hf_dir  # noqa: E402,F401
+from test_convert import (advised_command, export_ok, export_run, hf_from_ours, text_file,  # noqa: E402,F401
+                          write_hf_dir)
 
 EXPORT = [sys.executable, str(ROOT / "export.py")]
 LAYOUT_TOL = 1e-5    # run's NLL, interleaved vs neox export of the same weights (float rounding)
@@ -658,6 +659,34 @@ def test_gguf_default_tokenizer_path(tmp_path):
     assert code == 2 and "--tokenizer-out must differ from OUT" in err
     code, err = export_run(out / "c.bin", "--llama2c", path, "--tokenizer-out", out / "t")
     assert code == 2 and "--tokenizer-out applies to" in err
+
+
+def test_gguf_given_to_run_converts_as_the_message_says(tmp_path):
+    """`run x.gguf` names the export.py command that converts it, and so does
+    `run model.bin -z x.gguf` for its vocabulary: run as printed, in a folder
+    of their own, both give files that run reads. The converted tokenizer
+    (version 3, "LTOK") given as the checkpoint is named as a tokenizer."""
+    path, _, _ = make_gguf(tmp_path / "m.gguf")
+    p = run(path, "-t", "0", "-n", "2", "-i", "the cat")
+    err = p.stderr.decode()
+    assert p.returncode == 1 and err.startswith(f"{path}: not a checkpoint: a GGUF file"), err
+    out = tmp_path / "out"
+    out.mkdir()
+    conv = subprocess.run(advised_command(err, "convert it with: ", " (also"), cwd=out, capture_output=True)
+    assert conv.returncode == 0, conv.stderr
+    run_ok(out / "model.bin", "-t", "0", "-n", "2", "-i", "the cat")  # its tokenizer.bin beside it
+    p = run(out / "tokenizer.bin", "-i", "the cat")
+    assert p.returncode == 1 and f"a tokenizer file of {SYN_VOCAB} tokens" in p.stderr.decode(), p.stderr
+
+    p = run(out / "model.bin", "-z", path, "-t", "0", "-n", "2", "-i", "the cat")
+    err = p.stderr.decode()
+    assert p.returncode == 1 and err.startswith(f"tokenizer {path} (given with -z): not a tokenizer file: "), err
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    conv = subprocess.run(advised_command(err, "convert its vocabulary with: "), cwd=vocab, capture_output=True)
+    assert conv.returncode == 0, conv.stderr
+    assert (run_ok(out / "model.bin", "-z", vocab / "tokenizer.bin", "-t", "0", "-n", "2", "-i", "the cat").stdout
+            == run_ok(out / "model.bin", "-t", "0", "-n", "2", "-i", "the cat").stdout)
 
 
 # --------------------------------------------------------------------------

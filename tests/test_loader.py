@@ -11,13 +11,15 @@ Every case is its own test id. The contract (docs/command-line.md, exit status):
 """
 
 import os
+import shlex
 import struct
+import subprocess
 
 import pytest
 
 import export
-from conftest import (MODELS, SYN_PIECES, SYN_SCORES, check_error, make_model, run,
-                      write_legacy)
+from conftest import (HANG_GUARD_S, MODELS, ROOT, RUN, SYN_PIECES, SYN_SCORES, check_error, make_model,
+                      run, write_legacy)
 
 OFFSET = {}  # header field -> (byte offset, struct code), from model.h's table
 _off = 0
@@ -392,3 +394,227 @@ def test_invalid_utf8_prompt(base, prompt):
 def test_unshared_model_loads(base):
     p = generate(base["unshared"], base["tok"])
     assert p.returncode == 0, p.stderr
+
+
+# ---------------------------------------------------------------------------
+# Files given in the wrong place: a GGUF, safetensors, a PyTorch file or a
+# tokenizer as the checkpoint, a checkpoint or an unconverted tokenizer to -z.
+# Each is made by the library that writes that format where one is at hand
+# (gguf, safetensors, torch, tokenizers), and the message must say what the
+# file is and give the export.py command that converts it (docs/convert.md;
+# test_gguf.py and test_convert.py run the commands).
+
+def foreign_file(kind, d, base):
+    """A file of `kind` in folder d (or base's files); returns its path."""
+    d.mkdir(parents=True, exist_ok=True)
+    if kind == "gguf":
+        gguf = pytest.importorskip("gguf")
+        w = gguf.GGUFWriter(str(d / "m.gguf"), "llama")
+        w.add_block_count(1)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return d / "m.gguf"
+    if kind == "safetensors":
+        st = pytest.importorskip("safetensors.numpy")
+        import numpy as np
+        st.save_file({"model.norm.weight": np.ones(4, np.float32)}, str(d / "model.safetensors"))
+        return d / "model.safetensors"
+    if kind == "pytorch":
+        torch = pytest.importorskip("torch")
+        torch.save({"norm.weight": torch.ones(4)}, d / "consolidated.00.pth")
+        return d / "consolidated.00.pth"
+    if kind == "config-json":
+        (d / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+        return d / "config.json"
+    if kind == "tokenizer-json":
+        tokenizers = pytest.importorskip("tokenizers")
+        vocab = {p.decode(): i for i, p in enumerate(SYN_PIECES) if p.isalpha()}
+        tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+        tok.save(str(d / "tokenizer.json"))
+        return d / "tokenizer.json"
+    if kind == "sentencepiece":
+        return ROOT / "models" / "tokenizer.model"  # the bundled model's, made by sentencepiece
+    if kind == "tiktoken":  # Llama 3's tokenizer.model: base64 of each piece, its rank
+        import base64
+        lines = [base64.b64encode(bytes([b])).decode() + f" {b}" for b in range(256)]
+        (d / "tokenizer.model").write_text("\n".join(lines) + "\n")
+        return d / "tokenizer.model"
+    if kind == "tokenizer-bin":
+        return base["tok"]
+    if kind == "checkpoint":
+        return base["ckpt"]
+    if kind == "llama2c-checkpoint":
+        return write_legacy(d / "stories.bin", base["cfg"], base["tensors"])
+    raise ValueError(kind)
+
+
+AS_CHECKPOINT = {  # kind -> what the message must hold ({p}: the file, {d}: its folder)
+    "gguf": ["a GGUF file", "python3 export.py model.bin --gguf {p}"],
+    "safetensors": ["safetensors", "python3 export.py model.bin --hf {d}"],
+    "pytorch": ["zip archive", "python3 export.py model.bin --meta-llama {d}"],
+    "config-json": ["config.json", "python3 export.py model.bin --hf {d}"],
+    "tokenizer-json": ["tokenizer.json", "python3 export.py tokenizer.bin --tokenizer {p}", "-z"],
+    "sentencepiece": ["sentencepiece", "python3 export.py tokenizer.bin --tokenizer {p}", "-z"],
+    "tiktoken": ["tiktoken", "python3 export.py tokenizer.bin --tokenizer {p}", "-z"],
+    "tokenizer-bin": [f"a tokenizer file of {len(SYN_PIECES)} tokens", "run <checkpoint> -z {p}"],
+}
+
+
+def message_holds(p, path, words):
+    err = p.stderr.decode()
+    for w in words:
+        w = w.format(p=path, d=path.parent)
+        assert w in err, f"{w!r} not in {err!r}"
+
+
+@pytest.mark.parametrize("kind", list(AS_CHECKPOINT))
+def test_foreign_file_as_checkpoint_names_the_conversion(base, tmp_path, kind):
+    path = foreign_file(kind, tmp_path / "src", base)
+    p = run(path, "-z", base["tok"], "-i", "the cat")
+    check_error(p, 1, [path])
+    assert p.stderr.decode().startswith(f"{path}: not a checkpoint: "), p.stderr
+    message_holds(p, path, AS_CHECKPOINT[kind])
+
+
+AS_TOKENIZER = {
+    "checkpoint": ["a checkpoint", "first argument"],
+    "llama2c-checkpoint": ["a checkpoint", "first argument"],
+    "gguf": ["a GGUF file", "python3 export.py tokenizer.bin --tokenizer {p}"],
+    "safetensors": ["safetensors", "python3 export.py tokenizer.bin --tokenizer {d}/tokenizer.json"],
+    "pytorch": ["zip archive", "python3 export.py tokenizer.bin --tokenizer {d}/tokenizer.model"],
+    "config-json": ["config.json", "python3 export.py tokenizer.bin --tokenizer {d}/tokenizer.json"],
+    "tokenizer-json": ["tokenizer.json", "python3 export.py tokenizer.bin --tokenizer {p}"],
+    "sentencepiece": ["sentencepiece", "python3 export.py tokenizer.bin --tokenizer {p}"],
+    "tiktoken": ["tiktoken", "python3 export.py tokenizer.bin --tokenizer {p}"],
+}
+
+
+@pytest.mark.parametrize("kind", list(AS_TOKENIZER))
+def test_foreign_file_given_to_z_names_the_conversion(base, tmp_path, kind):
+    path = foreign_file(kind, tmp_path / "src", base)
+    p = run(base["ckpt"], "-z", path, "-i", "the cat")
+    check_error(p, 1, [path])
+    assert p.stderr.decode().startswith(f"tokenizer {path} (given with -z): not a tokenizer file: "), p.stderr
+    message_holds(p, path, AS_TOKENIZER[kind])
+    assert "give the tokenizer with -z" not in p.stderr.decode()
+
+
+def test_unrecognised_file_keeps_the_loaders_message(base, tmp_path):
+    """A file of no known format still gets the loader's own reason."""
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(bytes(range(256)) * 4)
+    p = run(junk, "-z", base["tok"], "-i", "the cat")
+    check_error(p, 1, [junk])
+    assert "not a checkpoint" not in p.stderr.decode() and "out of range" in p.stderr.decode(), p.stderr
+    p = run(base["ckpt"], "-z", junk, "-i", "the cat")
+    check_error(p, 1, [junk])
+    assert "not a tokenizer file" not in p.stderr.decode(), p.stderr
+
+
+# ---------------------------------------------------------------------------
+# Which tokenizer was tried: -z, tokenizer.bin beside the checkpoint, or
+# ./tokenizer.bin when there is none beside it. The message names the path
+# and how it was chosen, and suggests -z only when -z was not given.
+
+def run_in(cwd, *args):
+    """run() from the folder cwd (the default tokenizer path depends on it)."""
+    cmd = [str(RUN.resolve())] + [str(a) for a in args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, timeout=HANG_GUARD_S, env=env)
+    assert p.returncode >= 0, p
+    return p
+
+
+@pytest.fixture
+def other_vocab(tmp_path):
+    """A tokenizer.bin of another vocabulary than base's model (as SmolLM2's
+    checkpoint given the bundled tokenizer)."""
+    path = tmp_path / "other" / "tokenizer.bin"
+    path.parent.mkdir()
+    export.write_tokenizer(path, SYN_PIECES[:-10], SYN_SCORES[:-10])
+    return path
+
+
+def test_tokenizer_given_with_z_does_not_suggest_z(base, other_vocab):
+    p = run(base["ckpt"], "-z", other_vocab, "-i", "the cat")
+    check_error(p, 1, [other_vocab])
+    err = p.stderr.decode().strip()
+    assert err == (f"tokenizer {other_vocab} (given with -z): holds {len(SYN_PIECES) - 10} tokens but the "
+                   f"model has vocab_size {len(SYN_PIECES)}"), err
+    missing = other_vocab.parent / "missing.bin"
+    p = run(base["ckpt"], "-z", missing, "-i", "the cat")
+    check_error(p, 1, [missing])
+    assert p.stderr.decode().strip() == f"tokenizer {missing} (given with -z): No such file or directory"
+
+
+def test_default_tokenizer_beside_the_checkpoint_is_named(base, other_vocab, tmp_path):
+    ckpt = other_vocab.parent / "model.bin"
+    ckpt.write_bytes(base["ckpt"].read_bytes())
+    p = run_in(tmp_path, ckpt, "-i", "the cat")
+    check_error(p, 1, [other_vocab])
+    err = p.stderr.decode().strip()
+    assert err.startswith(f"tokenizer {other_vocab} (the default, beside the checkpoint): holds "), err
+    assert err.endswith("; give the tokenizer with -z"), err
+
+
+def test_default_tokenizer_in_the_current_folder_is_named(base, other_vocab, tmp_path):
+    """No tokenizer.bin beside the checkpoint: ./tokenizer.bin is tried, and
+    the message says both."""
+    sub = other_vocab.parent / "sub"
+    sub.mkdir()
+    (sub / "model.bin").write_bytes(base["ckpt"].read_bytes())
+    p = run_in(other_vocab.parent, "sub/model.bin", "-i", "the cat")
+    check_error(p, 1, ["tokenizer.bin"])
+    err = p.stderr.decode().strip()
+    assert err.startswith("tokenizer tokenizer.bin (the default in the current directory, as there is no "
+                          "sub/tokenizer.bin beside the checkpoint): holds "), err
+    assert err.endswith("; give the tokenizer with -z"), err
+    (other_vocab.parent / "tokenizer.bin").write_bytes(base["tok"].read_bytes())  # the right one: it runs
+    assert run_in(other_vocab.parent, "sub/model.bin", "-n", "1", "-i", "the cat").returncode == 0
+
+
+def test_no_default_tokenizer_names_both_paths(base, tmp_path):
+    (tmp_path / "m").mkdir()
+    ckpt = tmp_path / "m" / "model.bin"
+    ckpt.write_bytes(base["ckpt"].read_bytes())
+    p = run_in(tmp_path, ckpt, "-i", "the cat")
+    check_error(p, 1, [tmp_path / "m" / "tokenizer.bin"])
+    assert p.stderr.decode().strip() == (
+        f"tokenizer: no -z given, and neither {tmp_path}/m/tokenizer.bin (beside the checkpoint) nor "
+        "./tokenizer.bin exists; give the tokenizer with -z")
+    p = run_in(tmp_path / "m", "model.bin", "-i", "the cat")  # the checkpoint's folder is the current one
+    check_error(p, 1, ["tokenizer.bin"])
+    assert p.stderr.decode().strip() == (
+        "tokenizer: no -z given, and no ./tokenizer.bin beside the checkpoint model.bin; give the tokenizer "
+        "with -z")
+    assert run_in(tmp_path, ckpt, "-m", "rope").returncode == 0  # -m rope reads no tokenizer
+
+
+# ---------------------------------------------------------------------------
+# The checkpoint forgotten, and --help's examples
+
+def test_missing_checkpoint_is_one_line():
+    """`run -i hi`: one line saying the checkpoint is missing, not the usage."""
+    for args in (["-i", "hi"], ["-m", "ppl", "-f", "book.txt"], ["-t", "0", "-n", "5"]):
+        p = run(*args)
+        check_error(p, 2, ["checkpoint"])
+        lines = p.stderr.decode().strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("missing <checkpoint>"), lines
+
+
+def test_help_ends_with_examples_that_parse():
+    """--help's last block is a few example commands, and each one's flags
+    and values are accepted by the parser (--help after them exits 0 once
+    they have all been read)."""
+    p = run("--help")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.decode().rstrip("\n").splitlines()
+    start = lines.index("Examples:")
+    examples = lines[start + 1:]
+    assert len(examples) >= 2 and all(e.startswith("  run ") for e in examples), lines[start:]
+    for example in examples:
+        args = shlex.split(example)[1:]
+        q = run(*args, "--help")
+        assert q.returncode == 0, (example, q.stderr)

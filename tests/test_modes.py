@@ -235,7 +235,7 @@ def test_first_chat_turn_longer_than_context_is_bad_input(model, syn_tokenizer):
 
 
 def test_conflicting_rope_flags_are_bad_usage(model, syn_tokenizer):
-    p = run(model, "-z", syn_tokenizer, "--rope-scaling", "yarn", "--yarn-beta-fast", "1",
+    p = run(model, "-z", syn_tokenizer, "--rope-scaling", "yarn", "--rope-factor", "2", "--yarn-beta-fast", "1",
             "--yarn-beta-slow", "2", "-i", "a")
     check_error(p, 2, ["--yarn-beta-fast"])
 
@@ -245,6 +245,50 @@ def test_rope_factor_without_a_scaling_method_is_bad_usage(model, syn_tokenizer)
     refused, naming the flag; with --rope-scaling it runs."""
     check_error(run(model, "-z", syn_tokenizer, "-n", "1", "--rope-factor", "2"), 2, ["--rope-factor"])
     run_ok(model, "-z", syn_tokenizer, "-n", "1", "--rope-factor", "2", "--rope-scaling", "linear")
+
+
+@pytest.mark.parametrize("method", ["linear", "ntk", "dynamic", "yarn", "llama3"])
+@pytest.mark.parametrize("mode", ["generate", "chat", "ppl", "passkey", "rope"])
+def test_scaling_method_without_a_factor_is_bad_usage(model, syn_tokenizer, tmp_path, method, mode):
+    """--rope-scaling METHOD with no --rope-factor on a checkpoint that stores
+    no factor would run at s = 1 (plain RoPE for all but dynamic): refused in
+    every mode that reads it, naming both flags and the factor that reaches
+    --ctx; with the factor it runs."""
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(TEXT)
+    mode_args = {"generate": ["-n", "1", "-i", "a"], "chat": ["-m", "chat", "-n", "1", "-i", "a"],
+                 "ppl": ["-m", "ppl", "-f", text_file], "passkey": ["-m", "passkey", "--prompts-only"],
+                 "rope": ["-m", "rope"]}[mode]
+    tok = [] if mode == "rope" else ["-z", syn_tokenizer]
+    p = run(model, *tok, *mode_args, "--ctx", "256", "--rope-scaling", method)
+    check_error(p, 2, ["--rope-scaling"])
+    assert p.stderr.decode().splitlines()[0] == (
+        f"--rope-scaling {method}: needs --rope-factor s ({model} stores no factor); to stretch its "
+        "train_ctx 64 to --ctx 256, s = 4"), p.stderr
+    if mode in ("ppl", "rope"):  # the others do not run the model on these texts
+        run_ok(model, *tok, *mode_args, "--ctx", "256", "--rope-scaling", method, "--rope-factor", "4")
+
+
+def test_scaling_method_without_a_factor_within_the_training_context(model):
+    p = run(model, "-m", "rope", "--rope-scaling", "yarn")
+    check_error(p, 2, ["--rope-scaling"])
+    assert p.stderr.decode().splitlines()[0] == (
+        f"--rope-scaling yarn: needs --rope-factor s ({model} stores no factor), e.g. s = ctx / 64 for a "
+        "--ctx past its train_ctx 64"), p.stderr
+    none = json.loads(run_ok(model, "-m", "rope", "--json", "--rope-scaling", "none").stdout)
+    assert none["scaling"] == "none" and none["factor"] == 1
+
+
+def test_scaling_method_uses_the_stored_factor(tmp_path):
+    """A checkpoint that stores a factor lends it to another method given
+    without one; LongRoPE without its arrays is refused for those, not for
+    the factor."""
+    path, _, _ = make_model(tmp_path, seed=4, rope_scaling="yarn", rope_factor=2.0)
+    r = json.loads(run_ok(path, "-m", "rope", "--json", "--rope-scaling", "linear").stdout)
+    assert (r["scaling"], r["factor"]) == ("linear", 2)
+    check_error(run(path, "-m", "rope", "--rope-scaling", "longrope"), 2, ["LongRoPE factor arrays"])
+    plain, _, _ = make_model(tmp_path, "plain.bin", seed=4)
+    check_error(run(plain, "-m", "rope", "--rope-scaling", "longrope"), 2, ["LongRoPE factor arrays"])
 
 
 def test_stored_yarn_attention_factor_is_kept_with_a_note(tmp_path, syn_tokenizer):
