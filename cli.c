@@ -141,22 +141,22 @@ static const Flag FLAGS[] = {
      "default 1"},
     {"--llama3-high-freq", NULL, MODEL | ROPE, REAL, 1e-6, 1e6, FIELD(llama3_high_freq), NULL, "<float>",
      "default 4"},
-    {"--rope-dynamic", NULL, MODEL, CHOICE, 0, 0, FIELD(rope_dynamic), DYNAMIC_NAMES, "<kind>",
+    {"--rope-dynamic", NULL, MODEL | ROPE, CHOICE, 0, 0, FIELD(rope_dynamic), DYNAMIC_NAMES, "<kind>",
      "dynamic NTK and LongRoPE: hf (default) = each key keeps the rotation it\n"
      "got when it arrived, as Hugging Face; exact = every key re-rotated for the\n"
      "current length (a pre-RoPE key cache)"},
-    {"--self-extend", NULL, MODEL, PAIR, 1, MAX_CTX, FIELD(se_group), NULL, "<G> <W>",
+    {"--self-extend", NULL, MODEL | ROPE, PAIR, 1, MAX_CTX, FIELD(se_group), NULL, "<G> <W>",
      "Self-Extend: a key W or more tokens back takes the grouped position\n"
      "floor(its position / G) (group size G, neighbour window W); a pre-RoPE\n"
      "key cache"},
-    {"--sinks", NULL, GEN | PPL | PASS, INT, 0, MAX_CTX - 1, FIELD(sinks), NULL, "<n>",
+    {"--sinks", NULL, GEN | PPL | PASS | ROPE, INT, 0, MAX_CTX - 1, FIELD(sinks), NULL, "<n>",
      "attention sinks (StreamingLLM): a rolling cache of --ctx tokens that keeps\n"
      "the first n and evicts the oldest of the rest, positions by place in the\n"
      "cache; generation goes on past --ctx; 0 = a plain sliding window"},
-    {"--window", NULL, MODEL, INT, 0, MAX_CTX, FIELD(window), NULL, "<n>",
+    {"--window", NULL, MODEL | ROPE, INT, 0, MAX_CTX, FIELD(window), NULL, "<n>",
      "sliding-window attention in every layer: a query sees the n most recent\n"
      "positions, itself included; 0 = none; default the checkpoint's"},
-    {"--kv", NULL, MODEL, CHOICE, 0, 0, FIELD(kv_type), KV_NAMES, "<type>",
+    {"--kv", NULL, MODEL | ROPE, CHOICE, 0, 0, FIELD(kv_type), KV_NAMES, "<type>",
      "KV cache element type, default f32; f16 halves it"},
     {"--q8-activations", NULL, MODEL, CHOICE, 0, 0, FIELD(q8_activations), ACTIVATION_NAMES, "<type>",
      "q8_0 weights: how prompts and ppl windows multiply them, default f32\n"

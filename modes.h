@@ -7,6 +7,8 @@
  *   ppl        ppl.c       perplexity windows, streaming, error bars, KL
  *   passkey    passkey.c   passkey retrieval
  *   rope       rope_mode.c the RoPE frequencies of the settings
+ * The reports state the run's position setup through info.c's two functions
+ * below, so that the load line, the text and the JSON cannot disagree.
  */
 #ifndef MODES_H
 #define MODES_H
@@ -45,6 +47,16 @@ ChatTemplate mode_chat_template(const ModeInput *in);
 /* passkey.c: the context -m passkey needs for its --lengths (0: none given),
  * so that main can size the model before building it. Exits on a bad list. */
 int passkey_context(const Options *o);
+
+/* info.c: the position setup of the run t (context, RoPE and the scaling
+ * method with the parameters it reads, how keys get their positions,
+ * Self-Extend, sinks, the sliding window, the KV cache type) as one line of
+ * text into out, "ctx 512; rope neox, base 10000, rot 64; scaling yarn
+ * (factor 2, ...); keys rotated-once; self-extend off; sinks off; window off;
+ * KV cache f32" (no newline); and as one JSON object on stdout (no newline),
+ * with null for what the run does not use. */
+void position_setup_text(char *out, size_t size, const Transformer *t);
+void print_position_json(const Transformer *t);
 
 /* JSON output the reports share. v as a number (6 digits after the point), or
  * null when it is not finite (JSON has no inf or nan). */

@@ -222,11 +222,14 @@ static void print_header(const Transformer *t, const PasskeyPlan *plan) {
                    "\"scaling\": \"%s\", ", plan->digits, plan->trials, (unsigned long long)plan->seed, t->n_ctx,
                    t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
         if (t->keys == KEYS_SINKS) out_printf("\"sinks\": %d, ", t->pos.n_sinks);
-        out_printf("\"cells\": [");
+        out_printf("\"position\": ");
+        print_position_json(t);
+        out_printf(", \"cells\": [");
     } else if (!plan->prompts_only) {
-        out_printf("passkey: %d trials per cell, %d-digit keys, filler %s, ctx %d, scaling %s\n%8s", plan->trials,
-                   plan->digits, plan->filler_path ? plan->filler_path : "fixed", t->n_ctx,
-                   SCALING_NAMES[t->rope.scaling], "length");
+        char setup[512];
+        position_setup_text(setup, sizeof setup, t);
+        out_printf("passkey: %d trials per cell, %d-digit keys, filler %s\nposition: %s\n%8s", plan->trials,
+                   plan->digits, plan->filler_path ? plan->filler_path : "fixed", setup, "length");
         for (int di = 0; di < plan->n_depths; di++) out_printf("  d=%-5.2f", plan->depths[di]);
         out_printf("  %8s\n", "mean");
     }

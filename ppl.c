@@ -402,7 +402,9 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
         printf("\"ctx\": %d, \"stride\": %d, \"windows\": %d, \"orig_ctx\": %d, \"scaling\": \"%s\", ",
                t->n_ctx, score->streaming ? 0 : stride, n_windows, t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
         if (t->keys == KEYS_SINKS) printf("\"sinks\": %d, ", t->pos.n_sinks);
-        printf("\"streaming\": %s, \"buckets\": [", score->streaming ? "true" : "false");
+        printf("\"position\": ");
+        print_position_json(t);
+        printf(", \"streaming\": %s, \"buckets\": [", score->streaming ? "true" : "false");
         int first = 1;
         for (int b = 0; b < n_buckets; b++) {
             if (!buckets[b].tokens) continue;
@@ -439,12 +441,14 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
         }
         printf("}\n");
     } else {
+        char setup[512];
+        position_setup_text(setup, sizeof setup, t);
         if (score->streaming)
-            printf("%s: %ld tokens, streamed through a cache of %d tokens (%d sinks), scaling %s; positions are "
-                   "absolute\n", path, n_scored, t->n_ctx, t->pos.n_sinks, SCALING_NAMES[t->rope.scaling]);
+            printf("%s: %ld tokens, streamed through a cache of %d tokens (%d sinks); positions are absolute\n", path,
+                   n_scored, t->n_ctx, t->pos.n_sinks);
         else
-            printf("%s: %ld tokens, %d windows of ctx %d (stride %d), scaling %s\n", path, n_scored, n_windows,
-                   t->n_ctx, stride, SCALING_NAMES[t->rope.scaling]);
+            printf("%s: %ld tokens, %d windows of ctx %d (stride %d)\n", path, n_scored, n_windows, t->n_ctx, stride);
+        printf("position: %s\n", setup);
         printf("nll %.4f +- %.4f  ppl %.3f [%.3f, %.3f]\n", nll, se, exp(nll), exp(nll - 1.96 * se),
                exp(nll + 1.96 * se));
         if (isnan(se_win))

@@ -17,7 +17,9 @@
  * frequency, and whether the pair is extrapolated (frequency kept as trained:
  * positions past the training length simply turn it further) or interpolated
  * (frequency lowered, so the longer context maps into angles seen in
- * training); plus the attention factor. Dynamic NTK is shown for length ctx. */
+ * training); after the position setup of the run (info.c), which gives the
+ * attention factor of the methods that have one. Dynamic NTK is shown for
+ * length ctx. */
 void rope_mode(const ModeInput *in) {
     const Transformer *t = in->t;
     const RopeConfig *r = &t->rope;
@@ -39,7 +41,9 @@ void rope_mode(const ModeInput *in) {
                r->rot_dim, LAYOUT_NAMES[r->layout], r->base, SCALING_NAMES[r->scaling], r->factor, r->orig_ctx,
                t->n_ctx, mscale);
         if (factors) printf("\"longrope_factors\": \"%s\", ", factors);
-        printf("\"inv_freq\": [");
+        printf("\"position\": ");
+        print_position_json(t);
+        printf(", \"inv_freq\": [");
         for (int i = 0; i < n_pairs; i++) printf("%s%.17g", i ? ", " : "", inv[i]);
         printf("], \"wavelength\": [");
         for (int i = 0; i < n_pairs; i++) printf("%s%.17g", i ? ", " : "", 2 * PI / inv[i]);
@@ -50,9 +54,9 @@ void rope_mode(const ModeInput *in) {
             printf("%s\"%s\"", i ? ", " : "", fabs(inv[i] / plain[i] - 1) < 1e-12 ? "extrapolated" : "interpolated");
         printf("]}\n");
     } else {
-        printf("rot_dim %d, layout %s, base %g, scaling %s (factor %g, orig_ctx %d), ctx %d, attn_factor %.10f\n",
-               r->rot_dim, LAYOUT_NAMES[r->layout], r->base, SCALING_NAMES[r->scaling], r->factor, r->orig_ctx,
-               t->n_ctx, mscale);
+        char setup[512];
+        position_setup_text(setup, sizeof setup, t);
+        printf("position: %s\n", setup); // with the attn_factor of the methods that have one
         if (factors)
             printf("longrope: the %s factors (a sequence of %d tokens is %s than orig_ctx %d)\n", factors, t->n_ctx,
                    t->n_ctx > r->orig_ctx ? "longer" : "no longer", r->orig_ctx);

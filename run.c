@@ -275,6 +275,7 @@ const char *const LAYOUT_NAMES[] = {"interleaved", "neox", NULL};
 const char *const KV_NAMES[] = {"f32", "f16", NULL};
 const char *const WEIGHT_NAMES[] = {"f32", "q8_0", NULL};
 const char *const DYNAMIC_NAMES[] = {"hf", "exact", NULL}; // PositionSettings.dynamic_exact = 0, 1
+const char *const KEY_NAMES[] = {"rotated-once", "per-length", "self-extend", "sinks", NULL};
 
 /* Parse the header bytes (n_read of them) into c and r. Values are only
  * copied here; validate_config checks them. */
@@ -1643,27 +1644,26 @@ static char *load_tokenizer(Tokenizer *tok, const Options *o, const char *checkp
 }
 
 /* The load line every mode prints to stderr once its inputs are good: the
- * model's shape, RoPE, weights, context, KV cache, threads and tokenizer
- * (tok NULL: none), and a note when --rope-factor leaves a stored YaRN or
- * LongRoPE magnitude as it is. */
+ * model's shape, weights, the position setup (info.c: context, RoPE, scaling,
+ * Self-Extend, sinks, window, KV cache type) with the cache's size, threads
+ * and tokenizer (tok NULL: none), and a note when --rope-factor leaves a
+ * stored YaRN or LongRoPE magnitude as it is. */
 static void describe(char *out, size_t size, const Transformer *t, const char *checkpoint, const Tokenizer *tok,
                      const PositionOverrides *ov, double load_seconds) {
     const Config *c = &t->config;
     size_t kv_bytes = 2 * (size_t)c->n_layers * t->n_ctx * (c->dim / c->n_heads) * c->n_kv_heads *
                       kv_elem_bytes(t->kv_type);
-    char extras[160] = ""; // what only some families have: biases, a sliding window
+    char biases[32] = ""; // only some families have them
     if (c->bias_flags)
-        snprintf(extras, sizeof extras, "; biases%s%s%s", c->bias_flags & BIAS_QKV ? " qkv" : "",
+        snprintf(biases, sizeof biases, "; biases%s%s%s", c->bias_flags & BIAS_QKV ? " qkv" : "",
                  c->bias_flags & BIAS_O ? " o" : "", c->bias_flags & BIAS_MLP ? " mlp" : "");
-    if (t->pos.window > 0)
-        snprintf(extras + strlen(extras), sizeof extras - strlen(extras), "; window %d (layers %d..%d)",
-                 t->pos.window, t->pos.window_first_layer, c->n_layers - 1);
+    char setup[512];
+    position_setup_text(setup, sizeof setup, t); // ends with the KV cache's type; its size follows
     int len = snprintf(out, size,
-            "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, train_ctx %d%s; rope %s base %g rot %d "
-            "scaling %s; weights %s; ctx %d, KV cache %s %.1f MiB; %d threads%s%s; loaded in %.2f s\n",
+            "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, train_ctx %d%s; weights %s; %s %.1f MiB; "
+            "%d threads%s%s; loaded in %.2f s\n",
             checkpoint, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->train_ctx,
-            extras, LAYOUT_NAMES[t->rope.layout], t->rope.base, t->rope.rot_dim, SCALING_NAMES[t->rope.scaling],
-            WEIGHT_NAMES[c->weight_type], t->n_ctx, KV_NAMES[t->kv_type], kv_bytes / 1048576.0, t->state.mm.threads,
+            biases, WEIGHT_NAMES[c->weight_type], setup, kv_bytes / 1048576.0, t->state.mm.threads,
             tok ? "; tokenizer " : "", tok ? tokenizer_type_name(tok) : "", load_seconds);
     if (ov->factor.given && !ov->attn_factor.given && t->rope.attn_factor > 0 &&
         (t->rope.scaling == ROPE_YARN || t->rope.scaling == ROPE_LONGROPE) && len > 0 &&
@@ -1703,7 +1703,7 @@ int main(int argc, char **argv) {
     // The tokenizer (every mode but rope reads text) and the text of -i or -f.
     Tokenizer tok = {0};
     char *tok_path = o.mode != MODE_ROPE ? load_tokenizer(&tok, &o, checkpoint, &t.config) : NULL;
-    char summary[1024];
+    char summary[2048];
     describe(summary, sizeof summary, &t, checkpoint, o.mode != MODE_ROPE ? &tok : NULL, &overrides,
              now_seconds() - t0);
     size_t text_len = o.prompt ? strlen(o.prompt) : 0;

@@ -141,13 +141,14 @@ typedef struct {
 } Transformer;
 
 /* Names as the command line and the outputs spell them (index = ROPE_NONE ..,
- * ROPE_INTERLEAVED .., KV_F32 .., WEIGHT_F32 .., KEYS_ROTATED_ONCE ..; NULL
- * ends a list of choices). */
+ * ROPE_INTERLEAVED .., KV_F32 .., WEIGHT_F32 .., PositionSettings.dynamic_exact,
+ * KEYS_ROTATED_ONCE ..; NULL ends a list of choices). */
 extern const char *const SCALING_NAMES[];
 extern const char *const LAYOUT_NAMES[];
 extern const char *const KV_NAMES[];
 extern const char *const WEIGHT_NAMES[];
 extern const char *const DYNAMIC_NAMES[];
+extern const char *const KEY_NAMES[];
 
 /* Checkpoint loading (run.c, section 2); the three below it are for the tests. */
 int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len);

@@ -410,7 +410,7 @@ def combine_scores(parts):
                ppl_hi=math.exp(nll + Z95 * se) if se is not None else None,
                windows=W, streaming=True,
                per_position=[pos_sum[i] / pos_cnt[i] if pos_cnt[i] else None for i in range(npos)])
-    for key in ("ctx", "sinks", "orig_ctx", "scaling"):
+    for key in ("ctx", "sinks", "orig_ctx", "scaling", "position"):
         if key in parts[0]:
             out[key] = parts[0][key]
     return out
