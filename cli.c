@@ -14,7 +14,7 @@
 #include "chat.h"
 #include "cli.h"
 
-const char *const MODE_NAMES[] = {"generate", "chat", "ppl", "tokenize", "rope", "passkey", NULL};
+const char *const MODE_NAMES[] = {"generate", "chat", "ppl", "tokenize", "rope", "passkey", "info", NULL};
 static const char *const MODE_HELP[] = {
     "continue a prompt (the default)",
     "talk with an instruct model, one turn per line of stdin",
@@ -22,6 +22,7 @@ static const char *const MODE_HELP[] = {
     "print the token ids of a text, or of a conversation (--chat)",
     "print the RoPE frequencies of the settings",
     "find a key hidden in filler text, by prompt length and depth",
+    "what the checkpoint and its tokenizer hold: shapes, RoPE, tokens, template",
 };
 static const char *const ACTIVATION_NAMES[] = {"f32", "int8", NULL}; // MatmulScratch.int8_blocks = 0, 1
 
@@ -43,7 +44,8 @@ typedef enum {
 #define TOK (1u << MODE_TOKENIZE)
 #define ROPE (1u << MODE_ROPE)
 #define PASS (1u << MODE_PASSKEY)
-#define ALL (GEN | CHAT | PPL | TOK | ROPE | PASS)
+#define INFO (1u << MODE_INFO)
+#define ALL (GEN | CHAT | PPL | TOK | ROPE | PASS | INFO)
 #define MODEL (GEN | CHAT | PPL | PASS) /* the modes that run the model */
 
 /* One row per flag: the help text, the parser, the range checks and the mode
@@ -68,7 +70,7 @@ static const Flag FLAGS[] = {
     {"-m", NULL, ALL, CHOICE, 0, 0, FIELD(mode), MODE_NAMES, "<mode>", "what to do, default generate"},
     {"-z", NULL, ALL & ~ROPE, TEXT, 0, 0, FIELD(tokenizer), NULL, "<file>",
      "tokenizer; default tokenizer.bin beside the checkpoint, else ./tokenizer.bin"},
-    {"--ctx", "-c", ALL & ~TOK, INT, 1, MAX_CTX, FIELD(ctx), NULL, "<int>",
+    {"--ctx", "-c", ALL & ~(TOK | INFO), INT, 1, MAX_CTX, FIELD(ctx), NULL, "<int>",
      "context length; default the training context; may exceed it"},
     {"--threads", NULL, MODEL, INT, 1, 1024, FIELD(threads), NULL, "<int>",
      "OpenMP threads; default OMP_NUM_THREADS, else one per core"},
@@ -100,6 +102,9 @@ static const Flag FLAGS[] = {
      "-f / -i is a conversation, one \"role: text\" per line (role system,\n"
      "user or assistant; \\n for a newline): tokenize prints the ids the chat\n"
      "template renders it to, chat continues it"},
+    {"--pieces", NULL, TOK, SWITCH, 0, 0, FIELD(pieces), NULL, "",
+     "print each id with its piece (escaped text), one per line; with\n"
+     "neither -i nor -f, every piece of the vocabulary"},
     {"--stride", NULL, PPL, INT, 1, MAX_CTX, FIELD(stride), NULL, "<int>",
      "text tokens between window starts, default ctx - 1"},
     {"--streaming", NULL, PPL, SWITCH, 0, 0, FIELD(streaming), NULL, "",
@@ -120,7 +125,7 @@ static const Flag FLAGS[] = {
     {"--key-digits", NULL, PASS, INT, 1, 18, FIELD(key_digits), NULL, "<int>", "digits of a key, default 5"},
     {"--prompts-only", NULL, PASS, SWITCH, 0, 0, FIELD(prompts_only), NULL, "",
      "print the prompts and their token counts; run nothing"},
-    {"--json", NULL, PPL | ROPE | PASS, SWITCH, 0, 0, FIELD(json), NULL, "", "machine-readable output"},
+    {"--json", NULL, PPL | ROPE | PASS | INFO, SWITCH, 0, 0, FIELD(json), NULL, "", "machine-readable output"},
     {"--rope-scaling", NULL, MODEL | ROPE, CHOICE, 0, 0, FIELD(rope_scaling), SCALING_NAMES, "<method>",
      "RoPE scaling, default the checkpoint's"},
     {"--rope-factor", NULL, MODEL | ROPE, REAL, 1, 1e6, FIELD(rope_factor), NULL, "<float>",

@@ -7,7 +7,7 @@
 #include "run.h"
 
 /* The modes, in -m's order. */
-enum { MODE_GENERATE, MODE_CHAT, MODE_PPL, MODE_TOKENIZE, MODE_ROPE, MODE_PASSKEY, N_MODES };
+enum { MODE_GENERATE, MODE_CHAT, MODE_PPL, MODE_TOKENIZE, MODE_ROPE, MODE_PASSKEY, MODE_INFO, N_MODES };
 extern const char *const MODE_NAMES[];
 
 #define MAX_FLAGS 64 /* rows of cli.c's FLAGS, at most */
@@ -24,6 +24,7 @@ typedef struct {
     int ctx, kv_type, threads, q8_activations;        // --ctx (0 = the training context), --kv, ...
     int ignore_eos, json, per_position;
     int chat_template, conversation_input;            // --chat-template (CHAT_PLAIN - 1 ..), --chat
+    int pieces;                                       // tokenize --pieces
     int stride, streaming;                            // ppl
     const char *save_logits, *kl_base;                // ppl: logits files
     const char *lengths, *depths;                     // passkey: comma-separated lists

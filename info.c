@@ -1,9 +1,14 @@
-/* info.c: what a run is made of. The position setup: the context, RoPE and
- * its scaling with the parameters the method reads, how keys get their
- * positions, Self-Extend, attention sinks, the sliding window and the KV cache
- * type, as one line of text (position_setup_text) or one JSON object
- * (print_position_json). The load line and every report (ppl, passkey, rope)
- * state it through these two, so a saved result says how it was made.
+/* info.c: what a checkpoint and a run are made of.
+ *   - The position setup: the context, RoPE and its scaling with the
+ *     parameters the method reads, how keys get their positions, Self-Extend,
+ *     attention sinks, the sliding window and the KV cache type, as one line
+ *     of text (position_setup_text) or one JSON object (print_position_json).
+ *     The load line and every report (ppl, passkey, rope) state it through
+ *     these two, so a saved result says how it was made.
+ *   - -m info: the checkpoint's header, the position setup of a run without
+ *     position flags, and the tokenizer: its kind, pieces, BOS/EOS policy,
+ *     stop ids, special tokens and chat template, as llama.cpp prints them
+ *     at load; --json for the same as one object.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdarg.h>
@@ -130,4 +135,204 @@ void print_position_json(const Transformer *t) {
     if (p->window > 0) out_printf("{\"size\": %d, \"first_layer\": %d}", p->window, p->window_first_layer);
     else out_printf("null");
     out_printf(", \"kv\": \"%s\"}", KV_NAMES[t->kv_type]);
+}
+
+/* ---- -m info -------------------------------------------------------------- */
+
+/* A piece as a JSON string: well-formed UTF-8 as it is, control characters
+ * as \u00XX, each byte that is not UTF-8 as U+FFFD (JSON holds text only;
+ * the text output and --pieces show those bytes as \xHH). */
+static void print_json_piece(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        int len = utf8_length(s + i, n - i);
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20 || c == 0x7f) printf("\\u%04x", c);
+        else if (len == 0) printf("\\ufffd");
+        else fwrite(s + i, 1, (size_t)len, stdout);
+        i += len > 0 ? (size_t)len : 1;
+    }
+    putchar('"');
+}
+
+/* One line of the text output: the name, padded, then what printf makes of fmt. */
+static void field(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void field(const char *name, const char *fmt, ...) {
+    printf("%-18s ", name);
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+}
+
+/* "id "piece"" of a token, or "none" for -1. */
+static void print_token(const Tokenizer *tok, int id) {
+    if (id < 0 || id >= tok->vocab_size) {
+        printf("none");
+        return;
+    }
+    printf("%d ", id);
+    print_piece(stdout, tok->vocab[id], (size_t)tok->vocab_len[id]);
+}
+
+/* A token line of the text output: its name, then the token. */
+static void token_field(const Tokenizer *tok, const char *name, int id) {
+    printf("%-18s ", name);
+    print_token(tok, id);
+    putchar('\n');
+}
+
+/* The biases a checkpoint's projections add, "qkv o mlp" or "none". */
+static const char *bias_names(int flags) {
+    static char names[16];
+    snprintf(names, sizeof names, "%s%s%s", flags & BIAS_QKV ? "qkv " : "", flags & BIAS_O ? "o " : "",
+             flags & BIAS_MLP ? "mlp " : "");
+    size_t n = strlen(names);
+    if (n == 0) return "none";
+    names[n - 1] = '\0'; // the last space
+    return names;
+}
+
+/* How many pieces of each kind (PIECE_NORMAL ..) the vocabulary holds. */
+static void count_kinds(const Tokenizer *tok, int counts[PIECE_N_KINDS]) {
+    memset(counts, 0, PIECE_N_KINDS * sizeof(int));
+    for (int id = 0; id < tok->vocab_size; id++) counts[tok->kind[id]]++;
+}
+
+/* A system text of the chat template, quoted and escaped, or "none". */
+static void text_field(const char *name, const char *text) {
+    printf("%-18s ", name);
+    if (*text) print_piece(stdout, text, strlen(text));
+    else printf("none");
+    putchar('\n');
+}
+
+/* The special pieces shown in the text output, at most; --json lists all. */
+#define SPECIAL_SHOWN 24
+
+/* -m info's text: one "name value" line per fact, the checkpoint first. */
+static void print_info_text(const ModeInput *in) {
+    const Transformer *t = in->t;
+    const Config *c = &t->config;
+    const RopeConfig *r = &t->rope;
+    const Tokenizer *tok = in->tok;
+    char text[1024] = "";
+    field("file", "%s", in->checkpoint);
+    field("file_size", "%zu bytes (%.1f MiB)", t->file_size, t->file_size / 1048576.0);
+    if (c->version == 0) field("format", "llama2.c (version 0: RoPE, eps and token ids fixed)");
+    else field("format", "LRPE version %d", c->version);
+    field("dim", "%d", c->dim);
+    field("hidden_dim", "%d", c->hidden_dim);
+    field("n_layers", "%d", c->n_layers);
+    field("n_heads", "%d", c->n_heads);
+    field("n_kv_heads", "%d", c->n_kv_heads);
+    field("head_size", "%d", c->dim / c->n_heads);
+    field("vocab_size", "%d", c->vocab_size);
+    field("train_ctx", "%d", c->train_ctx);
+    field("classifier", "%s", c->shared_classifier ? "shared with the token embedding" : "its own (wcls)");
+    field("norm_eps", "%g", c->norm_eps);
+    if (c->weight_type == WEIGHT_Q8_0) field("weights", "q8_0, groups of %d", c->group_size);
+    else field("weights", "%s", WEIGHT_NAMES[c->weight_type]);
+    field("biases", "%s", bias_names(c->bias_flags));
+    if (c->sliding_window > 0)
+        field("sliding_window", "%d (layers %d..%d)", c->sliding_window, c->window_first_layer, c->n_layers - 1);
+    else field("sliding_window", "none");
+    field("rope_layout", "%s", LAYOUT_NAMES[r->layout]);
+    field("rope_theta", "%.10g", r->base);
+    field("rot_dim", "%d of %d", r->rot_dim, c->dim / c->n_heads);
+    scaling_text(text, sizeof text, t);
+    field("rope_scaling", "%s", text);
+    position_setup_text(text, sizeof text, t);
+    field("position", "%s (a run without position flags)", text);
+    field("tokenizer", "%s", in->tok_path);
+    field("tokenizer_kind", "%s, version %d", tokenizer_type_name(tok), tok->version);
+    int kinds[PIECE_N_KINDS];
+    count_kinds(tok, kinds);
+    field("pieces", "%d: %d normal, %d special, %d byte, %d unused", tok->vocab_size, kinds[PIECE_NORMAL],
+          kinds[PIECE_SPECIAL], kinds[PIECE_BYTE], kinds[PIECE_UNUSED]);
+    field("merges", "%d", tok->n_merges);
+    field("max_piece", "%d bytes", tok->max_token_length);
+    token_field(tok, "bos", tok->bos_id);
+    field("add_bos", "%s", tok->add_bos ? "yes: a prompt starts with BOS" : "no: a prompt starts with its text");
+    token_field(tok, "eos", tok->eos_id);
+    field("add_eos", "no: nothing is appended to a prompt");
+    token_field(tok, "eot", tok->eot_id);
+    token_field(tok, "pad", tok->pad_id);
+    printf("%-18s ", "stop_ids");
+    for (int i = 0; i < tok->n_stop; i++) fputs(i ? ", " : "", stdout), print_token(tok, tok->stop_ids[i]);
+    printf("%s\n", tok->n_stop ? "" : "none: generation ends only at -n or the context");
+    if (tok->chat_template == CHAT_UNSTATED) field("chat_template", "unstated (-m chat needs --chat-template)");
+    else field("chat_template", "%s", CHAT_TEMPLATE_NAMES[tok->chat_template]);
+    text_field("system_default", tok->system_default);
+    text_field("system_prefix", tok->system_prefix);
+    printf("%-18s %d", "special", kinds[PIECE_SPECIAL]);
+    for (int id = 0, shown = 0; id < tok->vocab_size && shown < SPECIAL_SHOWN; id++)
+        if (tok->kind[id] == PIECE_SPECIAL) fputs(shown++ ? ", " : ": ", stdout), print_token(tok, id);
+    printf("%s\n", kinds[PIECE_SPECIAL] > SPECIAL_SHOWN ? ", ... (--json lists all)" : "");
+}
+
+/* -m info --json: the same facts as one object. */
+static void print_info_json(const ModeInput *in) {
+    const Transformer *t = in->t;
+    const Config *c = &t->config;
+    const RopeConfig *r = &t->rope;
+    const Tokenizer *tok = in->tok;
+    printf("{\"file\": ");
+    print_json_string(in->checkpoint);
+    printf(", \"file_size\": %zu, \"format_version\": %d, \"dim\": %d, \"hidden_dim\": %d, \"n_layers\": %d, "
+           "\"n_heads\": %d, \"n_kv_heads\": %d, \"head_size\": %d, \"vocab_size\": %d, \"train_ctx\": %d, "
+           "\"shared_classifier\": %s, ", t->file_size, c->version, c->dim, c->hidden_dim, c->n_layers, c->n_heads,
+           c->n_kv_heads, c->dim / c->n_heads, c->vocab_size, c->train_ctx, c->shared_classifier ? "true" : "false");
+    print_json_field("norm_eps", c->norm_eps);
+    printf("\"weights\": \"%s\", \"group_size\": %d, \"biases\": [", WEIGHT_NAMES[c->weight_type], c->group_size);
+    const char *bias[] = {"qkv", "o", "mlp"};
+    for (int b = 0, n = 0; b < 3; b++)
+        if (c->bias_flags & (1 << b)) printf("%s\"%s\"", n++ ? ", " : "", bias[b]);
+    printf("], \"sliding_window\": %d, \"window_first_layer\": %d, \"bos_id\": %d, \"eos_id\": %d, ",
+           c->sliding_window, c->window_first_layer, c->bos_id, c->eos_id);
+    printf("\"rope\": {\"layout\": \"%s\", ", LAYOUT_NAMES[r->layout]);
+    print_json_field("theta", r->base);
+    printf("\"rot_dim\": %d, \"scaling\": \"%s\", ", r->rot_dim, SCALING_NAMES[r->scaling]);
+    print_json_field("factor", r->factor);
+    printf("\"orig_ctx\": %d, ", r->orig_ctx);
+    print_json_field("beta_fast", r->beta_fast);
+    print_json_field("beta_slow", r->beta_slow);
+    print_json_field("attn_factor", r->attn_factor);
+    print_json_field("low_freq", r->low_freq);
+    printf("\"high_freq\": ");
+    print_json_number(r->high_freq);
+    printf("}, \"position\": ");
+    print_position_json(t);
+    int kinds[PIECE_N_KINDS];
+    count_kinds(tok, kinds);
+    printf(", \"tokenizer\": {\"file\": ");
+    print_json_string(in->tok_path);
+    printf(", \"kind\": \"%s\", \"version\": %d, \"vocab_size\": %d, \"pieces\": {", tokenizer_type_name(tok),
+           tok->version, tok->vocab_size);
+    for (int k = 0; k < PIECE_N_KINDS; k++) printf("%s\"%s\": %d", k ? ", " : "", PIECE_KIND_NAMES[k], kinds[k]);
+    printf("}, \"merges\": %d, \"max_piece_bytes\": %d, \"add_bos\": %s, \"bos_id\": %d, \"eos_id\": %d, "
+           "\"eot_id\": %d, \"pad_id\": %d, \"stop_ids\": [", tok->n_merges, tok->max_token_length,
+           tok->add_bos ? "true" : "false", tok->bos_id, tok->eos_id, tok->eot_id, tok->pad_id);
+    for (int i = 0; i < tok->n_stop; i++) printf("%s%d", i ? ", " : "", tok->stop_ids[i]);
+    printf("], \"chat_template\": \"%s\", \"system_default\": ", CHAT_TEMPLATE_NAMES[tok->chat_template]);
+    print_json_piece(tok->system_default, strlen(tok->system_default));
+    printf(", \"system_prefix\": ");
+    print_json_piece(tok->system_prefix, strlen(tok->system_prefix));
+    printf(", \"special\": [");
+    for (int id = 0, n = 0; id < tok->vocab_size; id++)
+        if (tok->kind[id] == PIECE_SPECIAL) {
+            printf("%s{\"id\": %d, \"piece\": ", n++ ? ", " : "", id);
+            print_json_piece(tok->vocab[id], (size_t)tok->vocab_len[id]);
+            printf("}");
+        }
+    printf("]}}\n");
+}
+
+/* -m info: the checkpoint, a run's default position setup and the tokenizer;
+ * nothing runs, so no load line. */
+void info_mode(const ModeInput *in) {
+    if (in->o->json) print_info_json(in);
+    else print_info_text(in);
 }

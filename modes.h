@@ -1,12 +1,14 @@
 /* modes.h: what main (run.c) hands every mode, and each mode's entry point.
  * A mode checks its inputs, prints the load line (summary) to stderr once they
- * are good, and writes its results to stdout; a bad input ends it with die().
+ * are good (tokenize and info, which run no model, print none), and writes
+ * its results to stdout; a bad input ends it with die().
  *   generate   run.c       continue a prompt
  *   chat       chat.c      chat templates, conversation files, the chat loop
  *   tokenize   tokenize.c  token ids of a text or a conversation
  *   ppl        ppl.c       perplexity windows, streaming, error bars, KL
  *   passkey    passkey.c   passkey retrieval
  *   rope       rope_mode.c the RoPE frequencies of the settings
+ *   info       info.c      what the checkpoint and its tokenizer hold
  * The reports state the run's position setup through info.c's two functions
  * below, so that the load line, the text and the JSON cannot disagree.
  */
@@ -39,6 +41,7 @@ void tokenize_mode(const ModeInput *in); // tokenize.c
 void ppl_mode(const ModeInput *in);      // ppl.c
 void passkey_mode(const ModeInput *in);  // passkey.c
 void rope_mode(const ModeInput *in);     // rope_mode.c
+void info_mode(const ModeInput *in);     // info.c
 
 /* chat.c: the chat template of this run (--chat-template, else the tokenizer
  * file's), for chat and tokenize --chat; exits when there is none. */
@@ -57,6 +60,12 @@ int passkey_context(const Options *o);
  * with null for what the run does not use. */
 void position_setup_text(char *out, size_t size, const Transformer *t);
 void print_position_json(const Transformer *t);
+
+/* tokenize.c: piece bytes s[0..n) in double quotes, readably: well-formed
+ * UTF-8 as it is; \" \\ \n \t \r escaped; every other control byte and every
+ * byte that is not UTF-8 as \xHH. PIECE_KIND_NAMES: index = PIECE_NORMAL ... */
+void print_piece(FILE *out, const char *s, size_t n);
+extern const char *const PIECE_KIND_NAMES[];
 
 /* JSON output the reports share. v as a number (6 digits after the point), or
  * null when it is not finite (JSON has no inf or nan). */

@@ -1721,6 +1721,7 @@ int main(int argc, char **argv) {
     void (*const modes[N_MODES])(const ModeInput *) = {
         [MODE_GENERATE] = generate_mode, [MODE_CHAT] = chat_mode, [MODE_PPL] = ppl_mode,
         [MODE_TOKENIZE] = tokenize_mode, [MODE_ROPE] = rope_mode, [MODE_PASSKEY] = passkey_mode,
+        [MODE_INFO] = info_mode,
     };
     modes[o.mode](&in);
     flush_stdout(); // the last of the output, and its close, checked

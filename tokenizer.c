@@ -753,6 +753,11 @@ static size_t utf8_sanitize(const unsigned char *s, size_t n, char *out) {
     return written;
 }
 
+int utf8_length(const char *s, size_t n) {
+    int complete, len = utf8_prefix_length((const unsigned char *)s, n, &complete);
+    return complete ? len : 0;
+}
+
 /* ==========================================================================
  * 4. Pre-tokenizers (type 1): the regular expressions, by hand
  *

@@ -165,5 +165,9 @@ size_t tokenizer_decode_bound(const Tokenizer *t);
 size_t tokenizer_decode(const Tokenizer *t, DecodeState *st, int prev, int token, char *out);
 /* Emit what is still pending at the end of a stream (as U+FFFD per byte). */
 size_t tokenizer_decode_flush(DecodeState *st, char *out);
+/* Length of the well-formed UTF-8 code point at s[0..n) (n >= 1): 1..4, or
+ * 0 when the bytes there do not form one (-m tokenize --pieces and -m info
+ * show such bytes escaped). */
+int utf8_length(const char *s, size_t n);
 
 #endif
