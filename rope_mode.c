@@ -17,7 +17,7 @@
  * frequency, and whether the pair is extrapolated (frequency kept as trained:
  * positions past the training length simply turn it further) or interpolated
  * (frequency lowered, so the longer context maps into angles seen in
- * training); after the position setup of the run (info.c), which gives the
+ * training). The first line is the run's position setup (info.c), with the
  * attention factor of the methods that have one. Dynamic NTK is shown for
  * length ctx. */
 void rope_mode(const ModeInput *in) {
