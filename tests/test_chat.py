@@ -763,10 +763,11 @@ def test_end_of_input_at_every_point(setups, tmp_path):
     assert ok(stdin=b"hello\nbye") == b"User: hello\n" + r + b"User: bye\n" + r + b"User: \n"
     assert ok("-i", "hello") == r + b"User: \n"
     ends_assistant = write_conv(tmp_path, [_m("user", "hi"), _m("assistant", "aaa")])
-    assert ok("--chat", "-f", ends_assistant) == b"User: \n"
-    assert ok("--chat", "-f", ends_assistant, stdin=b"more") == b"User: more\n" + r + b"User: \n"
+    history = b"User: hi\nAssistant: aaa\n"  # the conversation given is shown first
+    assert ok("--chat", "-f", ends_assistant) == history + b"User: \n"
+    assert ok("--chat", "-f", ends_assistant, stdin=b"more") == history + b"User: more\n" + r + b"User: \n"
     ends_user = write_conv(tmp_path, [_m("user", "hi"), _m("assistant", "aaa"), _m("user", "x")])
-    assert ok("--chat", "-f", ends_user) == r + b"User: \n"
+    assert ok("--chat", "-f", ends_user) == history + b"User: x\n" + r + b"User: \n"
 
 
 # --------------------------------------------------------------------------
@@ -836,7 +837,7 @@ def test_cache_reuse_equals_fresh_rendering(name, setups):
         f = write_conv(s.dir, conv)
         q = chat(ckpt, s.tok, "-n", "12", "--chat", "-f", f)
         assert q.returncode == 0, q.stderr.decode()
-        fresh = parse_transcript(q.stdout)
+        fresh = parse_transcript(q.stdout)[len(conv):]  # after the conversation given, shown first
         assert fresh[0][0] == "Assistant", fresh
         assert fresh[0][1] == replies[k], (k, fresh[0][1], replies[k])
         conv.append(_m("assistant", replies[k]))
@@ -853,7 +854,7 @@ def test_system_flag_is_the_system_message(setups):
     with_conv = chat(ckpt, s.tok, "-n", "10", "--chat", "-f", f)
     without = chat(ckpt, s.tok, "-n", "10", "-i", "hello")
     assert with_y.returncode == with_conv.returncode == 0
-    assert with_y.stdout == with_conv.stdout
+    assert with_conv.stdout == b"System: be a pirate\nUser: hello\n" + with_y.stdout  # the file's shown first
     assert with_y.stdout != without.stdout
 
 
