@@ -285,8 +285,7 @@ char *read_turn(FILE *in, const char *what, int line_no, size_t max_bytes, size_
 /* Where the user's turns come from: the line editor when stdin is a terminal
  * (lineedit_terminal), else stdin's lines through read_turn (a pipe, a file). */
 typedef struct {
-    int editing;      // 1: lineedit_read on ed.fd
-    LineEditor ed;
+    LineEditor ed;    // ed.fd: the terminal it draws on, -1 = no editor
     int line_no;      // lines read from stdin so far (messages name them)
     int ended;        // stdin ended (a turn it cut short was still sent)
     size_t max_bytes; // the longest turn the context could hold
@@ -316,7 +315,7 @@ static void text_append(Text *t, const char *s, size_t n) {
  * stdout is the transcript. */
 static LineResult next_line(TurnReader *r, const char *label, char **line, size_t *len) {
     r->line_no++;
-    if (r->editing) {
+    if (r->ed.fd >= 0) {
         LineResult got = lineedit_read(&r->ed, label, r->max_bytes, line, len);
         if (r->ed.fd == STDOUT_FILENO) out_line_ended(); // the editor ends every line it draws
         else if (got == LINE_ENTERED) out_printf("%s%s\n", label, *line);
@@ -536,7 +535,7 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
             die(EXIT_BAD_INPUT, "prompt: the conversation renders to %d tokens with an empty turn, and the reply "
                 "needs one more; the context holds %d (raise --ctx)", r.n, t->n_ctx);
     }
-    TurnReader in = {.editing = lineedit_terminal() >= 0, .ed = {.fd = lineedit_terminal()},
+    TurnReader in = {.ed = {.fd = lineedit_terminal()},
                      .max_bytes = (size_t)t->n_ctx * (size_t)(tok->max_token_length > 0 ? tok->max_token_length : 1)};
     int opened = 0;
     for (;;) {
