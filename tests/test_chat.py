@@ -1023,6 +1023,7 @@ class Terminal:
         import termios
         self.master, self.slave = pty.openpty()
         fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+        self.cooked = self.modes()  # before the program can change them
         env = dict(os.environ, TERM="xterm")
         env.setdefault("OMP_NUM_THREADS", "2")
         self.proc = subprocess.Popen(
@@ -1143,7 +1144,6 @@ def test_terminal_keys_edit_the_line(setups, terminal):
     s = setups("chatml")
     ckpt = clean_random_model(s, 7)
     term = terminal(ckpt, "-z", s.tok, "-m", "chat", "-t", "0", "-n", "12")
-    cooked = term.modes()
     turns = ["hello world", "so, what is the sea?", "hello world"]
     typing = [
         # "hxllo wordd", Backspace; Home, Right, Delete "x", type "e"; End, Left, type "l"
@@ -1168,7 +1168,7 @@ def test_terminal_keys_edit_the_line(setups, terminal):
     term.keys("ctrl-d")
     assert term.wait() == 0
     assert term.screen.endswith(b"\r\n"), term.screen[-100:]
-    assert term.modes() == cooked
+    assert term.modes() == term.cooked
 
 
 def test_multiline_turns(setups, terminal):
@@ -1270,14 +1270,13 @@ def test_terminal_put_back_on_a_signal(setups, terminal):
     ckpt = constant_model(s, s.piece("a"))
     for sig in (signal.SIGTERM, signal.SIGHUP):
         term = terminal(ckpt, "-z", s.tok, "-m", "chat", "-t", "0", "-n", "3")
-        cooked = term.modes()
         term.read_until(b"User: ")
-        assert term.modes() != cooked
+        assert term.modes() != term.cooked
         term.keys(b"half a line")
         term.read_until(b"half a line")
         term.proc.send_signal(sig)
         assert term.wait() == -sig
-        assert term.modes() == cooked
+        assert term.modes() == term.cooked
 
 
 def test_piped_chat_needs_no_terminal(setups):
