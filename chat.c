@@ -9,6 +9,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "chat.h"
+#include "lineedit.h"
 #include "modes.h"
 
 const char *const ROLE_NAMES[] = {"system", "user", "assistant", NULL};
@@ -274,21 +276,113 @@ char *read_turn(FILE *in, const char *what, int line_no, size_t max_bytes, size_
     return line;
 }
 
-/* The user's next turn from stdin, after printing label; NULL at end of input
- * (read_turn says what is refused). */
-static char *read_line(const char *label, size_t max_bytes) {
-    static int line_no = 0;
+/* ---- The user's turns ---------------------------------------------------- */
+
+#define PROMPT_USER "User: "
+#define PROMPT_MORE "...   " // the next line of a turn of several lines
+#define BLOCK_MARK "\"\"\""  // a line of its own that opens and closes a turn of several lines
+
+/* Where the user's turns come from: the line editor when stdin is a terminal
+ * (lineedit_terminal), else stdin's lines through read_turn (a pipe, a file). */
+typedef struct {
+    LineEditor ed;    // ed.fd: the terminal it draws on, -1 = no editor
+    int line_no;      // lines read from stdin so far (messages name them)
+    int ended;        // stdin ended (a turn it cut short was still sent)
+    size_t max_bytes; // the longest turn the context could hold
+} TurnReader;
+
+/* A growing text. */
+typedef struct {
+    char *s;
+    size_t len, cap;
+} Text;
+
+static void text_append(Text *t, const char *s, size_t n) {
+    if (t->len + n + 1 > t->cap) {
+        t->cap = 2 * (t->len + n + 1);
+        t->s = realloc(t->s, t->cap);
+        if (!t->s) die(EXIT_BAD_INPUT, "stdin: out of memory for a turn of %zu bytes", t->len + n);
+    }
+    memcpy(t->s + t->len, s, n);
+    t->len += n;
+    t->s[t->len] = '\0';
+}
+
+/* One line of the user's, after label. From the editor; or from stdin by
+ * read_turn, the label printed first and, when stdin is not a terminal, the
+ * line after it (as a terminal would show it). When the editor draws on
+ * stderr (stdout is not a terminal), stdout gets the label and the line too:
+ * stdout is the transcript. */
+static LineResult next_line(TurnReader *r, const char *label, char **line, size_t *len) {
+    r->line_no++;
+    if (r->ed.fd >= 0) {
+        LineResult got = lineedit_read(&r->ed, label, r->max_bytes, line, len);
+        if (r->ed.fd == STDOUT_FILENO) out_line_ended(); // the editor ends every line it draws
+        else if (got == LINE_ENTERED) out_printf("%s%s\n", label, *line);
+        return got;
+    }
     out_printf("%s", label);
     flush_stdout();
-    size_t n;
-    char *line = read_turn(stdin, "stdin", ++line_no, max_bytes, &n);
-    if (!line) { // end of input: end the label's line
+    *line = read_turn(stdin, "stdin", r->line_no, r->max_bytes, len);
+    if (!*line) { // end of input: end the label's line
         out_printf("\n");
-        return NULL;
+        return LINE_END;
     }
-    if (!isatty(STDIN_FILENO)) out_printf("%s\n", line); // piped: show the turn, as a terminal would
-    else if (isatty(STDOUT_FILENO)) out_line_ended();      // the terminal echoed the user's Enter
-    return line;
+    if (!isatty(STDIN_FILENO)) out_printf("%s\n", *line);
+    else if (isatty(STDOUT_FILENO)) out_line_ended(); // the terminal echoed the user's Enter
+    return LINE_ENTERED;
+}
+
+/* The user's next turn in a new string (its length in *len): one line; or,
+ * when a line ends in "\" (which is dropped), that line, a newline and the
+ * next; or, when the turn opens with a line of """, the lines up to the next
+ * such line, joined by newlines. NULL ends the chat: end of input before a
+ * turn, or Ctrl-C at an empty "User: " prompt. Ctrl-C anywhere else drops the
+ * turn and asks again; end of input within a turn sends what was read. */
+static char *read_user_turn(TurnReader *r, size_t *len) {
+    if (r->ended) return NULL;
+    Text turn = {0};
+    text_append(&turn, "", 0);
+    int lines = 0, block = 0, first_line = r->line_no + 1;
+    for (;;) {
+        int at_start = lines == 0 && !block;
+        char *line;
+        size_t n;
+        LineResult got = next_line(r, at_start ? PROMPT_USER : PROMPT_MORE, &line, &n);
+        if (got == LINE_CANCELLED) {
+            if (at_start && n == 0) break; // Ctrl-C at an empty prompt: the end
+            turn.len = 0, lines = 0, block = 0, first_line = r->line_no + 1;
+            continue;
+        }
+        if (got == LINE_END) {
+            r->ended = 1;
+            if (at_start) break;
+            *len = turn.len;
+            return turn.s;
+        }
+        int mark = !strcmp(line, BLOCK_MARK), more = block || (n > 0 && line[n - 1] == '\\');
+        if (mark && (at_start || block)) { // opens or closes a block
+            free(line);
+            if (at_start) {
+                block = 1;
+                continue;
+            }
+            *len = turn.len;
+            return turn.s;
+        }
+        if (lines++ > 0) text_append(&turn, "\n", 1);
+        text_append(&turn, line, n - (!block && more)); // a continuing line's "\" goes
+        free(line);
+        if (turn.len > r->max_bytes)
+            die(EXIT_BAD_INPUT, "stdin lines %d-%d: one turn of more than %zu bytes, more than the context can hold "
+                "(raise --ctx)", first_line, r->line_no, r->max_bytes);
+        if (!more) {
+            *len = turn.len;
+            return turn.s;
+        }
+    }
+    free(turn.s);
+    return NULL;
 }
 
 /* Chat reads the user's turns from stdin: it must be something to read. */
@@ -299,17 +393,129 @@ static void check_stdin(void) {
     if (S_ISDIR(st.st_mode)) die(EXIT_BAD_INPUT, "stdin: a directory (chat reads the user's turns from it)");
 }
 
+/* ---- Ctrl-C during a reply ------------------------------------------------ */
+
+/* Set by SIGINT (Ctrl-C) while a reply is made: the reply stops there. */
+static volatile sig_atomic_t interrupted;
+
+static void on_interrupt(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
+/* From here until release_interrupt(previous), Ctrl-C stops the reply instead
+ * of the program (unless SIGINT is ignored, as in a background job). Writes
+ * that it interrupts are restarted (SA_RESTART). */
+static void catch_interrupt(struct sigaction *previous) {
+    interrupted = 0;
+    sigaction(SIGINT, NULL, previous);
+    if (previous->sa_handler == SIG_IGN) return;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_interrupt;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+static void release_interrupt(const struct sigaction *previous) { sigaction(SIGINT, previous, NULL); }
+
+/* ---- Replies ------------------------------------------------------------- */
+
+/* What a reply took, for the line after it. */
+typedef struct {
+    int tokens;      // the reply's tokens (a stop token not counted)
+    double seconds;  // from its first sampled token to its end
+    int interrupted; // Ctrl-C stopped it
+} ReplyStats;
+
+/* d->history[keep..n) into the KV cache (which holds d->history[0..keep)), in
+ * the blocks prefill takes, so that Ctrl-C can stop between them; d->n counts
+ * what the cache holds. Returns the logits of the last token, or NULL when
+ * Ctrl-C came first. */
+static float *prefill_turn(Decoder *d, int keep, int n) {
+    float *logits = NULL;
+    for (int at = keep; at < n && !interrupted;) {
+        int B = n - at < FORWARD_BLOCK ? n - at : FORWARD_BLOCK, status;
+        logits = prefill(d->t, d->history + at, B, at, &status);
+        if (!logits) forward_failed(d->t, status, d->history[at + B - 1], at + B - 1);
+        d->n = at += B;
+    }
+    return interrupted ? NULL : logits;
+}
+
+/* The reply to rendering r: the tokens after those the cache already holds
+ * go through the model, then the reply is sampled and printed until a stop
+ * id, max_new tokens, a full context or Ctrl-C. Whatever was printed stays:
+ * its tokens are in d->history and in the cache (an interrupted turn leaves
+ * the tokens it got through, and a reply of what was printed, maybe nothing).
+ * Returns the reply's text, its length in *len. */
+static char *reply(Decoder *d, const Rendering *r, const int *stops, int n_stop, int max_new, size_t *len,
+                   ReplyStats *stats) {
+    Transformer *t = d->t;
+    // Keep the cached tokens the rendering starts with; run at least one.
+    int keep = 0;
+    while (keep < d->n && keep < r->n - 1 && d->history[keep] == r->ids[keep]) keep++;
+    memcpy(d->history + keep, r->ids + keep, (size_t)(r->n - keep) * sizeof(int));
+    d->n = keep;
+    out_printf("Assistant: ");
+    flush_stdout();
+    struct sigaction previous;
+    catch_interrupt(&previous);
+    float *logits = prefill_turn(d, keep, r->n);
+    int reply_start = d->n, status;
+    double start = now_seconds();
+    for (int n_new = 0; logits && n_new < max_new && d->n < t->n_ctx && !interrupted; n_new++) {
+        int next = decode_step(d, logits, stops, n_stop);
+        if (next < 0) break;
+        logits = forward(t, next, d->n - 1, &status);
+        if (!logits) forward_failed(t, status, next, d->n - 1);
+    }
+    end_text(d);
+    *stats = (ReplyStats){d->n - reply_start, now_seconds() - start, interrupted};
+    release_interrupt(&previous);
+    return tokens_text(d->tok, d->history + reply_start, d->n - reply_start,
+                       reply_start > 0 ? d->history[reply_start - 1] : -1, len);
+}
+
+/* The line after a reply, on stderr when it is a terminal: the reply's
+ * tokens and rate, and how much of the context the conversation holds. */
+static void reply_summary(const ReplyStats *s, int held, int n_ctx) {
+    if (!isatty(STDERR_FILENO)) return;
+    char rate[48] = "";
+    if (s->tokens > 0 && s->seconds > 0) snprintf(rate, sizeof rate, ", %.1f tok/s", s->tokens / s->seconds);
+    notice("[%s%d tokens%s; context %d of %d tokens used]", s->interrupted ? "stopped by Ctrl-C: " : "", s->tokens,
+           rate, held, n_ctx);
+}
+
+/* What a chat prints before its first turn: the load line and, on a
+ * terminal, how to type (stderr); the conversation it was given, from
+ * message `shown_from` on (stdout), as the chat shows its own turns. */
+static void chat_opening(const char *summary, const Conversation *c, int shown_from) {
+    static const char *const LABELS[] = {"System: ", PROMPT_USER, "Assistant: "}; // index = ROLE_*
+    fputs(summary, stderr);
+    if (isatty(STDIN_FILENO) && isatty(STDERR_FILENO))
+        notice("chat: Enter sends a turn; end a line with \\ to go on, or put \"\"\" on a line before and after "
+               "several; Ctrl-C stops a reply; Ctrl-D, or Ctrl-C on an empty line, ends");
+    for (int i = shown_from; i < c->n; i++) {
+        out_printf("%s", LABELS[c->m[i].role]);
+        out_write(c->m[i].text, c->m[i].len);
+        out_printf("\n");
+    }
+    flush_stdout();
+}
+
 /* chat: continue conversation conv (a system prompt, turns from -i or a
  * conversation file, or nothing; chat takes it over) with the model's
- * replies and user turns, one per line of stdin, until EOF. Each turn
- * re-renders the conversation with the template and runs only the tokens
- * after what the KV cache already holds (usually the reply's end marker and
- * the new user turn). A reply ends at a stop token, at max_new tokens, or
- * when the context is full. A turn from stdin that leaves no room for a reply
- * ends the chat with a message; a conversation from the command line that
- * does not fit is bad input. */
+ * replies and user turns from stdin (read_user_turn) until the user ends it.
+ * Messages conv.m[shown_from..] are printed before the first new turn. Each
+ * turn re-renders the conversation with the template and runs only the
+ * tokens after what the KV cache already holds (usually the reply's end
+ * marker and the new user turn). A reply ends at a stop token, at max_new
+ * tokens, at Ctrl-C, or when the context is full. A turn from stdin that
+ * leaves no room for a reply ends the chat with a message; a conversation from
+ * the command line that does not fit is bad input. */
 static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, Sampler *sampler, Conversation conv,
-                 int max_new, int ignore_eos, const char *summary) {
+                 int shown_from, int max_new, int ignore_eos, const char *summary) {
     // Stop at the tokenizer's stop ids, its EOS, and the template's end of turn.
     int stops[TOK_MAX_STOP + 3], n_stop = 0;
     for (int i = 0; i < tok->n_stop; i++) stops[n_stop++] = tok->stop_ids[i];
@@ -329,15 +535,17 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
             die(EXIT_BAD_INPUT, "prompt: the conversation renders to %d tokens with an empty turn, and the reply "
                 "needs one more; the context holds %d (raise --ctx)", r.n, t->n_ctx);
     }
-    size_t max_bytes = (size_t)t->n_ctx * (size_t)(tok->max_token_length > 0 ? tok->max_token_length : 1);
-    int summary_shown = 0;
+    TurnReader in = {.ed = {.fd = lineedit_terminal()},
+                     .max_bytes = (size_t)t->n_ctx * (size_t)(tok->max_token_length > 0 ? tok->max_token_length : 1)};
+    int opened = 0;
     for (;;) {
         int from_stdin = conv.n == 0 || conv.m[conv.n - 1].role != ROLE_USER;
         if (from_stdin) { // the user's turn
-            if (!summary_shown++) fputs(summary, stderr); // inputs are good
-            char *user = read_line("User: ", max_bytes);
+            if (!opened++) chat_opening(summary, &conv, shown_from); // inputs are good
+            size_t len;
+            char *user = read_user_turn(&in, &len);
             if (!user) break;
-            conversation_add(&conv, ROLE_USER, user, strlen(user));
+            conversation_add(&conv, ROLE_USER, user, len);
             free(user);
         }
         render_chat(&r, ct, &conv, 1);
@@ -349,35 +557,19 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
                    "context holds %d: ending the chat (raise --ctx)", r.n, d.n, r.n - d.n, t->n_ctx);
             break;
         }
-        if (!summary_shown++) fputs(summary, stderr);
-        // Keep the cached tokens the rendering starts with; run at least one.
-        int keep = 0;
-        while (keep < d.n && keep < r.n - 1 && d.history[keep] == r.ids[keep]) keep++;
-        memcpy(d.history + keep, r.ids + keep, (size_t)(r.n - keep) * sizeof(int));
-        d.n = r.n;
-        out_printf("Assistant: ");
-        flush_stdout();
-        int status;
-        float *logits = prefill(t, d.history + keep, r.n - keep, keep, &status);
-        if (!logits) forward_failed(t, status, d.history[r.n - 1], r.n - 1);
-        int reply_start = d.n;
-        for (int n_new = 0; n_new < max_new && d.n < t->n_ctx; n_new++) {
-            int next = decode_step(&d, logits, stops, n_stop);
-            if (next < 0) break;
-            logits = forward(t, next, d.n - 1, &status);
-            if (!logits) forward_failed(t, status, next, d.n - 1);
-        }
-        end_text(&d);
+        if (!opened++) chat_opening(summary, &conv, shown_from);
         size_t reply_len;
-        char *reply = tokens_text(tok, d.history + reply_start, d.n - reply_start, d.history[reply_start - 1],
-                                  &reply_len);
-        conversation_add(&conv, ROLE_ASSISTANT, reply, reply_len);
-        free(reply);
+        ReplyStats stats;
+        char *text = reply(&d, &r, stops, n_stop, max_new, &reply_len, &stats);
+        conversation_add(&conv, ROLE_ASSISTANT, text, reply_len);
+        free(text);
+        reply_summary(&stats, d.n, t->n_ctx);
         if (d.n >= t->n_ctx) {
             notice("chat: the reply filled the context of %d tokens; ending the chat (raise --ctx)", t->n_ctx);
             break;
         }
     }
+    lineedit_free(&in.ed);
     free(r.ids);
     free(r.text);
     decoder_free(&d);
@@ -452,12 +644,14 @@ ChatTemplate mode_chat_template(const ModeInput *in) {
 }
 
 /* -m chat: the conversation so far is -y's system prompt, then -i / -f as the
- * first user turn, or (--chat) as a whole conversation; chat goes on from it. */
+ * first user turn, or (--chat) as a whole conversation, which is shown before
+ * the first new turn; chat goes on from it. */
 void chat_mode(const ModeInput *in) {
     const Options *o = in->o;
     ChatTemplate ct = mode_chat_template(in);
     Conversation conv = {0};
     if (o->system) conversation_add(&conv, ROLE_SYSTEM, o->system, strlen(o->system));
+    int shown_from = conv.n;
     if (o->conversation_input) {
         Conversation given = {0};
         parse_conversation(&given, in->text_name, in->text, in->text_len);
@@ -466,7 +660,11 @@ void chat_mode(const ModeInput *in) {
         for (int i = 0; i < given.n; i++) conversation_add(&conv, given.m[i].role, given.m[i].text, given.m[i].len);
         conversation_free(&given);
     } else if (o->prompt || o->prompt_file) {
+        if (o->prompt_file)
+            notice("-m chat: -f %s is the first user turn, the whole file as one message (with --chat it is a "
+                   "conversation, one \"role: text\" line per message)", o->prompt_file);
         conversation_add(&conv, ROLE_USER, in->text, in->text_len);
+        shown_from = conv.n; // a first turn from the command line is not shown
     }
-    chat(in->t, in->tok, &ct, in->sampler, conv, o->steps, o->ignore_eos, in->summary);
+    chat(in->t, in->tok, &ct, in->sampler, conv, shown_from, o->steps, o->ignore_eos, in->summary);
 }

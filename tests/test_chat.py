@@ -52,22 +52,39 @@ SmolLM2-135M-Instruct (when present) answers "What is the capital of France?"
 with Paris and takes a second turn. Bad inputs: exit status and a message
 naming the problem.
 
+On a terminal (section 8: ./run on a pseudo-terminal from Python's pty
+module, keys written to it): a turn edited with arrows, Home/End,
+Backspace/Delete and Ctrl-A/E/U/K, recalled with Up, or typed over several
+lines (a backslash at a line's end, or a block between lines of three
+double quotes; piped too) gets the reply -m chat --chat -f gives to the
+conversation with that turn typed out (the random model above, greedy). Ctrl-C stops a reply of a model that never
+stops: the context then held (the line after the reply) is the rendering of
+the conversation with the cut reply plus its tokens, so the reply stays in
+the conversation and the cache. Ctrl-C at an empty prompt and Ctrl-D end
+with exit 0 and the terminal's modes as they were; SIGTERM and SIGHUP put
+them back too. With stdout piped, it gets the transcript, each line ended.
+
 One difference by choice: a message holding the text "<s>" or "</s>"
 renders, under Hugging Face's Llama tokenizer, to BOS / EOS ids; run's
 sentencepiece tokenizer keeps typed text as text (a test pins that down).
 """
 
 import json
+import os
 import pathlib
+import re
+import select
 import struct
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 import export
 from conftest import (MODELS, ROOT, SYN_PIECES, SYN_VOCAB, check_error, make_model, read_tok_ltok,
-                      run, run_ok, trained_byte_vocab)
+                      run, run_bin, run_ok, trained_byte_vocab)
 
 EXPORT = [sys.executable, str(ROOT / "export.py")]
 TINY = dict(dim=16, hidden_dim=32, n_layers=1, n_heads=2, n_kv_heads=2, seq_len=1024)
@@ -763,10 +780,11 @@ def test_end_of_input_at_every_point(setups, tmp_path):
     assert ok(stdin=b"hello\nbye") == b"User: hello\n" + r + b"User: bye\n" + r + b"User: \n"
     assert ok("-i", "hello") == r + b"User: \n"
     ends_assistant = write_conv(tmp_path, [_m("user", "hi"), _m("assistant", "aaa")])
-    assert ok("--chat", "-f", ends_assistant) == b"User: \n"
-    assert ok("--chat", "-f", ends_assistant, stdin=b"more") == b"User: more\n" + r + b"User: \n"
+    history = b"User: hi\nAssistant: aaa\n"  # the conversation given is shown first
+    assert ok("--chat", "-f", ends_assistant) == history + b"User: \n"
+    assert ok("--chat", "-f", ends_assistant, stdin=b"more") == history + b"User: more\n" + r + b"User: \n"
     ends_user = write_conv(tmp_path, [_m("user", "hi"), _m("assistant", "aaa"), _m("user", "x")])
-    assert ok("--chat", "-f", ends_user) == r + b"User: \n"
+    assert ok("--chat", "-f", ends_user) == history + b"User: x\n" + r + b"User: \n"
 
 
 # --------------------------------------------------------------------------
@@ -836,7 +854,7 @@ def test_cache_reuse_equals_fresh_rendering(name, setups):
         f = write_conv(s.dir, conv)
         q = chat(ckpt, s.tok, "-n", "12", "--chat", "-f", f)
         assert q.returncode == 0, q.stderr.decode()
-        fresh = parse_transcript(q.stdout)
+        fresh = parse_transcript(q.stdout)[len(conv):]  # after the conversation given, shown first
         assert fresh[0][0] == "Assistant", fresh
         assert fresh[0][1] == replies[k], (k, fresh[0][1], replies[k])
         conv.append(_m("assistant", replies[k]))
@@ -853,7 +871,7 @@ def test_system_flag_is_the_system_message(setups):
     with_conv = chat(ckpt, s.tok, "-n", "10", "--chat", "-f", f)
     without = chat(ckpt, s.tok, "-n", "10", "-i", "hello")
     assert with_y.returncode == with_conv.returncode == 0
-    assert with_y.stdout == with_conv.stdout
+    assert with_conv.stdout == b"System: be a pirate\nUser: hello\n" + with_y.stdout  # the file's shown first
     assert with_y.stdout != without.stdout
 
 
@@ -978,3 +996,301 @@ def test_flag_misuse(setups, tmp_path):
     check_error(run(*args, "-m", "tokenize", "-y", "other", "--chat", "-f", conv), 2, ["-y"])
     check_error(run(*args, "-m", "tokenize", "--chat-template", "chatml", "-i", "hi"), 2,
                 ["--chat-template"])
+
+
+# --------------------------------------------------------------------------
+# 8. On a terminal (a pseudo-terminal from Python's pty module)
+
+KEY = {"left": b"\x1b[D", "right": b"\x1b[C", "up": b"\x1b[A", "down": b"\x1b[B", "home": b"\x1b[H",
+       "end": b"\x1b[F", "delete": b"\x1b[3~", "backspace": b"\x7f", "ctrl-a": b"\x01",
+       "ctrl-e": b"\x05", "ctrl-u": b"\x15", "ctrl-k": b"\x0b", "ctrl-c": b"\x03", "ctrl-d": b"\x04",
+       "enter": b"\r"}
+REPLY_LINE = re.compile(rb"Assistant: ([^\r\n]*)\r?\n")
+SUMMARY = re.compile(rb"\[(stopped by Ctrl-C: )?(\d+) tokens(?:, [0-9.]+ tok/s)?; "
+                     rb"context (\d+) of (\d+) tokens used\]")
+
+
+class Terminal:
+    """./run with stdin, stderr and (unless pipe_stdout) stdout on a
+    pseudo-terminal of 120 columns that is its controlling terminal (TERM=xterm),
+    as at a user's terminal: keys are written to it and the screen read back.
+    The test keeps the terminal's other end open, so it can read the modes
+    the program leaves it in."""
+
+    def __init__(self, *args, pipe_stdout=False):
+        import fcntl
+        import pty
+        import termios
+        self.master, self.slave = pty.openpty()
+        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+        self.cooked = self.modes()  # before the program can change them
+        env = dict(os.environ, TERM="xterm")
+        env.setdefault("OMP_NUM_THREADS", "2")
+        self.proc = subprocess.Popen(
+            [str(run_bin())] + [str(a) for a in args], stdin=self.slave, stderr=self.slave,
+            stdout=subprocess.PIPE if pipe_stdout else self.slave, env=env, start_new_session=True,
+            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        self.screen = b""  # everything the terminal got
+        self.mark = 0      # how far read_until has looked
+        self.piped = b""   # pipe_stdout: what stdout got, read by a thread (a full pipe would block run)
+        if pipe_stdout:
+            self.reader = threading.Thread(target=self._read_stdout, daemon=True)
+            self.reader.start()
+
+    def _read_stdout(self):
+        while chunk := self.proc.stdout.read1(65536):
+            self.piped += chunk
+
+    def read_until(self, pattern, timeout=60):
+        """Read the terminal until pattern (bytes, or a compiled regex) appears
+        after the last match; returns the match (bytes: the text up to and
+        including it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if isinstance(pattern, bytes):
+                at = self.screen.find(pattern, self.mark)
+                if at >= 0:
+                    found, self.mark = self.screen[self.mark:at + len(pattern)], at + len(pattern)
+                    return found
+            else:
+                m = pattern.search(self.screen, self.mark)
+                if m:
+                    self.mark = m.end()
+                    return m
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._read(left):
+                self.kill()
+                pytest.fail(f"no {pattern!r} on the terminal; it shows (from byte {self.mark}):\n"
+                            f"{self.screen[self.mark:][-2000:]!r}")
+
+    def _read(self, timeout):
+        ready, _, _ = select.select([self.master], [], [], min(timeout, 1.0))
+        if ready:
+            try:
+                self.screen += os.read(self.master, 65536)
+            except OSError:
+                return False
+        elif self.proc.poll() is not None:
+            return False
+        return True
+
+    def keys(self, *names_or_text):
+        """Type: a name of KEY, or text (bytes)."""
+        for k in names_or_text:
+            os.write(self.master, KEY[k] if isinstance(k, str) else k)
+
+    def modes(self):
+        import termios
+        return termios.tcgetattr(self.slave)[3]  # lflag
+
+    def wait(self):
+        """The exit status, then the rest of the screen read."""
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"still running; the terminal shows:\n{self.screen[-2000:]!r}")
+        while self._read(0.2) and select.select([self.master], [], [], 0)[0]:
+            pass
+        return code
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self):
+        self.kill()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        os.close(self.master)
+        os.close(self.slave)
+
+
+@pytest.fixture
+def terminal():
+    """Terminal(*args) for a test; each is closed (killed if still running) after it."""
+    made = []
+
+    def start(*args, **kw):
+        made.append(Terminal(*args, **kw))
+        return made[-1]
+
+    yield start
+    for t in made:
+        t.close()
+
+
+def fresh_reply(ckpt, tok, messages, directory, n=12):
+    """The greedy reply of -m chat --chat -f to a conversation ending with the
+    user's turn (no cache, no terminal), to compare an interactive reply with."""
+    p = chat(ckpt, tok, "-n", str(n), "--chat", "-f", write_conv(directory, messages))
+    assert p.returncode == 0, p.stderr.decode()
+    # the conversation is shown first (its texts as they are, newlines too), then the reply
+    shown = b"".join(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}\n".encode()
+                     for m in messages)
+    assert p.stdout.startswith(shown + b"Assistant: ") and p.stdout.endswith(b"\nUser: \n"), p.stdout
+    return p.stdout[len(shown) + len(b"Assistant: "):-len(b"\nUser: \n")]
+
+
+def test_terminal_keys_edit_the_line(setups, terminal):
+    """Arrows, Home/End, Backspace, Delete and Ctrl-A/E/U/K edit the line the
+    model gets, and Up brings back an earlier one: each reply (a random model,
+    greedy; a reply depends on every token before it) equals the reply of -m
+    chat --chat -f to the conversation with the edited turns typed out. The
+    screen shows the edited line and never an escape as text (^[[A); Ctrl-D at
+    the prompt ends with exit 0 and the terminal's modes put back."""
+    import termios
+    s = setups("chatml")
+    ckpt = clean_random_model(s, 7)
+    term = terminal(ckpt, "-z", s.tok, "-m", "chat", "-t", "0", "-n", "12")
+    turns = ["hello world", "so, what is the sea?", "hello world"]
+    typing = [
+        # "hxllo wordd", Backspace; Home, Right, Delete "x", type "e"; End, Left, type "l"
+        [b"hxllo wordd", "backspace", "home", "right", "delete", b"e", "end", "left", b"l"],
+        # typed, wiped by Ctrl-U; Ctrl-A and Ctrl-E add at both ends; Ctrl-K cuts the tail
+        [b"junk", "ctrl-u", b"what is", "ctrl-a", b"so, ", "ctrl-e", b" the sea?xyz", "left", "left",
+         "left", "ctrl-k"],
+        ["up", "up"],  # two lines back: the first turn
+    ]
+    conv = []
+    for turn, keys in zip(turns, typing):
+        term.read_until(b"User: ")
+        assert not term.modes() & termios.ICANON and not term.modes() & termios.ECHO  # raw while typing
+        term.keys(*keys, "enter")
+        got = term.read_until(REPLY_LINE).group(1)
+        conv.append(_m("user", turn))
+        assert got == fresh_reply(ckpt, s.tok, conv, s.dir), (turn, got)
+        conv.append(_m("assistant", got.decode()))
+    assert b"\rUser: hello world\x1b[K" in term.screen and b"\rUser: so, what is the sea?\x1b[K" in term.screen
+    assert b"^[" not in term.screen
+    term.read_until(b"User: ")
+    term.keys("ctrl-d")
+    assert term.wait() == 0
+    assert term.screen.endswith(b"\r\n"), term.screen[-100:]
+    assert term.modes() == term.cooked
+
+
+def test_multiline_turns(setups, terminal):
+    """A line ending in "\\" goes on to the next, and a turn between lines of
+    \"\"\" holds its lines; each arrives as one turn with newlines (the
+    reply equals -m chat --chat -f's to that turn), typed at a terminal or
+    piped. The piped transcript shows the continuation lines after "...   "."""
+    s = setups("chatml")
+    ckpt = clean_random_model(s, 7)
+    turns = ["first line\nsecond", "a\nb\\\nc"]
+    conv = []
+    for t in turns:
+        conv.append(_m("user", t))
+        conv.append(_m("assistant", fresh_reply(ckpt, s.tok, conv, s.dir).decode()))
+    lines = [b"first line\\", b"second", b'"""', b"a", b"b\\", b"c", b'"""']
+    term = terminal(ckpt, "-z", s.tok, "-m", "chat", "-t", "0", "-n", "12")
+    prompts = [b"User: ", b"...   ", b"User: ", b"...   ", b"...   ", b"...   ", b"...   "]
+    replies = {1: conv[1], 6: conv[3]}  # the lines that end a turn: its reply
+    for i, (line, prompt) in enumerate(zip(lines, prompts)):
+        term.read_until(prompt)
+        term.keys(line, "enter")
+        if i in replies:
+            assert term.read_until(REPLY_LINE).group(1) == replies[i]["content"].encode()
+    term.read_until(b"User: ")
+    term.keys("ctrl-d")
+    assert term.wait() == 0
+    p = chat(ckpt, s.tok, "-n", "12", stdin=b"\n".join(lines) + b"\n")
+    assert p.returncode == 0, p.stderr.decode()
+    out = p.stdout.decode()
+    assert out == (f"User: first line\\\n...   second\nAssistant: {conv[1]['content']}\n"
+                   f'User: """\n...   a\n...   b\\\n...   c\n...   """\n'
+                   f"Assistant: {conv[3]['content']}\nUser: \n"), out
+
+
+def test_ctrl_c_stops_the_reply(setups, terminal):
+    """A model that writes "a" for ever (-n 10^6): Ctrl-C during the reply
+    stops it and returns to the prompt; the line after it (on the terminal's
+    stderr) counts the reply's tokens N and the context held, the rendered
+    turn + N: the reply stays in the cache. The next turn renders the
+    conversation with that reply ("a" x N) and runs on from it (context held =
+    its rendering + the second reply's tokens). Ctrl-C on a line with text
+    drops the line; Ctrl-C at an empty prompt ends the chat, exit 0."""
+    s = setups("chatml")
+    ckpt = constant_model(s, s.piece("a"))
+    ctx = 1 << 16
+    term = terminal(ckpt, "-z", s.tok, "-m", "chat", "-t", "0", "-n", "1000000", "--ctx", str(ctx))
+    conv = []
+    for turn in ("hello", "go on"):
+        term.read_until(b"User: ")
+        term.keys(turn.encode(), "enter")
+        term.read_until(b"Assistant: ")
+        term.read_until(b"a" * 20)
+        term.keys("ctrl-c")
+        m = term.read_until(SUMMARY)
+        assert m.group(1), m.group(0)  # "stopped by Ctrl-C"
+        n, held, total = int(m.group(2)), int(m.group(3)), int(m.group(4))
+        conv.append(_m("user", turn))
+        assert total == ctx and 20 <= n < 1000000, m.group(0)
+        assert held == len(run_rendered(ckpt, s.tok, conv, s.dir)) + n, (m.group(0), conv)
+        conv.append(_m("assistant", "a" * n))
+    term.read_until(b"User: ")
+    term.keys(b"dropped", "ctrl-c")
+    term.read_until(b"^C\r\n")
+    term.read_until(b"User: ")
+    term.keys("ctrl-c")
+    assert term.wait() == 0
+    assert term.screen.endswith(b"^C\r\n"), term.screen[-100:]
+
+
+def test_stdout_piped_from_a_terminal(setups, terminal):
+    """stdin and stderr at a terminal, stdout piped (./run ... | tee log): the
+    line editor draws on stderr and stdout gets the transcript, each line
+    ended; after Ctrl-C mid-reply and at the prompt, stdout still ends with a
+    newline. The line after each reply is on the terminal (stderr)."""
+    s = setups("chatml")
+    ckpt = constant_model(s, s.piece("a"))
+    term = terminal(ckpt, "-z", s.tok, "-m", "chat", "-t", "0", "-n", "1000000", "--ctx", "65536",
+                    pipe_stdout=True)
+    term.read_until(b"User: ")
+    term.keys(b"hi", "enter")
+    deadline = time.monotonic() + 60
+    while b"a" * 20 not in term.piped and time.monotonic() < deadline:  # the reply runs
+        time.sleep(0.01)
+    term.keys("ctrl-c")
+    n = int(term.read_until(SUMMARY).group(2))
+    term.read_until(b"User: ")
+    term.keys("ctrl-c")
+    assert term.wait() == 0
+    term.reader.join(timeout=60)
+    assert term.piped == b"User: hi\nAssistant: " + b"a" * n + b"\n", term.piped[:200]
+
+
+def test_terminal_put_back_on_a_signal(setups, terminal):
+    """SIGTERM or SIGHUP while a line is read (raw mode) ends the program by
+    that signal, with the terminal's modes put back."""
+    import signal
+    import termios
+    s = setups("chatml")
+    ckpt = constant_model(s, s.piece("a"))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        term = terminal(ckpt, "-z", s.tok, "-m", "chat", "-t", "0", "-n", "3")
+        term.read_until(b"User: ")
+        assert term.modes() != term.cooked
+        term.keys(b"half a line")
+        term.read_until(b"half a line")
+        term.proc.send_signal(sig)
+        assert term.wait() == -sig
+        assert term.modes() == term.cooked
+
+
+def test_piped_chat_needs_no_terminal(setups):
+    """Piped stdin and stderr: no line after the replies, no banner; -m chat -f
+    says on stderr that the file is the first turn (--chat reads it as a
+    conversation)."""
+    s = setups("chatml")
+    ckpt = constant_model(s, s.piece("a"))
+    p = chat(ckpt, s.tok, "-n", "3", stdin=b"hi\n")
+    assert p.returncode == 0 and p.stdout == b"User: hi\nAssistant: aaa\nUser: \n", p.stdout
+    assert b"tokens used]" not in p.stderr and b"Ctrl-C" not in p.stderr, p.stderr
+    f = s.dir / "first-turn.txt"
+    f.write_text("user: hello\n")
+    p = chat(ckpt, s.tok, "-n", "3", "-f", f)
+    assert p.returncode == 0 and p.stdout == b"Assistant: aaa\nUser: \n", p.stdout
+    assert (f"-m chat: -f {f} is the first user turn, the whole file as one message (with --chat "
+            "it is a conversation").encode() in p.stderr, p.stderr

@@ -2,8 +2,9 @@
 
 - chat's turns come from stdin one line at a time: a line longer than the
   context could hold (its tokens times the longest piece, in bytes) is refused
-  before it is tokenized; a NUL byte in a line is refused (it would cut the
-  turn); stdin that is a directory or a closed descriptor is refused.
+  before it is tokenized, and so is a turn of several lines (joined by "\")
+  longer than that; a NUL byte in a line is refused (it would cut the turn);
+  stdin that is a directory or a closed descriptor is refused.
 - A conversation from -y or --chat -f that leaves no room for a turn and a
   reply is bad input (exit 1 with the numbers), also when stdin is empty.
 - generate refuses a prompt file that cannot fit the context by its bytes,
@@ -11,6 +12,7 @@
   sentencepiece gives the whole text.
 """
 import os
+import re
 import subprocess
 
 import pytest
@@ -41,6 +43,16 @@ def test_chat_line_longer_than_the_context_is_refused_before_tokenizing():
     assert p.returncode == 1, p.stderr
     last = p.stderr.decode().strip().splitlines()[-1]
     assert last.startswith("stdin line 1: longer than ") and "raise --ctx" in last, last
+
+
+def test_chat_turn_of_several_lines_longer_than_the_context_is_refused():
+    """Lines each within the bound, joined by a "\" at their ends into one turn
+    past it: refused as soon as the turn passes the bound, naming its lines."""
+    p = chat(stdin=(b"a" * 1000 + b"\\\n") * 1000 + b"end\n")
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.decode().strip().splitlines()[-1]
+    assert re.fullmatch(r"stdin lines 1-\d+: one turn of more than \d+ bytes, more than the context can hold "
+                        r"\(raise --ctx\)", last), last
 
 
 def test_chat_line_within_the_bound_is_read_whole():
