@@ -17,7 +17,7 @@
 const char *const MODE_NAMES[] = {"generate", "chat", "ppl", "tokenize", "rope", "passkey", "info", NULL};
 static const char *const MODE_HELP[] = {
     "continue a prompt (the default)",
-    "talk with an instruct model, one turn per line of stdin",
+    "talk with an instruct model: a turn per line (\\ or \"\"\" for more), Ctrl-C stops a reply",
     "perplexity of a text file, by position; every RoPE method, sinks, KL",
     "print the token ids of a text, or of a conversation (--chat)",
     "print the RoPE frequencies of the settings",
