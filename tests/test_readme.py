@@ -1,0 +1,112 @@
+"""Every command the README shows runs as written, on the bundled models.
+
+The commands come from README.md itself (its fenced blocks), so an example
+cannot drift from what the program accepts: a line of a block is a command
+when it starts with `./run`, `make`, `.venv/bin/python` or `head` (or with
+`$ ` in a transcript); the text after two spaces and a `#` is its comment.
+Each block runs top to bottom in one scratch folder that links to every file
+of the repository, so a block may write a file (heldout.txt) that its next
+command reads, and nothing is written into the checkout.
+
+A command is either run, and must exit 0, or listed in NOT_RUN with the
+reason; a NOT_RUN entry the README no longer shows fails the test, so the
+list stays honest. Commands that need models/smollm2 (`make smollm2`) or the
+shared folder (../shared/data, for the held-out text) skip with a message
+when those are absent.
+"""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import HANG_GUARD_S, ROOT, SHARED
+
+README = ROOT / "README.md"
+
+# Commands the test does not run, with why. Each must appear in the README.
+NOT_RUN = {
+    "make test": "the test suite itself",
+    "make smollm2": "downloads a package; the SmolLM2 commands below it run when models/smollm2 exists",
+    "make extrapolation": "the whole study, over an hour",
+    "make portable": "would replace the ./run under test with a -O2 build",
+}
+
+PREFIXES = ("./run", "make", ".venv/bin/python", "head ")
+# What chat examples read as their user's turn; SmolLM2's answer is checked.
+CHAT_TURN = b"What is the capital of France?\n"
+
+
+def readme_blocks():
+    """The README's fenced blocks as lists of commands, in order."""
+    blocks, current = [], None
+    for line in README.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = []
+            else:
+                if current:
+                    blocks.append(current)
+                current = None
+            continue
+        if current is None:
+            continue
+        text = line[2:] if line.startswith("$ ") else line
+        if text.startswith(PREFIXES):
+            current.append(re.sub(r"\s{2,}#.*$", "", text).strip())
+    return blocks
+
+
+def all_commands():
+    return [c for block in readme_blocks() for c in block]
+
+
+def test_readme_shows_commands_and_not_run_is_current():
+    commands = all_commands()
+    assert len(commands) >= 10, f"found only {len(commands)} commands in README.md: {commands}"
+    stale = [c for c in NOT_RUN if c not in commands]
+    assert not stale, f"NOT_RUN lists commands the README no longer shows: {stale}"
+
+
+def scratch_folder(tmp_path):
+    """A folder linking to every top-level entry of the checkout."""
+    for entry in ROOT.iterdir():
+        if entry.name not in (".git",):
+            os.symlink(entry, tmp_path / entry.name)
+    return tmp_path
+
+
+def needs(command):
+    """Why a command cannot run here, or None."""
+    if "models/smollm2" in command and not (ROOT / "models/smollm2/model-q8_0.bin").is_file():
+        return "models/smollm2 absent (make smollm2)"
+    if "prepare_data.py" in command and not (SHARED / "data").is_dir():
+        return f"{SHARED / 'data'} absent (the held-out books)"
+    return None
+
+
+@pytest.mark.parametrize("index", range(len(readme_blocks())))
+def test_readme_block_runs(index, tmp_path):
+    block = readme_blocks()[index]
+    folder = scratch_folder(tmp_path)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    ran = 0
+    for command in block:
+        if command in NOT_RUN:
+            continue
+        missing = needs(command)
+        if missing:
+            pytest.skip(f"{command!r}: {missing}")
+        chat = " -m chat" in command or " --chat" in command
+        p = subprocess.run(command, shell=True, cwd=folder, env=env, capture_output=True,
+                           input=CHAT_TURN if chat else b"", timeout=HANG_GUARD_S)
+        assert p.returncode == 0, (f"README command exited {p.returncode}: {command}\n"
+                                   f"stderr: {p.stderr.decode(errors='replace')[-1500:]}")
+        if command.startswith("./run") and "-m tokenize" not in command:
+            assert p.stdout.strip(), f"README command printed nothing on stdout: {command}"
+        if chat and "smollm2" in command and "-t 0" in command:
+            assert b"Paris" in p.stdout, f"{command}: no 'Paris' in {p.stdout[:300]!r}"
+        ran += 1
+    if ran == 0:
+        pytest.skip(f"block {index} holds only commands in NOT_RUN: {block}")
