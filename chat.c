@@ -237,6 +237,15 @@ void render_chat(Rendering *r, const ChatTemplate *ct, const Conversation *c, in
     flush_text(r);
 }
 
+int chat_stop_ids(const Tokenizer *tok, const ChatTemplate *ct, int *stops) {
+    int n_stop = 0;
+    for (int i = 0; i < tok->n_stop; i++) stops[n_stop++] = tok->stop_ids[i];
+    int ends[3] = {tok->eos_id, ct->kind == CHAT_CHATML ? ct->close : ct->eot, ct->kind == CHAT_LLAMA2 ? ct->eos : -1};
+    for (int k = 0; k < 3; k++)
+        if (ends[k] >= 0) stops[n_stop++] = ends[k];
+    return n_stop;
+}
+
 char *read_turn(FILE *in, const char *what, int line_no, size_t max_bytes, size_t *len) {
     size_t n = 0, cap = 256;
     char *line = malloc(cap);
@@ -517,11 +526,7 @@ static void chat_opening(const char *summary, const Conversation *c, int shown_f
 static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, Sampler *sampler, Conversation conv,
                  int shown_from, int max_new, int ignore_eos, const char *summary) {
     // Stop at the tokenizer's stop ids, its EOS, and the template's end of turn.
-    int stops[TOK_MAX_STOP + 3], n_stop = 0;
-    for (int i = 0; i < tok->n_stop; i++) stops[n_stop++] = tok->stop_ids[i];
-    int ends[3] = {tok->eos_id, ct->kind == CHAT_CHATML ? ct->close : ct->eot, ct->kind == CHAT_LLAMA2 ? ct->eos : -1};
-    for (int k = 0; k < 3; k++)
-        if (ends[k] >= 0) stops[n_stop++] = ends[k];
+    int stops[CHAT_MAX_STOPS], n_stop = chat_stop_ids(tok, ct, stops);
     if (ignore_eos) n_stop = 0;
     Decoder d;
     decoder_init(&d, t, tok, sampler, t->n_ctx);

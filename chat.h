@@ -54,6 +54,10 @@ ChatTemplate chat_template(const Tokenizer *tok, int kind, const char *tok_path)
 /* Conversation c rendered by template ct into r->ids, as Hugging Face's
  * apply_chat_template; with generation_prompt, up to where the reply starts. */
 void render_chat(Rendering *r, const ChatTemplate *ct, const Conversation *c, int generation_prompt);
+/* Where a reply ends: the tokenizer's stop ids, its EOS and the template's
+ * end of turn, into stops (room for CHAT_MAX_STOPS); returns their count. */
+#define CHAT_MAX_STOPS (TOK_MAX_STOP + 3)
+int chat_stop_ids(const Tokenizer *tok, const ChatTemplate *ct, int *stops);
 /* One line of in (a chat turn) without its "\n" or trailing "\r"s, in a new
  * NUL-terminated buffer, its length in *len; NULL at end of input. The line is
  * bounded before it is kept: longer than max_bytes, a NUL byte, a read error
