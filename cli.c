@@ -96,12 +96,13 @@ static const Flag FLAGS[] = {
     {"--ignore-eos", NULL, GEN | CHAT, SWITCH, 0, 0, FIELD(ignore_eos), NULL, "",
      "keep going past stop tokens (EOS, end of turn), for benchmarks"},
     {"-y", NULL, CHAT, TEXT, 0, 0, FIELD(system), NULL, "<text>", "system prompt"},
-    {"--chat-template", NULL, CHAT | TOK, CHOICE, 0, 0, FIELD(chat_template), CHAT_TEMPLATE_NAMES + 1, "<name>",
+    {"--chat-template", NULL, CHAT | TOK | PASS, CHOICE, 0, 0, FIELD(chat_template), CHAT_TEMPLATE_NAMES + 1, "<name>",
      "how turns are written, default the tokenizer file's"},
-    {"--chat", NULL, CHAT | TOK, SWITCH, 0, 0, FIELD(conversation_input), NULL, "",
+    {"--chat", NULL, CHAT | TOK | PASS, SWITCH, 0, 0, FIELD(conversation_input), NULL, "",
      "-f / -i is a conversation, one \"role: text\" per line (role system,\n"
      "user or assistant; \\n for a newline): tokenize prints the ids the chat\n"
-     "template renders it to, chat continues it"},
+     "template renders it to, chat continues it; passkey: each prompt is the\n"
+     "one user turn of the chat template, the answer the assistant's reply"},
     {"--pieces", NULL, TOK, SWITCH, 0, 0, FIELD(pieces), NULL, "",
      "print each id with its piece (escaped text), one per line; with\n"
      "neither -i nor -f, every piece of the vocabulary"},
@@ -318,10 +319,11 @@ static void check_combinations(const Options *o) {
     if (ppl && flag_given(o, "--sinks") && !o->streaming)
         die(EXIT_USAGE, "--sinks: -m ppl reads it only with --streaming");
     if (o->per_position && !o->json) die(EXIT_USAGE, "--per-position: only used with --json");
-    if (o->conversation_input && !o->prompt && !o->prompt_file)
+    if (o->conversation_input && o->mode != MODE_PASSKEY && !o->prompt && !o->prompt_file)
         die(EXIT_USAGE, "--chat: needs the conversation, with -f or -i");
-    if (o->mode == MODE_TOKENIZE && flag_given(o, "--chat-template") && !o->conversation_input)
-        die(EXIT_USAGE, "--chat-template: -m tokenize reads it only with --chat");
+    if ((o->mode == MODE_TOKENIZE || o->mode == MODE_PASSKEY) && flag_given(o, "--chat-template") &&
+        !o->conversation_input)
+        die(EXIT_USAGE, "--chat-template: -m %s reads it only with --chat", MODE_NAMES[o->mode]);
 }
 
 const char *parse_args(int argc, char **argv, Options *o) {

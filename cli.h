@@ -24,6 +24,7 @@ typedef struct {
     int ctx, kv_type, threads, q8_activations;        // --ctx (0 = the training context), --kv, ...
     int ignore_eos, json, per_position;
     int chat_template, conversation_input;            // --chat-template (CHAT_PLAIN - 1 ..), --chat
+                                                      // (passkey: the prompts in the chat template)
     int pieces;                                       // tokenize --pieces
     int stride, streaming;                            // ppl
     const char *save_logits, *kl_base;                // ppl: logits files

@@ -1,8 +1,10 @@
 /* passkey.c: -m passkey, retrieval of one fact placed far back (docs/passkey.md).
  * A prompt of `length` tokens hides "The pass key is K" at a chosen depth
  * inside filler text and ends with the question; greedy decoding must give
- * back K. For each length x depth, `trials` prompts with random keys; the
- * output is the accuracy per cell (a table, or every trial with --json).
+ * back K. With --chat the same text is the one user turn of the checkpoint's
+ * chat template and the answer is the assistant's reply. For each length x
+ * depth, `trials` prompts with random keys; the output is the accuracy per
+ * cell (a table, or every trial with --json).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -74,26 +76,51 @@ char *passkey_prompt(const Sentences *f, int start, int k, int i, const char *ke
     return p;
 }
 
+/* How a prompt's text becomes token ids, and where the answer ends: plain
+ * (ct NULL: the text, BOS first when the tokenizer adds one; the tokenizer's
+ * stop ids), or the chat form (the text as the one user turn of template ct,
+ * up to where the assistant's reply starts; chat's stop ids, which add the
+ * template's end of turn). */
+typedef struct {
+    const Tokenizer *tok;
+    const ChatTemplate *ct;
+    const int *stops;
+    int n_stop;
+} PromptForm;
+
+/* The ids of text in the prompt form (docs/passkey.md §1 and §4). */
+static int *form_ids(const PromptForm *form, const char *text, size_t len, int *n_ids) {
+    if (!form->ct) return encode_or_die(form->tok, "passkey prompt", text, len, form->tok->add_bos, n_ids);
+    Conversation conv = {0};
+    conversation_add(&conv, ROLE_USER, text, len);
+    Rendering r = {.tok = form->tok};
+    render_chat(&r, form->ct, &conv, 1); // the template's default system prompt, if any, comes first
+    conversation_free(&conv);
+    free(r.text);
+    *n_ids = r.n;
+    return r.ids;
+}
+
 /* The ids of the prompt with k filler sentences, the key after round(depth * k). */
-static int *passkey_encode(const Tokenizer *tok, const Sentences *f, int start, double depth, const char *key, int k,
-                           int *n_ids) {
+static int *passkey_encode(const PromptForm *form, const Sentences *f, int start, double depth, const char *key,
+                           int k, int *n_ids) {
     size_t len;
     char *text = passkey_prompt(f, start, k, (int)lround(depth * k), key, &len);
-    int *ids = encode_or_die(tok, "passkey prompt", text, len, tok->add_bos, n_ids);
+    int *ids = form_ids(form, text, len, n_ids);
     free(text);
     return ids;
 }
 
-/* One trial's prompt: the most filler sentences k whose prompt (BOS first
- * when the tokenizer adds one) has at most `length` tokens, the key after
+/* One trial's prompt: the most filler sentences k whose prompt (all its ids:
+ * BOS, template tokens) has at most `length` tokens, the key after
  * i = round(depth * k) of them. Returns the ids (n_ids of them), or NULL when
  * not even the prompt without filler fits; *k_out, *i_out say what was used. */
-static int *passkey_ids(const Tokenizer *tok, const Sentences *f, int start, double depth, const char *key,
+static int *passkey_ids(const PromptForm *form, const Sentences *f, int start, double depth, const char *key,
                         int length, int *n_ids, int *k_out, int *i_out) {
     int lo = 0, hi = 1, *best = NULL, n_best = 0;
     for (int step = 0;; step++) { // exponential search for an upper bound, then bisection: lo fits, hi does not
         int k = step == 0 ? 0 : hi, n;
-        int *ids = passkey_encode(tok, f, start, depth, key, k, &n);
+        int *ids = passkey_encode(form, f, start, depth, key, k, &n);
         if (n > length) {
             free(ids);
             if (step == 0) return NULL;
@@ -108,7 +135,7 @@ static int *passkey_ids(const Tokenizer *tok, const Sentences *f, int start, dou
     }
     while (hi - lo > 1) {
         int k = lo + (hi - lo) / 2, n;
-        int *ids = passkey_encode(tok, f, start, depth, key, k, &n);
+        int *ids = passkey_encode(form, f, start, depth, key, k, &n);
         if (n <= length) free(best), best = ids, n_best = n, lo = k;
         else free(ids), hi = k;
     }
@@ -167,14 +194,16 @@ typedef struct {
     int n_lengths, n_depths, trials, digits;
     uint64_t seed;
     const char *filler_path; // NULL: the fixed filler sentences
+    int chat;                // --chat: the prompt in the chat template
     int json, prompts_only;
 } PasskeyPlan;
 
 /* The plan of the options: --lengths (none: n_lengths 0), --depths (default
- * 0, 0.25, 0.5, 0.75, 1), trials, digits, seed. */
+ * 0, 0.25, 0.5, 0.75, 1), trials, digits, seed, the prompt form. */
 static PasskeyPlan passkey_plan(const Options *o) {
     PasskeyPlan plan = {.trials = o->trials, .digits = o->key_digits, .seed = (uint64_t)o->seed,
-                        .filler_path = o->prompt_file, .json = o->json, .prompts_only = o->prompts_only};
+                        .filler_path = o->prompt_file, .chat = o->conversation_input, .json = o->json,
+                        .prompts_only = o->prompts_only};
     plan.n_depths = o->depths ? parse_list("--depths", o->depths, 0, 0, 1, plan.depths, 64) : 5;
     if (!o->depths)
         for (int k = 0; k < 5; k++) plan.depths[k] = k / 4.0;
@@ -182,17 +211,25 @@ static PasskeyPlan passkey_plan(const Options *o) {
     return plan;
 }
 
+/* The most tokens an answer may have: the key's digits and 4 more (plain,
+ * after "The pass key is"); a chat reply gets ANSWER_CHAT_EXTRA more, room to
+ * restate the question before the key (docs/passkey.md §3). */
+#define ANSWER_CHAT_EXTRA 12
+static int answer_tokens(const PasskeyPlan *plan) {
+    return plan->digits + 4 + (plan->chat ? ANSWER_CHAT_EXTRA : 0);
+}
+
 int passkey_context(const Options *o) {
     PasskeyPlan plan = passkey_plan(o);
     double longest = 0;
     for (int k = 0; k < plan.n_lengths; k++) longest = fmax(longest, plan.lengths[k]);
-    return plan.n_lengths ? (int)fmin(longest + o->key_digits + 4, MAX_CTX) : 0;
+    return plan.n_lengths ? (int)fmin(longest + answer_tokens(&plan), MAX_CTX) : 0;
 }
 
 /* Check every cell before printing anything: the context, and that each
  * trial's prompt without filler fits its length (keys differ in tokens).
  * Makes the same draws as the run, from rng. Returns the longest length. */
-static int check_cells(const Transformer *t, const Tokenizer *tok, const PasskeyPlan *plan, const Sentences *f,
+static int check_cells(const Transformer *t, const PromptForm *form, const PasskeyPlan *plan, const Sentences *f,
                        int n_new, uint64_t rng) {
     int longest = 0;
     for (int li = 0; li < plan->n_lengths; li++) {
@@ -205,31 +242,42 @@ static int check_cells(const Transformer *t, const Tokenizer *tok, const Passkey
             char key[24];
             passkey_draw(&rng, plan->digits, f->n, plan->filler_path != NULL, key);
             int n_bare;
-            free(passkey_encode(tok, f, 0, 0, key, 0, &n_bare));
+            free(passkey_encode(form, f, 0, 0, key, 0, &n_bare));
             if (n_bare > length)
-                die(EXIT_USAGE, "--lengths %d: the prompt without filler has %d tokens (key %s)", length, n_bare, key);
+                die(EXIT_USAGE, "--lengths %d: the %s prompt without filler has %d tokens (key %s)", length,
+                    form->ct ? "chat-form" : "plain", n_bare, key);
         }
     }
     return longest;
 }
 
+/* The prompt form as the text header names it: "plain" or "chat (chatml)". */
+static const char *form_label(const PromptForm *form, char *buf, size_t size) {
+    if (!form->ct) return "plain";
+    snprintf(buf, size, "chat (%s)", CHAT_TEMPLATE_NAMES[form->ct->kind]);
+    return buf;
+}
+
 /* The table's or the JSON's opening. */
-static void print_header(const Transformer *t, const PasskeyPlan *plan) {
+static void print_header(const Transformer *t, const PasskeyPlan *plan, const PromptForm *form) {
     if (plan->json) {
         out_printf("{\"mode\": \"passkey\", \"filler\": %s", plan->filler_path ? "" : "\"fixed\"");
         if (plan->filler_path) print_json_string(plan->filler_path);
         out_printf(", \"key_digits\": %d, \"trials_per_cell\": %d, \"seed\": %llu, \"ctx\": %d, \"orig_ctx\": %d, "
                    "\"scaling\": \"%s\", ", plan->digits, plan->trials, (unsigned long long)plan->seed, t->n_ctx,
                    t->rope.orig_ctx, SCALING_NAMES[t->rope.scaling]);
+        out_printf("\"prompt_format\": \"%s\", ", form->ct ? "chat" : "plain");
+        if (form->ct) out_printf("\"chat_template\": \"%s\", ", CHAT_TEMPLATE_NAMES[form->ct->kind]);
         if (t->keys == KEYS_SINKS) out_printf("\"sinks\": %d, ", t->pos.n_sinks);
         out_printf("\"position\": ");
         print_position_json(t);
         out_printf(", \"cells\": [");
     } else if (!plan->prompts_only) {
-        char setup[512];
+        char setup[512], label[32];
         position_setup_text(setup, sizeof setup, t);
-        out_printf("passkey: %d trials per cell, %d-digit keys, filler %s\nposition: %s\n%8s", plan->trials,
-                   plan->digits, plan->filler_path ? plan->filler_path : "fixed", setup, "length");
+        out_printf("passkey: %d trials per cell, %d-digit keys, filler %s, prompt %s\nposition: %s\n%8s",
+                   plan->trials, plan->digits, plan->filler_path ? plan->filler_path : "fixed",
+                   form_label(form, label, sizeof label), setup, "length");
         for (int di = 0; di < plan->n_depths; di++) out_printf("  d=%-5.2f", plan->depths[di]);
         out_printf("  %8s\n", "mean");
     }
@@ -242,33 +290,41 @@ typedef struct {
     int *ids, n_ids;                  // the prompt's token ids
 } Trial;
 
-/* --prompts-only: print the trial's prompt instead of running it. */
-static void print_prompt(const Sentences *f, const Trial *tr, int length, double depth, int trial, int json) {
-    size_t len;
+/* --prompts-only: print the trial's prompt instead of running it. JSON: the
+ * prompt's text, in the chat form also the whole rendered prompt, and its
+ * ids; text: what the model reads (the rendered prompt in the chat form). */
+static void print_prompt(const PromptForm *form, const Sentences *f, const Trial *tr, int length, double depth,
+                         int trial, int json) {
+    size_t len, rendered_len;
     char *text = passkey_prompt(f, tr->start, tr->sentences, tr->key_after, tr->key, &len);
+    char *rendered = form->ct ? tokens_text(form->tok, tr->ids, tr->n_ids, -1, &rendered_len) : NULL;
     if (json) {
         out_printf("%s{\"key\": \"%s\", \"start\": %d, \"sentences\": %d, \"key_after\": %d, \"prompt_tokens\": %d, "
                    "\"prompt\": ", trial ? ", " : "", tr->key, tr->start, tr->sentences, tr->key_after, tr->n_ids);
         print_json_string(text);
-        out_printf("}");
+        if (rendered) out_printf(", \"rendered\": "), print_json_string(rendered);
+        out_printf(", \"ids\": [");
+        for (int i = 0; i < tr->n_ids; i++) out_printf(i ? ", %d" : "%d", tr->ids[i]);
+        out_printf("]}");
     } else {
         out_printf("# length %d depth %g trial %d: key %s, %d tokens, %d filler sentences, key after %d\n%s\n", length,
-                   depth, trial, tr->key, tr->n_ids, tr->sentences, tr->key_after, text);
+                   depth, trial, tr->key, tr->n_ids, tr->sentences, tr->key_after, rendered ? rendered : text);
     }
     free(text);
+    free(rendered);
 }
 
 /* Prefill the trial's prompt, then the greedy answer of up to n_new tokens
- * (until a stop token); returns the answer's text. history: room for the
- * prompt and the answer. */
-static char *greedy_answer(Transformer *t, const Tokenizer *tok, const Trial *tr, int n_new, int *history) {
+ * (until one of the form's stop tokens); returns the answer's text. history:
+ * room for the prompt and the answer. */
+static char *greedy_answer(Transformer *t, const PromptForm *form, const Trial *tr, int n_new, int *history) {
     memcpy(history, tr->ids, (size_t)tr->n_ids * sizeof(int));
     int status, n = tr->n_ids;
     float *logits = prefill(t, history, n, 0, &status);
     if (!logits) forward_failed(t, status, history[n - 1], n - 1);
     for (int step = 0; step < n_new && logits; step++) {
         int next = argmax(logits, t->config.vocab_size), stop = 0;
-        for (int j = 0; j < tok->n_stop; j++) stop |= next == tok->stop_ids[j];
+        for (int j = 0; j < form->n_stop; j++) stop |= next == form->stops[j];
         if (stop) break;
         history[n++] = next;
         if (step + 1 == n_new) break;
@@ -276,25 +332,25 @@ static char *greedy_answer(Transformer *t, const Tokenizer *tok, const Trial *tr
         if (!logits) forward_failed(t, status, next, n - 1);
     }
     size_t answer_len;
-    return tokens_text(tok, history + tr->n_ids, n - tr->n_ids, history[tr->n_ids - 1], &answer_len);
+    return tokens_text(form->tok, history + tr->n_ids, n - tr->n_ids, history[tr->n_ids - 1], &answer_len);
 }
 
 /* Run (or with --prompts-only print) the trials of one cell; returns how
  * many answered correctly. */
-static int run_cell(Transformer *t, const Tokenizer *tok, const PasskeyPlan *plan, const Sentences *f, int length,
+static int run_cell(Transformer *t, const PromptForm *form, const PasskeyPlan *plan, const Sentences *f, int length,
                     double depth, uint64_t *rng, int *history) {
-    int correct = 0, n_new = plan->digits + 4;
+    int correct = 0, n_new = answer_tokens(plan);
     for (int trial = 0; trial < plan->trials; trial++) {
         Trial tr;
         tr.start = passkey_draw(rng, plan->digits, f->n, plan->filler_path != NULL, tr.key);
-        tr.ids = passkey_ids(tok, f, tr.start, depth, tr.key, length, &tr.n_ids, &tr.sentences, &tr.key_after);
+        tr.ids = passkey_ids(form, f, tr.start, depth, tr.key, length, &tr.n_ids, &tr.sentences, &tr.key_after);
         if (!tr.ids) die(EXIT_BAD_INPUT, "passkey: a prompt checked to fit no longer does (a bug)");
         if (plan->prompts_only) {
-            print_prompt(f, &tr, length, depth, trial, plan->json);
+            print_prompt(form, f, &tr, length, depth, trial, plan->json);
             free(tr.ids);
             continue;
         }
-        char *answer = greedy_answer(t, tok, &tr, n_new, history);
+        char *answer = greedy_answer(t, form, &tr, n_new, history);
         free(tr.ids);
         size_t n_digits;
         const char *digits = passkey_answer(answer, &n_digits);
@@ -312,16 +368,24 @@ static int run_cell(Transformer *t, const Tokenizer *tok, const PasskeyPlan *pla
     return correct;
 }
 
-/* -m passkey: for each length x depth, `trials` prompts with random keys; the
- * accuracy of greedy answers. Text: a table of accuracies; --json: every cell
- * and trial; --prompts-only prints the prompts instead of running the model.
- * Progress goes to stderr. */
+/* -m passkey: for each length x depth, `trials` prompts with random keys (in
+ * the chat template with --chat); the accuracy of greedy answers. Text: a
+ * table of accuracies; --json: every cell and trial; --prompts-only prints the
+ * prompts instead of running the model. Progress goes to stderr. */
 void passkey_mode(const ModeInput *in) {
     Transformer *t = in->t;
     const Tokenizer *tok = in->tok;
     PasskeyPlan plan = passkey_plan(in->o);
+    PromptForm form = {tok, NULL, tok->stop_ids, tok->n_stop};
+    ChatTemplate ct;
+    int chat_stops[CHAT_MAX_STOPS];
+    if (plan.chat) {
+        ct = mode_chat_template(in);
+        form = (PromptForm){tok, &ct, chat_stops, chat_stop_ids(tok, &ct, chat_stops)};
+    }
+    int n_new = answer_tokens(&plan);
     if (plan.n_lengths == 0) { // default: prompt and answer fill the training context (or --ctx)
-        int fit = t->n_ctx - plan.digits - 4;
+        int fit = t->n_ctx - n_new;
         plan.n_lengths = 1;
         plan.lengths[0] = fit < t->config.train_ctx ? fit : t->config.train_ctx;
     }
@@ -329,15 +393,14 @@ void passkey_mode(const ModeInput *in) {
     if (plan.filler_path) split_sentences(&f, in->text, in->text_len);
     else split_sentences(&f, PASSKEY_FILLER, strlen(PASSKEY_FILLER));
     if (f.n == 0) die(EXIT_BAD_INPUT, "-f %s: no filler sentences (empty text)", plan.filler_path);
-    int n_new = plan.digits + 4;
     uint64_t seed_state = plan.seed * 0x9E3779B97F4A7C15ull + 1;
     if (seed_state == 0) seed_state = 1; // xorshift's fixed point
-    int longest = check_cells(t, tok, &plan, &f, n_new, seed_state);
+    int longest = check_cells(t, &form, &plan, &f, n_new, seed_state);
     uint64_t rng = seed_state; // the same draws again, for the run
     if (!plan.prompts_only) fputs(in->summary, stderr);
     int *history = malloc(((size_t)longest + n_new + 1) * sizeof(int));
     if (!history) die(EXIT_BAD_INPUT, "out of memory");
-    print_header(t, &plan);
+    print_header(t, &plan, &form);
     double start_time = now_seconds();
     for (int li = 0; li < plan.n_lengths; li++) {
         int length = (int)plan.lengths[li], row_correct = 0;
@@ -346,7 +409,7 @@ void passkey_mode(const ModeInput *in) {
             double depth = plan.depths[di];
             if (plan.json)
                 out_printf("%s{\"length\": %d, \"depth\": %g, \"trials\": [", li + di ? ", " : "", length, depth);
-            int correct = run_cell(t, tok, &plan, &f, length, depth, &rng, history);
+            int correct = run_cell(t, &form, &plan, &f, length, depth, &rng, history);
             row_correct += correct;
             if (plan.json && plan.prompts_only) out_printf("]}");
             else if (plan.json)
