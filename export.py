@@ -43,6 +43,7 @@ the exit status is 1 (2 for bad usage).
 """
 
 import argparse
+import math
 import os
 import sys
 
@@ -87,24 +88,52 @@ def _parse_random_spec(spec):
     return dict(zip(names, values))
 
 
-def _describe(cfg, path):
+def _describe(cfg):
+    """A checkpoint's parameter count, weight type and header, for the success line."""
     c = normalize_config(cfg)
     scaling = c["rope_scaling"]
     if scaling != "none":
         scaling += f" x{c['rope_factor']:g}"
         if c["rope_scaling"] in ("yarn", "llama3", "dynamic"):
             scaling += f" (orig ctx {c['rope_orig_ctx'] or c['seq_len']})"
-    return (f"wrote {path}: dim {c['dim']}, hidden {c['hidden_dim']}, {c['n_layers']} layers, "
-            f"{c['n_heads']} heads ({c['n_kv_heads']} kv), vocab {c['vocab_size']}, "
-            f"seq_len {c['seq_len']}, {'tied' if c['shared_classifier'] else 'untied'} "
-            f"classifier, rope {c['rope_layout']} theta {c['rope_theta']:g} rot_dim "
-            f"{c['rot_dim']} scaling {scaling}, eps {c['norm_eps']:g}, bos {c['bos_id']} "
-            f"eos {c['eos_id']}, weights {c['weight_type']}"
-            + (f" (group size {c['group_size']})" if c["weight_type"] == "q8_0" else ""))
+    n_params = sum(math.prod(shape) for name, shape, _, _ in tensor_layout(c)[0]
+                   if not name.startswith("rope_"))  # the LongRoPE factor tables are not weights
+    weights = c["weight_type"] + (f" (group size {c['group_size']})" if c["weight_type"] == "q8_0" else "")
+    return (f"{_count(n_params)} parameters, weights {weights}, dim {c['dim']}, hidden "
+            f"{c['hidden_dim']}, {c['n_layers']} layers, {c['n_heads']} heads ({c['n_kv_heads']} kv), "
+            f"vocab {c['vocab_size']}, seq_len {c['seq_len']}, "
+            f"{'tied' if c['shared_classifier'] else 'untied'} classifier, rope {c['rope_layout']} "
+            f"theta {c['rope_theta']:g} rot_dim {c['rot_dim']} scaling {scaling}, eps {c['norm_eps']:g}, "
+            f"bos {c['bos_id']} eos {c['eos_id']}")
+
+
+def _count(n):
+    """n as people write parameter counts: 1.7K, 134.5M, 6.7B."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def _size(path):
+    """The size of the file at path, in the unit that suits it."""
+    n = os.path.getsize(path)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _report(written):
+    """The one line a successful run prints, on stdout: each file written
+    [(path, description)], its size, and what it holds. Notes and progress go
+    to stderr."""
+    print("export.py: wrote " + "; and ".join(f"{path} ({_size(path)}): {what}" for path, what in written),
+          flush=True)
 
 
 def _default_tokenizer_path(out):
-    return os.path.join(os.path.dirname(os.path.abspath(out)), "tokenizer.bin")
+    return os.path.join(os.path.dirname(out), "tokenizer.bin")
 
 
 def main(argv=None):
@@ -256,9 +285,11 @@ def _convert_model(args, weights):
             raise
     for note in notes:
         print(f"export.py: note: {note}", file=sys.stderr)
-    print(f"export.py: {_describe(cfg, args.out)}", file=sys.stderr)
-    if tokenizer:
-        print(f"export.py: wrote {tokenizer[0]}: {tokenizer[2]}", file=sys.stderr)
+    _report([(args.out, _describe(cfg))] + ([(tokenizer[0], tokenizer[2])] if tokenizer else []))
+
+
+# What the success line says of a tokenizer written in llama2.c's format.
+_V1_TOKENIZER = "sentencepiece, {} pieces (llama2.c's format)"
 
 
 def _tokenizer_to_write(args, src):
@@ -282,8 +313,7 @@ def _tokenizer_to_write(args, src):
                                                  src.config["vocab_size"])
     src.notes.extend(tok_notes)
     if kind == "v1":
-        return (args.tokenizer_out, pack_tokenizer_v1(*value),
-                f"sentencepiece, {len(value[0])} pieces (llama2.c's format)")
+        return args.tokenizer_out, pack_tokenizer_v1(*value), _V1_TOKENIZER.format(len(value[0]))
     return args.tokenizer_out, pack_tokenizer_ltok(value), describe_tokenizer(value)
 
 
@@ -298,17 +328,20 @@ def _convert_checkpoint(args, weights):
             raise ExportError("OUT is the input file; write to another path")
     cfg.update(weights)
     write_checkpoint(args.out, cfg, tensors)
+    _report([(args.out, _describe(cfg))])
 
 
 def _convert_tokenizer(args):
     kind, value, notes = read_tokenizer_source(args.tokenizer)
     if kind == "v1":
         write_tokenizer(args.out, *value)
+        what = _V1_TOKENIZER.format(len(value[0]))
     else:
         write_tokenizer_ltok(args.out, value)
         for note in notes:
             print(f"export.py: note: {note}", file=sys.stderr)
-        print(f"export.py: wrote {args.out}: {describe_tokenizer(value)}", file=sys.stderr)
+        what = describe_tokenizer(value)
+    _report([(args.out, what)])
 
 
 def _write_random(args, weights):
@@ -319,6 +352,7 @@ def _write_random(args, weights):
                **weights)
     cfg = normalize_config(cfg)
     write_checkpoint(args.out, cfg, random_tensors(cfg, args.seed))
+    _report([(args.out, _describe(cfg))])
 
 
 if __name__ == "__main__":

@@ -462,7 +462,7 @@ def write_checkpoint(path, cfg, tensors):
             def on_block(nbytes, i=i, name=name):
                 done[0] += nbytes
                 progress.step(f"tensor {i + 1}/{len(layout)} ({name}), "
-                              f"{done[0] / 2**20:.0f}/{total_mb:.0f} MB written")
+                              f"{done[0] / 2**20:.0f}/{total_mb:.0f} MiB written")
             if scales_offset is None:
                 _write_tensor(f, name, lazy[name], on_block)
             else:
@@ -470,7 +470,7 @@ def write_checkpoint(path, cfg, tensors):
         assert f.tell() == size, (f.tell(), size)
         f.flush()
         os.fsync(f.fileno())  # on disk before the rename makes it visible
-    progress.done(f"done, {len(layout)} tensors, {total_mb:.0f} MB")
+    progress.done(f"done, {len(layout)} tensors, {total_mb:.0f} MiB")
 
 
 def read_checkpoint(path):

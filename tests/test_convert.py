@@ -484,16 +484,19 @@ def test_hf_partial_rotary_ignored_with_a_note(family, tmp_path):
         assert export.read_header(tmp_path / f"m{i}.bin")["rot_dim"] == 16
 
 
-def test_hf_header_fields(tmp_path):
+def test_hf_header_fields(tmp_path, capsys):
     """What config.json says lands in the header: eps, theta, bos/eos (lists:
-    the first), seq_len, and every yarn field; notes say what was chosen."""
+    the first), seq_len, and every yarn field; notes say what was chosen (on
+    stderr; the line saying what was written goes to stdout)."""
     src, config, _ = make_hf(
         tmp_path / "hf", rms_norm_eps=1e-6, rope_theta=123456.0, bos_token_id=5,
         eos_token_id=[7, 9], max_position_embeddings=64,
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                       "beta_fast": 24, "beta_slow": 1.5, "attention_factor": 1.25})
     err = export_ok(tmp_path / "m.bin", "--hf", src)
-    assert "eos_token_id is a list" in err and "wrote" in err
+    assert "eos_token_id is a list" in err and "wrote" not in err, err
+    out = capsys.readouterr().out
+    assert out.startswith(f"export.py: wrote {tmp_path / 'm.bin'} (") and "scaling yarn x4 (orig ctx 16)" in out, out
     h = export.read_header(tmp_path / "m.bin")
     assert (h["bos_id"], h["eos_id"], h["seq_len"], h["rope_layout"], h["rot_dim"]) == \
         (5, 7, 64, 1, 16)

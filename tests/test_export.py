@@ -55,13 +55,15 @@ def expected_size(c):
 
 def test_random_cli_round_trip(tmp_path):
     """--random writes every header field as given, zero reserved bytes, and
-    the tensors at 64-aligned offsets, ending exactly at the file end."""
+    the tensors at 64-aligned offsets, ending exactly at the file end; it
+    prints one line on stdout (the file, its size, the parameter count, the
+    weight type, the shape) and nothing on stderr."""
     out = tmp_path / "r.bin"
     p = export_cli(out, "--random", "48,80,3,6,2,77,24", "--seed", "5", "--unshared",
                    "--rope-layout", "neox", "--rot-dim", "4", "--rope-theta", "500000",
                    "--norm-eps", "1e-6")
     assert p.returncode == 0, p.stderr
-    assert p.stdout == b"" and p.stderr == b""
+    assert p.stderr == b"" and p.stdout.count(b"\n") == 1, p
     raw = out.read_bytes()
     h = struct.unpack_from("<I13i2f3ifi5f", raw)
     assert h[:14] == (0x4550524C, 1, 48, 80, 3, 6, 2, 77, 24, 0, 1, 2, 0, 0)
@@ -83,6 +85,31 @@ def test_random_cli_round_trip(tmp_path):
     ends = [off + 4 * a.size for off, a in zip(offsets, want.values())]
     for end, nxt in zip(ends, offsets[1:]):
         assert raw[end:nxt] == bytes(nxt - end)
+    n = sum(a.size for a in want.values())
+    assert p.stdout.decode() == (
+        f"export.py: wrote {out} ({len(raw) / 1024:.1f} KiB): {n / 1000:.1f}K parameters, weights f32, "
+        "dim 48, hidden 80, 3 layers, 6 heads (2 kv), vocab 77, seq_len 24, untied classifier, rope neox "
+        "theta 500000 rot_dim 4 scaling none, eps 1e-06, bos 1 eos 2\n")
+
+
+def test_success_line_q8_0_and_tokenizer(tmp_path):
+    """A re-export as q8_0 and a tokenizer conversion each print one line on
+    stdout naming the file, its size and what it holds; nothing on stderr."""
+    src, out = tmp_path / "r.bin", tmp_path / "q.bin"
+    assert export_cli(src, "--random", "64,96,2,4,2,50,32").returncode == 0
+    p = export_cli(out, "--checkpoint", src, "--dtype", "q8_0")
+    assert p.returncode == 0 and p.stderr == b"", p
+    line = p.stdout.decode()
+    assert line.count("\n") == 1 and line.startswith(f"export.py: wrote {out} ("), line
+    assert f"({out.stat().st_size / 1024:.1f} KiB): " in line, line
+    assert ", weights q8_0 (group size 32), dim 64, " in line, line
+    (model,) = need_shared("llama2-tokenizer.model")
+    pytest.importorskip("sentencepiece")
+    tok = tmp_path / "t.bin"
+    p = export_cli(tok, "--tokenizer", model)
+    assert p.returncode == 0 and p.stderr == b"", p
+    assert p.stdout.decode() == (f"export.py: wrote {tok} ({tok.stat().st_size / 1024:.1f} KiB): "
+                                 "sentencepiece, 32000 pieces (llama2.c's format)\n")
 
 
 def test_write_checkpoint_all_rope_fields(tmp_path):
@@ -188,7 +215,9 @@ def test_llama2c_stories260k_tensors(tmp_path):
     out = tmp_path / "s.bin"
     p = export_cli(out, "--llama2c", src)
     assert p.returncode == 0, p.stderr
-    assert p.stdout == b"" and p.stderr == b""
+    assert p.stderr == b"", p.stderr
+    assert p.stdout.decode().startswith(f"export.py: wrote {out} (1016.0 KiB): 260.0K parameters, "
+                                        "weights f32, dim 64, hidden 172, 5 layers, 8 heads (4 kv)"), p.stdout
     h = export.read_header(out)
     assert (h["dim"], h["hidden_dim"], h["n_layers"], h["n_heads"], h["n_kv_heads"],
             h["vocab_size"], h["seq_len"]) == (64, 172, 5, 8, 4, 512, 512)

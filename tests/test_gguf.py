@@ -453,7 +453,7 @@ def test_gguf_chat_template_and_stop_ids(tmp_path):
     path = write_gguf(tmp_path / "v.gguf", gpt2_metadata(
         tokenizer__chat_template=("str", template), tokenizer__ggml__eom_token_id=("u32", eom)), [])
     p = export_cli(tmp_path / "tok.bin", "--tokenizer", path)
-    err = p.stderr.decode()
+    err, out = p.stderr.decode(), p.stdout.decode()
     assert p.returncode == 0, err
     tok = read_tok_ltok(tmp_path / "tok.bin")
     assert (tok["chat"], tok["system_default"], tok["system_prefix"]) == \
@@ -461,7 +461,7 @@ def test_gguf_chat_template_and_stop_ids(tmp_path):
     assert tok["stop_ids"] == [0, 2, eom]
     assert "fixed default '26 Jul 2024'" in err, err
     assert f"chat template llama3 (system prefix {len(LLAMA31_PREFIX)} bytes), stop ids " \
-        f"0,2,{eom}" in err, err
+        f"0,2,{eom}" in out, out
     # the same vocabulary with SmolLM2-style ChatML: <|im_end|> ends turns
     path = write_gguf(tmp_path / "w.gguf", gpt2_metadata(
         tokenizer__chat_template=("str", "{{ '<|im_start|>system\nHi<|im_end|>' }}")), [])

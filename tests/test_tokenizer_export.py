@@ -338,7 +338,7 @@ def test_tokenizer_json_matches_tokenizers(pre, tmp_path, trained):
         "pad_token": "<|endoftext|>", "add_bos_token": False})
     p = export_cli(tmp_path / "tok.bin", "--tokenizer", src)
     assert p.returncode == 0, p.stderr.decode()
-    assert "wrote" in p.stderr.decode()
+    assert p.stdout.decode().startswith(f"export.py: wrote {tmp_path / 'tok.bin'} ("), p.stdout
     tok = read_tok_ltok(tmp_path / "tok.bin")
     assert tok["type"] == "byte_bpe" and tok["pre"] == pre
     assert tok["vocab_size"] == n + len(SPECIALS) + 1
@@ -1082,9 +1082,9 @@ def test_hf_tokenizer_out_from_tokenizer_json(tmp_path, trained):
     write_tokenizer_dir(src, tokenizer_json(vocab, merges, "smollm"),
                         {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"})
     p = export_cli(tmp_path / "m.bin", "--hf", src, "--tokenizer-out", tmp_path / "t.bin")
-    err = p.stderr.decode()
+    err, out = p.stderr.decode(), p.stdout.decode()
     assert p.returncode == 0, err
-    assert f"wrote {tmp_path / 't.bin'}: byte-level BPE (pre-tokenizer smollm)" in err, err
+    assert f"; and {tmp_path / 't.bin'} (" in out and "): byte-level BPE (pre-tokenizer smollm)" in out, out
     tok = read_tok_ltok(tmp_path / "t.bin")
     assert tok["vocab_size"] == n and tok["pre"] == "smollm" and len(tok["merges"]) == len(merges)
     assert export.read_header(tmp_path / "m.bin")["vocab_size"] == n

@@ -88,7 +88,7 @@ def checkpoint(directory, shape, dtype):
         spec = ",".join(str(v) for v in SHAPES[shape])
         print(f"bench: writing {path}", file=sys.stderr)
         subprocess.run([sys.executable, str(ROOT / "export.py"), str(path), "--random", spec,
-                        "--dtype", dtype], check=True)
+                        "--dtype", dtype], check=True, stdout=sys.stderr)  # export's line beside ours
     return path
 
 
