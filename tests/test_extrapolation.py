@@ -18,6 +18,7 @@ also asserts that the method changes the NLL by more than 10x the tolerance).
 """
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -474,9 +475,109 @@ def test_wilson_interval():
 def test_log_bins():
     values = [None, 1.0, 2.0, 3.0, 5.0, 7.0, None, 9.0, 11.0]
     bins = ex.log_bins(values, per_octave=1)  # [1], [2, 3], [4..7], [8]
-    assert [(b[0], b[1]) for b in bins] == [(1, 1), (2, 3), (4, 7), (8, 8)]
-    assert bins[0][3] is None and bins[1][2] == 2.5 and bins[2][2] == 7.0
-    assert bins[2][3] == pytest.approx(2.0 / math.sqrt(3))  # sd 2 of (5, 7, 9), over sqrt(3)
+    assert bins == [(1, 1, [1.0]), (2, 3, [2.0, 3.0]), (4, 7, [5.0, 7.0, 9.0]), (8, 8, [11.0])]
+    pb = ex.position_bins(values, per_octave=1)
+    assert [(b["first"], b["last"], b["n"], b["mean"]) for b in pb] == \
+        [(1, 1, 1, 1.0), (2, 3, 2, 2.5), (4, 7, 3, 7.0), (8, 8, 1, 11.0)]
+    assert pb[0]["lo"] is None and pb[0]["hi"] is None
+    assert 5.0 <= pb[2]["lo"] < 7.0 < pb[2]["hi"] <= 9.0
+
+
+def test_position_band_never_below_zero_and_follows_the_skew():
+    """One window's per-position NLLs: mostly near 0, a few tokens far above
+    (one token's NLL). In a bin of 8 such values mean - 1.96 se is below 0;
+    the bootstrap band is not: it lies within the values, contains the mean,
+    reaches further above the mean than below, and is the same on every call."""
+    bin_values = [0.01, 0.02, 0.05, 0.03, 0.01, 0.04, 9.0, 0.02]  # positions 8..15: one bin at 1 per octave
+    values = [None] * 8 + bin_values
+    m = sum(bin_values) / 8
+    se = math.sqrt(sum((v - m) ** 2 for v in bin_values) / 7 / 8)
+    assert m - ex.Z95 * se < 0  # the symmetric band would go below 0 nats
+    (b,) = [b for b in ex.position_bins(values, per_octave=1) if b["first"] == 8]
+    assert b["n"] == 8 and b["mean"] == pytest.approx(m)
+    assert 0 < min(bin_values) <= b["lo"] < b["mean"] < b["hi"] <= max(bin_values)
+    assert b["hi"] - b["mean"] > b["mean"] - b["lo"]
+    assert ex.position_bins(values, per_octave=1) == ex.position_bins(values, per_octave=1)
+    # and on many random long-tailed bins
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        scale = 10.0 if rng.random() < 0.5 else 1.0
+        v = list(rng.exponential(0.3, size=int(rng.integers(2, 40))) * scale)
+        for b in ex.position_bins([None] + v):
+            assert b["lo"] is None or 0 <= b["lo"] <= b["mean"] <= b["hi"]
+
+
+def test_log_axes_are_labelled_with_plain_numbers(tmp_path):
+    """Every log axis of the plots: tick labels are plain numbers (256, 90),
+    never 2^8 or 9x10^1, on the major ticks; none on the minor ones."""
+    assert ex.nice_log_ticks(78, 190) == [80, 90, 100, 120, 150]
+    assert ex.nice_log_ticks(3.5, 260) == [5, 10, 20, 50, 100, 200]
+    assert ex.nice_log_ticks(33, 105) == [40, 50, 60, 70, 80, 90, 100]
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    s = _study(factors=(1, 2, 4, 16), rows=("none", "yarn"))
+    ppl = [_ppl_row("bundled", m, k, 256, 85.0 * k ** 0.2 + (m == "none") * 10, 3,
+                    per_position=[None] + [3.0 + (p % 7) / 7 for p in range(1, 4096)])
+           for m in ("none", "yarn") for k in (1, 2, 4, 16)]
+    ex.add_position_bins(ppl, [s])
+    seen = []
+    real_savefig = plt.Figure.savefig
+
+    def savefig(fig, *a, **kw):
+        fig.canvas.draw()
+        for ax in fig.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                if axis.get_scale() == "log":
+                    labels = [t.get_text() for t in axis.get_majorticklabels() if t.get_text()]
+                    minor = [t.get_text() for t in axis.get_minorticklabels() if t.get_text()]
+                    seen.append((labels, minor))
+        return real_savefig(fig, *a, **kw)
+    plt.Figure.savefig = savefig
+    try:
+        assert ex.plot_ppl(ppl, [s], tmp_path) == ["ppl_vs_ctx.png", "nll_vs_position.png"]
+    finally:
+        plt.Figure.savefig = real_savefig
+    assert len(seen) == 3, seen  # ppl_vs_ctx: x and y; nll_vs_position: x
+    for labels, minor in seen:
+        assert labels and not minor, (labels, minor)
+        for t in labels:
+            assert re.fullmatch(r"[0-9]+(\.[0-9]+)?", t), labels
+    assert ["256", "512", "1024", "4096"] in [labels for labels, _ in seen]
+    assert ["1", "4", "16", "64", "256", "1024", "4096"] in [labels for labels, _ in seen]
+
+
+def test_replot_draws_the_plots_again_from_results_json(tmp_path):
+    """--replot redraws every plot from results.json alone, the same bytes as
+    the study drew; results.json without position bins (made before they were
+    saved) leaves nll_vs_position.png as it is and says so."""
+    ppl_s = _study(factors=(1, 4), rows=("none", "sinks"))
+    pk_s = _study("passkey", "retrieval", factors=(1, 4), rows=("none", "sinks"), depths=(0, 1), trials=2)
+    ppl = [_ppl_row("bundled", m, k, 256, 80.0 + k, 3, per_position=[None] + [1.0 + (p % 5) for p in range(1, 1024)])
+           for m in ("none", "sinks") for k in (1, 4)]
+    passkey = [dict(model="retrieval", method=m, k=k, ctx=256 * k, length=256 * k - 9, command="cmd",
+                    train_ctx=256, cells=[dict(depth=d, correct=1, trials=2, runs=[]) for d in (0, 1)])
+               for m in ("none", "sinks") for k in (1, 4)]
+    meta = dict(command="extrapolation.py", wall_s=90.0, jobs=2, cpus=2, run_seconds={}, load_before=0.5, cpu_s=170)
+    ex.write_outputs(ppl, passkey, [ppl_s, pk_s], tmp_path, meta)
+    saved = _json.loads((tmp_path / "results.json").read_text())
+    assert [bool(r.get("position_bins")) for r in saved["ppl"]] == [r["k"] == 4 for r in saved["ppl"]]
+    pngs = ["ppl_vs_ctx.png", "nll_vs_position.png", "passkey_retrieval.png"]
+    drawn = {n: (tmp_path / n).read_bytes() for n in pngs}
+    for n in pngs:
+        (tmp_path / n).unlink()
+    files, messages = ex.replot(tmp_path)
+    assert sorted(files) == sorted(pngs) and messages == []
+    assert {n: (tmp_path / n).read_bytes() for n in pngs} == drawn
+    for r in saved["ppl"]:
+        r.pop("position_bins", None)
+    (tmp_path / "results.json").write_text(_json.dumps(saved))
+    (tmp_path / "nll_vs_position.png").write_bytes(b"old")
+    files, messages = ex.replot(tmp_path)
+    assert "nll_vs_position.png" not in files and "ppl_vs_ctx.png" in files
+    assert len(messages) == 1 and "no position bins" in messages[0]
+    assert (tmp_path / "nll_vs_position.png").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == []  # no temporary folder left
 
 
 def _ppl_row(model, method, k, L, ppl, windows, tokens=1000, se_w=0.05, **kw):

@@ -64,7 +64,11 @@ Outputs (in --out, default docs/extrapolation/):
     passkey.csv           one row per passkey cell (study, method, k, depth)
     table.md              the tables, with the command that reproduces every cell; the CPU time
     ppl_vs_ctx.png        perplexity against context, one panel per study, 95% bars
-    nll_vs_position.png   NLL by in-window position at the largest k, with a 95% band
+    nll_vs_position.png   NLL by in-window position at the largest k, with a 95% bootstrap
+                          band (position_bins() says why a bootstrap); results.json keeps
+                          the bins it draws
+Log axes are labelled with plain numbers (256, 90). --replot draws the plots again
+from the results.json in --out, running nothing.
     passkey_<study>.png   passkey accuracy heatmaps (length x depth), one panel per method
 
 Texts (made here, in a temporary folder; table.md states the same commands):
@@ -97,6 +101,7 @@ Usage:
     .venv/bin/python tools/extrapolation.py --cell NAME [--quick ...] [--threads T] [--results DIR]
     .venv/bin/python tools/extrapolation.py --collect DIR [DIR ...] [--out DIR]
     .venv/bin/python tools/extrapolation.py --stream-cell CKPT TEXT --window E --ctx L [-z TOK]
+    .venv/bin/python tools/extrapolation.py --replot [--out DIR]   # the plots from DIR/results.json
 (`make extrapolation` runs it with the defaults, about an hour on 2 cores;
 `make extrapolation EXTRAPOLATION_ARGS=--quick` the subset. --quick, and
 --collect of a --quick plan, write to a new temporary folder unless --out is
@@ -500,19 +505,40 @@ def log_bins(values, per_octave=4):
     """The per-position values (index = position; None = nothing scored) in
     bins of equal width on a log axis, per_octave to a doubling: bin j holds
     positions p >= 1 with floor(per_octave log2 p) = j. Returns
-    [(first, last, mean, se)] for the bins holding values, se from the
-    scatter of the bin's values (as if they were independent; None for one)."""
+    [(first, last, [values])] for the bins holding values."""
     bins = {}
     for p, v in enumerate(values):
         if p >= 1 and v is not None:
             bins.setdefault(math.floor(per_octave * math.log2(p) + 1e-9), []).append((p, v))
+    return [(bins[j][0][0], bins[j][-1][0], [v for _, v in bins[j]]) for j in sorted(bins)]
+
+
+BOOTSTRAP = 2000  # resamples per bin for the NLL-by-position band
+
+
+def position_bins(values, per_octave=4):
+    """The mean NLL per log bin of position (log_bins) with a 95% bootstrap
+    interval: [dict(first, last, n, mean, lo, hi)], lo and hi None for a bin
+    of one position.
+
+    Why a bootstrap: a value is the mean NLL at one position over the windows,
+    and with one window (SmolLM2 at 2x) it is one token's NLL, a long-tailed
+    quantity (most tokens near 0 nats, a few far above). mean -+ 1.96 standard
+    errors assumes the mean is normal, and in a bin of a few such values it
+    reaches below 0, which no NLL can. The percentile bootstrap resamples the
+    bin's values with replacement and takes the 2.5th and 97.5th percentiles
+    of the resampled means: it stays within the values' range (never below 0)
+    and follows their skew. Fixed seed: a replot draws the same band."""
+    import numpy as np
+    rng = np.random.default_rng(0)
     out = []
-    for j in sorted(bins):
-        pv = bins[j]
-        vals = [v for _, v in pv]
-        m = sum(vals) / len(vals)
-        se = math.sqrt(sum((x - m) ** 2 for x in vals) / (len(vals) - 1) / len(vals)) if len(vals) > 1 else None
-        out.append((pv[0][0], pv[-1][0], m, se))
+    for first, last, vals in log_bins(values, per_octave):
+        v = np.asarray(vals, dtype=np.float64)
+        lo = hi = None
+        if len(v) > 1:
+            means = v[rng.integers(0, len(v), size=(BOOTSTRAP, len(v)))].mean(axis=1)
+            lo, hi = (float(x) for x in np.percentile(means, [2.5, 97.5]))
+        out.append(dict(first=first, last=last, n=len(v), mean=float(v.mean()), lo=lo, hi=hi))
     return out
 
 
@@ -846,15 +872,43 @@ def write_csvs(ppl, passkey, out):
                             c["trials"], r.get("same_as", ""), "" if r.get("same_as") else r["command"]])
 
 
-def finish_axes(ax, L, xlabel, ylabel, title):
-    """A log2 x axis with the training context L marked, labels, grid, legend."""
+def nice_log_ticks(lo, hi):
+    """Round values in [lo, hi] for a log axis, the coarsest set that gives at
+    least 3 and leaves no gap (ends included) wider than 30% of the axis:
+    the powers of 10, then 1-2-5, 1-2-3-5-7, every digit, and finer."""
+    span = math.log10(hi / lo)
+    ticks = []
+    for subs in ((1,), (1, 2, 5), (1, 2, 3, 5, 7), (1, 2, 3, 4, 5, 6, 7, 8, 9),
+                 (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)):
+        ticks = [s * 10.0 ** e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+                 for s in subs if lo <= s * 10.0 ** e <= hi]
+        edges = [lo] + ticks + [hi]
+        if len(ticks) >= 3 and max(math.log10(b / a) for a, b in zip(edges, edges[1:])) <= 0.3 * span:
+            break
+    return ticks
+
+
+def plain_ticks(axis, ticks):
+    """Label a log axis at ticks with plain numbers (256, 90), not 2^8 or
+    9x10^1; no labels on the minor ticks."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def finish_axes(ax, L, xlabel, ylabel, title, xticks):
+    """A log2 x axis labelled at xticks with the training context L marked,
+    labels, grid, legend."""
     ax.set_xscale("log", base=2)
+    plain_ticks(ax.xaxis, xticks)
     ax.axvline(L, color="grey", lw=0.8, ls="--")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
 
 
 def plot_ppl(ppl, studies, out):
@@ -877,8 +931,11 @@ def plot_ppl(ppl, studies, out):
             ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, label=m if m != "sinks" else f"sinks ({SINKS})",
                         ls="--" if m == "sinks" else "-")
         ax.set_yscale("log")
+        lo, hi = ax.get_ylim()
+        plain_ticks(ax.yaxis, nice_log_ticks(lo, hi))
+        ax.set_ylim(lo, hi)
         finish_axes(ax, s.L, "context length (tokens)", "perplexity (bars: 95% interval)",
-                    f"{s.name}: perplexity vs context (L = {s.L})")
+                    f"{s.name}: perplexity vs context (L = {s.L})", [s.ctx(k) for k in s.factors])
     fig.tight_layout()
     fig.savefig(out / "ppl_vs_ctx.png", dpi=110)
     plt.close(fig)
@@ -888,19 +945,21 @@ def plot_ppl(ppl, studies, out):
         kmax = max(s.factors)
         for m in s.rows:
             hit = [r for r in ppl if r["model"] == s.name and r["method"] == m and r["k"] == kmax
-                   and r.get("per_position")]
+                   and r.get("position_bins")]
             if not hit:
                 if any(r.get("missing") for r in ppl if r["model"] == s.name and r["method"] == m and r["k"] == kmax):
                     ax.plot([], [], " ", label=f"{m}: missing")  # named in the legend, no line
                 continue
-            bins = log_bins(hit[0]["per_position"])
-            xs = [math.sqrt(b[0] * b[1]) for b in bins]
-            line, = ax.plot(xs, [b[2] for b in bins], lw=1.2, label=m if m != "sinks" else f"sinks ({SINKS})")
-            band = [(x, b[2], b[3]) for x, b in zip(xs, bins) if b[3] is not None]
-            ax.fill_between([b[0] for b in band], [b[1] - Z95 * b[2] for b in band],
-                            [b[1] + Z95 * b[2] for b in band], color=line.get_color(), alpha=0.15, lw=0)
-        finish_axes(ax, s.L, "position in the window (tokens)", "NLL (nats): mean per quarter octave, 95% band",
-                    f"{s.name}: NLL by position at {factor_label(kmax)} (ctx {s.ctx(kmax)})")
+            bins = hit[0]["position_bins"]
+            xs = [math.sqrt(b["first"] * b["last"]) for b in bins]
+            line, = ax.plot(xs, [b["mean"] for b in bins], lw=1.2, label=m if m != "sinks" else f"sinks ({SINKS})")
+            band = [(x, b) for x, b in zip(xs, bins) if b["lo"] is not None]
+            ax.fill_between([x for x, _ in band], [b["lo"] for _, b in band], [b["hi"] for _, b in band],
+                            color=line.get_color(), alpha=0.15, lw=0)
+        finish_axes(ax, s.L, "position in the window (tokens)",
+                    "NLL (nats): mean per quarter octave, 95% bootstrap band",
+                    f"{s.name}: NLL by position at {factor_label(kmax)} (ctx {s.ctx(kmax)})",
+                    [4 ** i for i in range(1 + round(math.log(s.ctx(kmax), 4)))])
     fig.tight_layout()
     fig.savefig(out / "nll_vs_position.png", dpi=110)
     plt.close(fig)
@@ -997,9 +1056,32 @@ def cost_table(meta):
     return lines
 
 
+def add_position_bins(ppl, studies):
+    """position_bins() of the cells nll_vs_position.png draws (each perplexity
+    study's largest k), on those cells: results.json keeps them, not the
+    per-position values, so that --replot can draw the plot again."""
+    for s in studies:
+        kmax = max(s.factors)
+        for r in ppl:
+            if s.kind == "ppl" and r["model"] == s.name and r["k"] == kmax and r.get("per_position"):
+                r["position_bins"] = position_bins(r["per_position"])
+
+
+def draw_plots(ppl, passkey, studies, out):
+    """The plots of the studies (file names, in out)."""
+    files = plot_ppl(ppl, [s for s in studies if s.kind == "ppl"], out)
+    for s in studies:
+        if s.kind == "passkey":
+            name = plot_passkey(s, passkey, out)
+            if name:
+                files.append(name)
+    return files
+
+
 def write_outputs(ppl, passkey, studies, out, meta):
     """results.json, results.csv, passkey.csv, table.md and the plots."""
     out.mkdir(parents=True, exist_ok=True)
+    add_position_bins(ppl, studies)
     slim_ppl = [{k: v for k, v in r.items() if k != "per_position"} for r in ppl]
     (out / "results.json").write_text(json.dumps(dict(meta=meta, ppl=slim_ppl, passkey=passkey), indent=1) + "\n")
     write_csvs(slim_ppl, passkey, out)
@@ -1009,13 +1091,37 @@ def write_outputs(ppl, passkey, studies, out, meta):
         lines += ppl_table(s, ppl) if s.kind == "ppl" else passkey_table(s, passkey)
     lines += absent_studies(meta) + cost_table(meta)
     (out / "table.md").write_text("\n".join(lines))
-    files += plot_ppl(ppl, [s for s in studies if s.kind == "ppl"], out)
-    for s in studies:
-        if s.kind == "passkey":
-            name = plot_passkey(s, passkey, out)
-            if name:
-                files.append(name)
-    return files
+    return files + draw_plots(ppl, passkey, studies, out)
+
+
+def replot(out):
+    """--replot: draw the plots again from out/results.json, running nothing.
+    The studies' methods (their order) are FULL's; the factors, depths and
+    training contexts are the results'. Returns the files drawn, and a message for
+    nll_vs_position.png when results.json has no position bins (results made
+    before they were saved): that plot is then left as it is."""
+    try:
+        saved = json.loads((out / "results.json").read_text())
+        ppl, passkey = saved["ppl"], saved["passkey"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RuntimeError(f"{out / 'results.json'}: cannot read the results ({e})") from None
+    studies = []
+    for name, cfg in FULL.items():
+        rows = [r for r in (ppl if cfg["kind"] == "ppl" else passkey) if r["model"] == name]
+        if rows:
+            depths = sorted({c["depth"] for r in rows for c in r.get("cells", [])})
+            studies.append(Study(name, cfg["kind"], "", None, rows[0]["train_ctx"], sorted({r["k"] for r in rows}),
+                                 cfg["rows"], depths=depths, at=cfg.get("at")))
+    messages = []
+    if not any(r.get("position_bins") for r in ppl):
+        messages.append("results.json holds no position bins (it was made before the study saved them): "
+                        "nll_vs_position.png left as it is; the next make extrapolation saves them")
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        files = draw_plots(ppl, passkey, studies, Path(tmp))
+        for name in files:
+            if name != "nll_vs_position.png" or not messages:
+                (Path(tmp) / name).replace(out / name)
+    return [f for f in files if f != "nll_vs_position.png" or not messages], messages
 
 
 # --------------------------------------------------------------------------
@@ -1559,6 +1665,8 @@ def build_parser():
     ap.add_argument("--ctx", type=int, help="--stream-cell: the rolling cache's size (the training context)")
     ap.add_argument("-z", dest="tok", type=Path, help="--stream-cell: tokenizer, if not tokenizer.bin beside CKPT")
     ap.add_argument("--segments", type=Path, help="--stream-cell: keep the segment files in this folder")
+    ap.add_argument("--replot", action="store_true",
+                    help="run nothing: draw the plots again from the results.json in --out (default docs/extrapolation)")
     return ap
 
 
@@ -1581,10 +1689,20 @@ def plan_from_args(args):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     modes = [m for m, on in (("--list", args.list), ("--cell", args.cell), ("--collect", args.collect),
-                             ("--stream-cell", args.stream_cell)) if on]
+                             ("--stream-cell", args.stream_cell), ("--replot", args.replot)) if on]
     if len(modes) > 1:
-        sys.exit(f"extrapolation: expected at most one of --list, --cell, --collect, --stream-cell, got "
+        sys.exit(f"extrapolation: expected at most one of --list, --cell, --collect, --stream-cell, --replot, got "
                  f"{' and '.join(modes)}")
+    if args.replot:
+        out = args.out or ROOT / "docs" / "extrapolation"
+        try:
+            files, messages = replot(out)
+        except RuntimeError as e:
+            sys.exit(f"extrapolation: {e}")
+        for m in messages:
+            print(f"extrapolation: {m}", file=sys.stderr)
+        print(f"extrapolation: drew {', '.join(files)} in {out} from results.json", file=sys.stderr)
+        return
     for flag, v in (("--jobs", args.jobs), ("--threads", args.threads)):
         if v is not None and v < 1:
             sys.exit(f"extrapolation: {flag} {v}: expected at least 1")
