@@ -1028,8 +1028,9 @@ def test_tokenizer_json_chat_template_sources(tmp_path, trained):
         (3, "chatml", QWEN25_DEFAULT, "")
     # stop ids: <|endoftext|> (n) and <|im_end|> (n + 2), the special stop texts
     assert back["stop_ids"] == [n, n + 2]
+    out = p.stdout.decode()
     assert f"chat template chatml (system default {len(QWEN25_DEFAULT)} bytes), stop ids " \
-        f"{n},{n + 2}" in err, err
+        f"{n},{n + 2}" in out, out
 
 
 def test_tokenizer_json_stop_ids_from_generation_config(tmp_path, trained):
@@ -1208,7 +1209,7 @@ def test_smollm2_tokenizer_matches_tokenizers(tmp_path):
         (3, "chatml", "", [0, 2])
     assert tok["system_default"] == \
         "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-    assert "chat template chatml (system default 68 bytes), stop ids 0,2" in p.stderr.decode()
+    assert "chat template chatml (system default 68 bytes), stop ids 0,2" in p.stdout.decode()
     singles = {p for p, k in zip(tok["pieces"], tok["kinds"]) if k == 0 and len(p) == 1}
     assert 256 - len(singles) == 21
     hf = hf_tokenizer_from_gguf(path, PRE_JSON["smollm"])
