@@ -778,6 +778,7 @@ def _outputs(folder_list, out, plots=False):
         cells, _ = ex.read_cells(folder_list)
         ppl, passkey, studies, meta = ex.collect(cells, dict(command="collect", collected_files=len(cells),
                                                              collected_folders=len(folder_list)))
+        ex.add_position_bins(ppl, studies)  # as write_outputs does, for results.json
         out.mkdir()
         lines = ["# Extrapolation study: tables", "", ex.made_by(meta), ""] + ex.PREAMBLE
         for s in studies:

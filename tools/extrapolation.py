@@ -1115,7 +1115,7 @@ def replot(out):
     messages = []
     if not any(r.get("position_bins") for r in ppl):
         messages.append("results.json holds no position bins (it was made before the study saved them): "
-                        "nll_vs_position.png left as it is; the next make extrapolation saves them")
+                        "nll_vs_position.png left as it is; the next make extrapolation (or --collect) saves them")
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         files = draw_plots(ppl, passkey, studies, Path(tmp))
         for name in files:
