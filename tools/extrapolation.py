@@ -67,9 +67,9 @@ Outputs (in --out, default docs/extrapolation/):
     nll_vs_position.png   NLL by in-window position at the largest k, with a 95% bootstrap
                           band (position_bins() says why a bootstrap); results.json keeps
                           the bins it draws
+    passkey_<study>.png   passkey accuracy heatmaps (length x depth), one panel per method
 Log axes are labelled with plain numbers (256, 90). --replot draws the plots again
 from the results.json in --out, running nothing.
-    passkey_<study>.png   passkey accuracy heatmaps (length x depth), one panel per method
 
 Texts (made here, in a temporary folder; table.md states the same commands):
     heldout.txt   .venv/bin/python tools/prepare_data.py --heldout heldout.txt
