@@ -548,6 +548,9 @@ static OutputFile open_output_file(const char *flag, const char *path, const cha
     char tmp[sizeof pending_tmp[0]];
     snprintf(tmp, sizeof tmp, "%s.XXXXXX", path);
     int fd = mkstemp(tmp);
+    mode_t umask_bits = umask(0);
+    umask(umask_bits);
+    if (fd >= 0) fchmod(fd, 0666 & ~umask_bits); // a new file's permissions, not mkstemp's 0600
     out.f = fd < 0 ? NULL : fdopen(fd, "wb");
     if (!out.f) {
         int e = errno;

@@ -35,6 +35,8 @@ tolerance (observed: 0.025 or more).
 
 import json
 import math
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -247,7 +249,8 @@ def test_sinks_streaming_match_reference(sinks, kv, tmp_path, syn_tokenizer):
 def test_same_nll_as_without_statistics(tmp_path, syn_tokenizer):
     """Statistics change how the model runs (one token at a time), not what
     it computes: the NLL agrees with the blocks' to float rounding (1e-5
-    relative: generation's one-row kernel sums in another order)."""
+    relative: generation's one-row kernel sums in another order). The file
+    gets a new file's permissions, and no temporary is left beside it."""
     ckpt, _, _ = sharpened_model(tmp_path, seed=24)
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
@@ -255,6 +258,10 @@ def test_same_nll_as_without_statistics(tmp_path, syn_tokenizer):
     got, stats = attn_stats(ckpt, syn_tokenizer, text, 64, [], tmp_path / "stats.json")
     assert got["tokens"] == base["tokens"] == stats["queries"]
     assert abs(got["nll"] - base["nll"]) <= 1e-5 * base["nll"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "stats.json").stat().st_mode) == 0o666 & ~umask  # as a new file's
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.bin", "plain.bin", "stats.json", "text.txt"]
 
 
 @pytest.mark.parametrize("args, code, needles", [
