@@ -203,7 +203,10 @@ def test_windows_match_reference(case, tmp_path, syn_tokenizer):
                                    rotated_once=rotated_once, window=window, kv=kv)
     want = reference_stats(records, ctx, ctx)
     check_against_reference(got, ppl, want, nlls, records, ctx, kv == "f16")
-    assert "sink_mass" not in got and got["streaming"] is False and got["kv"] == kv
+    assert "sink_mass" not in got and got["streaming"] is False and got["kv"] == kv and got["window"] == window
+    assert got["keys"] == ("rotated-once" if rotated_once else "self-extend" if "self-extend" in rule
+                           else "per-length")
+    assert got["attn_factor"] == pytest.approx(angles_of(rule, cfg)(0, 0)[2], rel=1e-6)
 
 
 def test_overlapping_windows_count_scored_queries_only(tmp_path, syn_tokenizer):
