@@ -15,8 +15,7 @@
 #include <stdlib.h>
 
 #include "attn_stats.h"
-
-static const char *const KEY_STRATEGY_NAMES[] = {"rotated-once", "per-length", "self-extend", "sinks"}; // KeyStrategy
+#include "modes.h"
 
 AttnStats *attn_stats_new(const Transformer *t, int n_positions) {
     const Config *c = &t->config;
@@ -156,15 +155,6 @@ static void json_sink_mass(FILE *f, const AttnStats *s) {
     fputc(']', f);
 }
 
-/* The magnitude factor of the RoPE settings (YaRN's and LongRoPE's mscale,
- * 1 for the other methods); NAN when memory runs out. */
-static double rope_mscale(const Transformer *t) {
-    double mscale = NAN, *inv_freq = malloc((size_t)t->rope.rot_dim / 2 * sizeof(double));
-    if (inv_freq) rope_frequencies(&t->rope, t->n_ctx, inv_freq, &mscale);
-    free(inv_freq);
-    return mscale;
-}
-
 int attn_stats_write(const AttnStats *s, FILE *f, const char *text, int stride) {
     const Transformer *t = s->t;
     const Config *c = &t->config;
@@ -175,9 +165,9 @@ int attn_stats_write(const AttnStats *s, FILE *f, const char *text, int stride) 
             SCALING_NAMES[t->rope.scaling]);
     json_number(f, t->rope.factor);
     fputs(", \"attn_factor\": ", f);
-    json_number(f, rope_mscale(t));
+    json_number(f, rope_magnitude(t));
     fprintf(f, ", \"keys\": \"%s\", \"kv\": \"%s\", \"window\": %d, \"window_first_layer\": %d, \"sinks\": ",
-            KEY_STRATEGY_NAMES[t->keys], KV_NAMES[t->kv_type], p->window, p->window > 0 ? p->window_first_layer : 0);
+            KEY_NAMES[t->keys], KV_NAMES[t->kv_type], p->window, p->window > 0 ? p->window_first_layer : 0);
     if (t->keys == KEYS_SINKS) fprintf(f, "%d", p->n_sinks);
     else fputs("null", f);
     fputs(", \"self_extend\": ", f);
