@@ -61,7 +61,8 @@ static int bucket_of(const Bucket *buckets, int n, int x) {
  * (cache_place) give it for every key strategy: slot j's place is j, except
  * in the rolling cache of sinks, where a key's place is as far from the
  * newest place as its token is from the query's. The sinks themselves (slots
- * below n_sinks) are marked -1. */
+ * below n_sinks) are marked -1. Both bucket lists cover every position and
+ * distance the run reaches (attn_stats_new), so each lookup finds one. */
 static void start_query(AttnStats *s, int pos) {
     const Transformer *t = s->t;
     int slot = cache_slot(t, pos), place = cache_place(t, slot, pos);
@@ -79,8 +80,8 @@ void attn_stats_add(AttnStats *s, int layer, int pos, const float *weights) {
     if (layer == 0) start_query(s, pos);
     const Config *c = &s->t->config;
     int n_ctx = s->t->n_ctx, h;
-    // one head per thread: each writes only its own sums
-#pragma omp parallel for private(h) if ((long)c->n_heads * s->n_keys >= PARALLEL_MIN_WORK / 8)
+    // one head per thread, each writing only its own sums; a log per key
+#pragma omp parallel for private(h) if ((long)c->n_heads * s->n_keys >= PARALLEL_MIN_WORK)
     for (h = 0; h < c->n_heads; h++) {
         size_t lh = (size_t)layer * c->n_heads + h; // this layer's head h
         const float *p = weights + (size_t)h * n_ctx;

@@ -533,7 +533,7 @@ static int same_file(const char *path, const char *other) {
  * flag and PATH when it cannot be, or may not be, written. */
 static OutputFile open_output_file(const char *flag, const char *path, const char *const inputs[], int n_inputs) {
     OutputFile out = {NULL, flag, path, NULL};
-    for (int i = 0; i < MAX_OUTPUTS && !out.tmp; i++)
+    for (int i = 0; i < MAX_OUTPUTS && !out.tmp; i++) // a free entry: one per flag, so there is one
         if (!pending_tmp[i][0]) out.tmp = pending_tmp[i];
     struct stat st;
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
