@@ -40,9 +40,10 @@ LDLIBS = -lm
 # of their own; filekind.c says what a file given in the wrong place is (a GGUF
 # as the checkpoint, ...). LIB: all of them but run.c's main, for the tests
 # (which build run.c with -DTESTING, leaving main out).
-MODES = chat.c lineedit.c ppl.c passkey.c tokenize.c rope_mode.c info.c cli.c
+MODES = chat.c lineedit.c ppl.c attn_stats.c passkey.c tokenize.c rope_mode.c info.c cli.c
 SRC = run.c $(MODES) filekind.c kernels.c tokenizer.c
-HDR = model.h run.h modes.h cli.h chat.h lineedit.h ppl.h passkey.h tokenizer.h kernels.h filekind.h unicode_tables.h
+HDR = model.h run.h modes.h cli.h chat.h lineedit.h ppl.h attn_stats.h passkey.h tokenizer.h kernels.h filekind.h \
+	unicode_tables.h
 
 # Sanitizer build: AddressSanitizer (out-of-bounds, use-after-free, leaks) and
 # UndefinedBehaviorSanitizer (overflow, misaligned loads, bad shifts); any

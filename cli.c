@@ -117,6 +117,10 @@ static const Flag FLAGS[] = {
      "save every scored token's logits (4 bytes x vocab each) as a baseline"},
     {"--kl-base", NULL, PPL, TEXT, 0, 0, FIELD(kl_base), NULL, "<file>",
      "compare with a saved baseline: KL divergence, delta NLL, top-1 agreement"},
+    {"--attn-stats", NULL, PPL, TEXT, 0, 0, FIELD(attn_stats), NULL, "<file>",
+     "write attention statistics as JSON: per layer and head, the entropy by\n"
+     "query position and the mass by query-key distance (NLL buckets), over\n"
+     "every scored query; the run goes one token at a time (slower)"},
     {"--lengths", NULL, PASS, TEXT, 0, 0, FIELD(lengths), NULL, "<list>",
      "prompt lengths in tokens, comma-separated; default the training\n"
      "context less the answer's tokens"},
@@ -319,6 +323,8 @@ static void check_combinations(const Options *o) {
     if (ppl && flag_given(o, "--sinks") && !o->streaming)
         die(EXIT_USAGE, "--sinks: -m ppl reads it only with --streaming");
     if (o->per_position && !o->json) die(EXIT_USAGE, "--per-position: only used with --json");
+    if (o->attn_stats && o->save_logits && !strcmp(o->attn_stats, o->save_logits))
+        die(EXIT_USAGE, "--attn-stats %s: is also the --save-logits file; give each its own path", o->attn_stats);
     if (o->conversation_input && o->mode != MODE_PASSKEY && !o->prompt && !o->prompt_file)
         die(EXIT_USAGE, "--chat: needs the conversation, with -f or -i");
     if ((o->mode == MODE_TOKENIZE || o->mode == MODE_PASSKEY) && flag_given(o, "--chat-template") &&

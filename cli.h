@@ -28,6 +28,7 @@ typedef struct {
     int pieces;                                       // tokenize --pieces
     int stride, streaming;                            // ppl
     const char *save_logits, *kl_base;                // ppl: logits files
+    const char *attn_stats;                           // ppl: the attention statistics' JSON file
     const char *lengths, *depths;                     // passkey: comma-separated lists
     int trials, key_digits, prompts_only;             // passkey
     // RoPE and position flags: position_overrides turns the given ones into a PositionOverrides

@@ -46,7 +46,7 @@ static unsigned scaling_reads(int scaling) {
 
 /* The magnitude mscale the RoPE table of t carries: the stored or given
  * attn_factor, else the one derived from s (1 for the methods without one). */
-static double rope_magnitude(const Transformer *t) {
+double rope_magnitude(const Transformer *t) {
     double mscale = 1.0, *scratch = malloc((size_t)(t->rope.rot_dim / 2) * sizeof(double));
     if (!scratch) die(EXIT_BAD_INPUT, "out of memory");
     rope_frequencies(&t->rope, t->n_ctx, scratch, &mscale);

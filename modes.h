@@ -60,6 +60,9 @@ int passkey_context(const Options *o);
  * with null for what the run does not use. */
 void position_setup_text(char *out, size_t size, const Transformer *t);
 void print_position_json(const Transformer *t);
+/* info.c: the magnitude mscale t's RoPE table carries (YaRN's and LongRoPE's
+ * attention factor; 1 for the other methods). */
+double rope_magnitude(const Transformer *t);
 
 /* tokenize.c: piece bytes s[0..n) in double quotes, readably: well-formed
  * UTF-8 as it is; \" \\ \n \t \r escaped; every other control byte and every

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "attn_stats.h"
 #include "modes.h"
 #include "ppl.h"
 
@@ -160,6 +161,8 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
         memcpy(input + bos, ids + start, (size_t)(n_in - bos) * sizeof(int));
         for (int p0 = 0; p0 < n_in && rc == 0; p0 += max_block) {
             int B = n_in - p0 < max_block ? n_in - p0 : max_block;
+            if (t->state.attn_stats) // B = 1 (block_limit): count the query if its token is scored
+                attn_stats_count(t->state.attn_stats, start + p0 + 1 - bos >= scored_upto);
             int status = forward_block(t, input + p0, B, p0, LOGITS_ALL); // logits (B, vocab_size)
             if (status == FORWARD_NOT_FINITE) {
                 rc = fail(err, err_len, "ppl: the logits of window %d are NaN or infinite (a NaN or infinite weight, "
@@ -490,16 +493,32 @@ static void tokenize_progress(size_t done, size_t total) { // in MiB, rounded up
 }
 static void stream_progress(int done, int total) { progress_line("token", done, total); }
 
-/* ---- The logits file: never half-written, never over something else -------
- * It is written under a unique name beside its path (PATH.XXXXXX, created
- * with O_EXCL by mkstemp), renamed over PATH once complete, and removed on
- * any failure and on Ctrl-C or SIGTERM. PATH must be a regular file or not
- * exist (a device, a FIFO or a symlink is refused, never replaced), and must
- * not be one of the run's inputs. */
-static char pending_tmp[4096]; // the temporary file to remove on a signal; "" = none
+/* ---- Output files: never half-written, never over something else ---------
+ * --save-logits and --attn-stats write their file under a unique name beside
+ * its path (PATH.XXXXXX, created with O_EXCL by mkstemp), rename it over PATH
+ * once complete, and remove it on any failure (at exit, when a later step
+ * dies) and on Ctrl-C or SIGTERM. PATH must be a regular file or not exist (a
+ * device, a FIFO or a symlink is refused, never replaced), and must not be
+ * one of the run's inputs. */
+#define MAX_OUTPUTS 2 // --save-logits, --attn-stats
+static char pending_tmp[MAX_OUTPUTS][4096]; // the temporary files not yet renamed; "" = none
+
+typedef struct {
+    FILE *f;          // the temporary file; NULL once closed
+    const char *flag; // "--save-logits", "--attn-stats": the messages name it
+    const char *path; // where the file goes when complete
+    char *tmp;        // its entry of pending_tmp
+} OutputFile;
+
+/* Remove the temporary files not yet renamed: at exit (a die() between
+ * opening one and finishing it) and on a signal. */
+static void remove_pending_files(void) {
+    for (int i = 0; i < MAX_OUTPUTS; i++)
+        if (pending_tmp[i][0]) unlink(pending_tmp[i]); // async-signal-safe
+}
 
 static void remove_pending(int sig) {
-    if (pending_tmp[0]) unlink(pending_tmp); // async-signal-safe
+    remove_pending_files();
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -510,45 +529,54 @@ static int same_file(const char *path, const char *other) {
     return other && stat(path, &a) == 0 && stat(other, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
-/* Open the temporary file for --save-logits PATH; exits with a message naming
- * the flag and PATH when it cannot be, or may not be, written. */
-static FILE *open_logits_file(const char *path, const char *const inputs[], int n_inputs) {
+/* Open the temporary file for `flag` PATH; exits with a message naming the
+ * flag and PATH when it cannot be, or may not be, written. */
+static OutputFile open_output_file(const char *flag, const char *path, const char *const inputs[], int n_inputs) {
+    OutputFile out = {NULL, flag, path, NULL};
+    for (int i = 0; i < MAX_OUTPUTS && !out.tmp; i++) // a free entry: one per flag, so there is one
+        if (!pending_tmp[i][0]) out.tmp = pending_tmp[i];
     struct stat st;
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        die(EXIT_BAD_INPUT, "--save-logits %s: exists and is not a regular file (a %s); give a new path", path,
+        die(EXIT_BAD_INPUT, "%s %s: exists and is not a regular file (a %s); give a new path", flag, path,
             S_ISLNK(st.st_mode) ? "symbolic link" : S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO"
             : "device or socket");
     for (int i = 0; i < n_inputs; i++)
         if (same_file(path, inputs[i]))
-            die(EXIT_BAD_INPUT, "--save-logits %s: is an input of this run (%s); give a new path", path, inputs[i]);
-    if (strlen(path) + sizeof ".XXXXXX" > sizeof pending_tmp)
-        die(EXIT_BAD_INPUT, "--save-logits %s: path too long (expected under %zu bytes)", path, sizeof pending_tmp - 8);
-    char tmp[sizeof pending_tmp];
+            die(EXIT_BAD_INPUT, "%s %s: is an input of this run (%s); give a new path", flag, path, inputs[i]);
+    if (strlen(path) + sizeof ".XXXXXX" > sizeof pending_tmp[0])
+        die(EXIT_BAD_INPUT, "%s %s: path too long (expected under %zu bytes)", flag, path, sizeof pending_tmp[0] - 8);
+    char tmp[sizeof pending_tmp[0]];
     snprintf(tmp, sizeof tmp, "%s.XXXXXX", path);
     int fd = mkstemp(tmp);
-    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
-    if (!f) {
+    mode_t umask_bits = umask(0);
+    umask(umask_bits);
+    if (fd >= 0) fchmod(fd, 0666 & ~umask_bits); // a new file's permissions, not mkstemp's 0600
+    out.f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (!out.f) {
         int e = errno;
         if (fd >= 0) close(fd), unlink(tmp);
-        die(EXIT_BAD_INPUT, "--save-logits %s: cannot create a file beside it: %s", path, strerror(e));
+        die(EXIT_BAD_INPUT, "%s %s: cannot create a file beside it: %s", flag, path, strerror(e));
     }
-    memcpy(pending_tmp, tmp, sizeof tmp);
+    memcpy(out.tmp, tmp, sizeof tmp);
+    static int registered;
+    if (!registered) atexit(remove_pending_files), registered = 1;
     signal(SIGINT, remove_pending);
     signal(SIGTERM, remove_pending);
-    return f;
+    return out;
 }
 
-/* Close the temporary file and rename it to path (commit), or remove it. */
-static int close_logits_file(FILE *f, const char *path, int commit, char *err, size_t err_len) {
-    int failed = fclose(f) != 0;
-    if (!failed && commit && rename(pending_tmp, path) == 0) {
-        pending_tmp[0] = '\0';
+/* Close the temporary file and rename it to its path (commit), or remove it. */
+static int close_output_file(OutputFile *out, int commit, char *err, size_t err_len) {
+    int failed = fclose(out->f) != 0;
+    out->f = NULL;
+    if (!failed && commit && rename(out->tmp, out->path) == 0) {
+        out->tmp[0] = '\0';
         return 0;
     }
     int e = errno;
-    unlink(pending_tmp);
-    pending_tmp[0] = '\0';
-    return commit ? fail(err, err_len, "--save-logits %s: %s", path, strerror(e)) : 0;
+    unlink(out->tmp);
+    out->tmp[0] = '\0';
+    return commit ? fail(err, err_len, "%s %s: %s", out->flag, out->path, strerror(e)) : 0;
 }
 
 /* The hook of a ppl run that saves its logits, compares them with a
@@ -563,6 +591,41 @@ static int ppl_hooks(void *ctx, const float *logits, int vocab, int target, char
     if (h->save && save_logits(h->save, logits, vocab, target, err, err_len) != 0) return -1;
     if (h->compare && compare_logits(h->compare, logits, vocab, target, err, err_len) != 0) return -1;
     return 0;
+}
+
+/* --attn-stats PATH: open its temporary file and hang fresh statistics on
+ * the run state, for queries at positions below n_positions (exits with a
+ * message naming the flag when it cannot). From here on the model runs one
+ * token at a time (block_limit). */
+static OutputFile start_attn_stats(Transformer *t, const char *path, int n_positions, const char *const inputs[],
+                                   int n_inputs) {
+    OutputFile out = open_output_file("--attn-stats", path, inputs, n_inputs);
+    t->state.attn_stats = attn_stats_new(t, n_positions);
+    if (!t->state.attn_stats) {
+        close_output_file(&out, 0, NULL, 0);
+        die(EXIT_BAD_INPUT, "--attn-stats %s: out of memory for the statistics", path);
+    }
+    return out;
+}
+
+/* Write the statistics into out and put the file under its name (commit), or
+ * remove it; take them off the run state and free them. Returns 0, or -1
+ * with a message in err. */
+static int finish_attn_stats(Transformer *t, OutputFile *out, const char *text, int stride, int commit, char *err,
+                             size_t err_len) {
+    AttnStats *s = t->state.attn_stats;
+    t->state.attn_stats = NULL;
+    int rc = 0;
+    if (commit && attn_stats_write(s, out->f, text, stride) != 0) {
+        rc = fail(err, err_len, "%s %s: write failed (disk full?)", out->flag, out->path);
+        commit = 0;
+    }
+    if (commit) rc = close_output_file(out, 1, err, err_len);
+    else close_output_file(out, 0, NULL, 0);
+    if (rc == 0 && commit)
+        fprintf(stderr, "ppl: attention statistics of %ld queries written to %s\n", s->n_queries, out->path);
+    attn_stats_free(s);
+    return rc;
 }
 
 /* -m ppl: the NLL of a text file under teacher forcing (ppl_score, or
@@ -585,18 +648,23 @@ void ppl_mode(const ModeInput *in) {
     if (max_stride < 1) die(EXIT_USAGE, "--ctx %d: ppl needs at least 2 positions", t->n_ctx);
     if (stride <= 0) stride = max_stride;
     if (stride > max_stride) die(EXIT_USAGE, "--stride %d: expected 1..%d (ctx - 1)", stride, max_stride);
-    // The baseline to compare with, and the file to save into (open_logits_file).
+    // The baseline to compare with, and the files to write (open_output_file).
     KlCompare kl = {0};
     if (kl_path) // every text token is scored once, in order; the first only after BOS
         open_kl_base(&kl, kl_path, t, stride, tok->add_bos, streaming, ids + !tok->add_bos, n_ids - !tok->add_bos);
+    const char *inputs[] = {in->o->prompt_file, in->checkpoint, in->tok_path, kl_path};
+    OutputFile stats_out = {0};
+    if (o->attn_stats) // query positions: in the window, or with --streaming in the text (BOS included)
+        stats_out = start_attn_stats(t, o->attn_stats, streaming ? n_ids + tok->add_bos : t->n_ctx, inputs, 4);
     LogitsWriter saver = {NULL, save_path, 0};
+    OutputFile logits_out = {0};
     if (save_path) {
-        const char *inputs[] = {in->o->prompt_file, in->checkpoint, in->tok_path, kl_path};
-        saver.f = open_logits_file(save_path, inputs, 4);
+        logits_out = open_output_file("--save-logits", save_path, inputs, 4);
+        saver.f = logits_out.f;
         unsigned char zeros[LOGITS_HEADER_BYTES] = {0}; // the header, written once the count is known
         if (fwrite(zeros, 1, sizeof zeros, saver.f) != sizeof zeros) {
             int e = errno;
-            close_logits_file(saver.f, save_path, 0, NULL, 0);
+            close_output_file(&logits_out, 0, NULL, 0);
             die(EXIT_BAD_INPUT, "--save-logits %s: %s", save_path, strerror(e));
         }
         fprintf(stderr, "ppl: saving %.1f MiB of logits (%zu bytes per token)\n",
@@ -605,6 +673,7 @@ void ppl_mode(const ModeInput *in) {
     PplHooks hooks = {save_path ? &saver : NULL, kl_path ? &kl : NULL};
     TokenHook hook = {ppl_hooks, &hooks};
     fputs(summary, stderr);
+    if (o->attn_stats) fprintf(stderr, "ppl: --attn-stats: one token at a time through the one-query attention\n");
     PplScore score;
     char err[512];
     double start_time = now_seconds();
@@ -620,15 +689,17 @@ void ppl_mode(const ModeInput *in) {
                               sinks_or_none(t)};
         for (int k = 0; k < 10; k++) // little-endian whatever the machine
             for (int b = 0; b < 4; b++) h[4 * k + b] = (unsigned char)((uint32_t)fields[k] >> (8 * b));
-        if (fseek(saver.f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, saver.f) != sizeof h) {
+        if (fseek(saver.f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, saver.f) != sizeof h)
             rc = fail(err, sizeof err, "--save-logits %s: %s", save_path, strerror(errno)); // removed below
-        } else {
-            rc = close_logits_file(saver.f, save_path, 1, err, sizeof err);
-            saver.f = NULL; // closed, and renamed or removed
-        }
+        else
+            rc = close_output_file(&logits_out, 1, err, sizeof err); // renamed, or removed
+    }
+    if (o->attn_stats) {
+        int stats_rc = finish_attn_stats(t, &stats_out, path, streaming ? 0 : stride, rc == 0, err, sizeof err);
+        if (rc == 0) rc = stats_rc;
     }
     if (rc != 0) {
-        if (saver.f) close_logits_file(saver.f, save_path, 0, NULL, 0);
+        if (logits_out.f) close_output_file(&logits_out, 0, NULL, 0);
         if (!strncmp(err, "--", 2)) die(EXIT_BAD_INPUT, "%s", err); // names its flag and file
         die(EXIT_BAD_INPUT, "-f %s: %s", path, err);
     }

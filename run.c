@@ -46,6 +46,7 @@
 #include <omp.h>
 #endif
 
+#include "attn_stats.h"
 #include "filekind.h"
 #include "modes.h"
 #include "run.h"
@@ -821,8 +822,10 @@ static RotatedKeys rope_stage(Transformer *t, void *key_cache, int B, int pos0) 
  * current length (b) or at their place in a rolling cache (d) are rotated for
  * each query position separately, so those go 1 by 1; Self-Extend's two
  * rotations of a key do not depend on the query (rope_stage), so it takes
- * blocks. */
+ * blocks. Attention statistics read each query's weights, which only the
+ * one-query attention keeps: 1 by 1 too. */
 int block_limit(const Transformer *t) {
+    if (t->state.attn_stats) return 1;
     switch (t->keys) {
     case KEYS_PER_LENGTH:
     case KEYS_SINKS: return 1;
@@ -1232,6 +1235,7 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
         RotatedKeys keys = rope_stage(t, key_cache, B, pos0);              // q rotated; k into the cache
         kv_store(value_cache, t->kv_type, (size_t)slot * kv_dim, st->v, B * kv_dim); // v into the cache
         attention(st->xb, st->q, &keys, value_cache, B, place, layer_window(t, l), t); // (B, dim)
+        if (st->attn_stats) attn_stats_add(st->attn_stats, l, pos0, st->scores); // B = 1: its weights, per head
         project(st, st->xb2, st->xb, w->wo, w->bo, l, B, dim, dim);        // (B, dim)
         residual_add(st->x, st->xb2, B * dim);
 

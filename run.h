@@ -97,6 +97,9 @@ typedef struct {
     IntSetting window;             // --window W: every layer; 0 = none
 } PositionOverrides;
 
+/* Attention statistics a ppl run collects (attn_stats.h), or none. */
+typedef struct AttnStats AttnStats;
+
 /* Activations for a block of B <= FORWARD_BLOCK tokens, the KV cache and the
  * RoPE table. Owned by Transformer; allocated in build_transformer (run.c,
  * section 4), freed in free_transformer. */
@@ -124,6 +127,7 @@ typedef struct {
     float *key_rot;     // (n_ctx, kv_dim) keys before RoPE only: one layer's keys rotated for
                         // this step, float32 whatever the cache's type
     float *key_grouped; // (n_ctx, kv_dim) Self-Extend: one layer's keys rotated at their group positions
+    AttnStats *attn_stats; // ppl --attn-stats: each query's weights go there (owned by ppl.c); NULL = none
 } RunState;
 
 typedef struct {

@@ -22,6 +22,14 @@ pair i is (2i, 2i+1) in the interleaved layout, (i, i + rot_dim/2) in neox;
 (x, y) -> (x cos - y sin, x sin + y cos). Only unscaled RoPE is modelled.
 
 ppl_reference() applies the windowing contract of `run -m ppl` (docs/rope.md §12.2).
+
+trace_attention() is the same model one token at a time through a KV cache,
+with every key strategy of run (docs/rope.md §11): keys rotated once as they
+arrive, or kept before RoPE and rotated for each query (exact dynamic NTK,
+Self-Extend, the rolling cache of attention sinks), a sliding window, and an
+f16 cache; RoPE comes from an angle rule the caller writes from docs/rope.md.
+It returns each query's attention weights besides its NLL, for the attention
+statistics of `run -m ppl --attn-stats`.
 """
 
 import math
@@ -195,6 +203,103 @@ def ppl_reference(model, text_ids, ctx, bos_id, seq_len, stride=None):
     mean = float(np.mean([v for _, _, v in per_token]))
     return {"tokens": len(per_token), "nll": mean, "ppl": math.exp(mean), "ctx": ctx,
             "buckets": buckets, "per_token": per_token, "per_window": per_window}
+
+
+def rotate_angles(x, angles, att, layout, rot_dim):
+    """x (..., heads, head_size) with pair i of the first rot_dim dims of every
+    head rotated by angles (..., rot_dim/2), then times att (YaRN's mscale:
+    run multiplies cos and sin by it). Returns a new array."""
+    half = rot_dim // 2
+    out = np.array(x, dtype=np.float64)
+    if layout == "interleaved":
+        ia, ib = np.arange(0, rot_dim, 2), np.arange(1, rot_dim, 2)
+    else:
+        ia, ib = np.arange(half), np.arange(half, rot_dim)
+    a, b = out[..., ia], out[..., ib]
+    c, s = att * np.cos(angles)[..., None, :], att * np.sin(angles)[..., None, :]
+    out[..., ia], out[..., ib] = a * c - b * s, a * s + b * c
+    return out
+
+
+def trace_attention(model, tokens, n_ctx, angles, rotated_once, window=0, window_first_layer=0, sinks=None,
+                    kv="f32"):
+    """Feed tokens one at a time from position 0 through a cache of n_ctx
+    slots; for each fed token return its query's record:
+
+        pos      its position (with sinks: in the text)
+        nll      -log p(next token), None for the last token
+        weights  (n_layers, n_heads, n) the softmax weights over cache slots 0..n-1
+        dist     (n,) the distance in the text from each slot's token to this one
+        sink     (n,) True for the slots of sink tokens
+
+    angles(p, t) -> (query angles, key angles, att): the rotation of the query
+    at place p and the key at place t for their score (arrays of rot_dim/2
+    angles; att multiplies both). rotated_once: each key is rotated once, by
+    angles(t, t)'s key angles, when it enters the cache, and keeps that
+    rotation (run's default); else the cache holds keys before RoPE, rotated
+    for each query. sinks=S: the cache rolls once full, keeping the first S
+    tokens and overwriting the oldest of the rest; a key's place is its slot
+    while the cache has not wrapped, then n_ctx - 1 for the newest token and
+    one less per token back (docs/rope.md §13). window=W: layers from
+    window_first_layer on see the W most recent slots only. kv="f16": the
+    cache stores keys (rotated, or before RoPE) and values rounded to IEEE
+    half."""
+    w, nh, nkv, hs = model.w, model.n_heads, model.n_kv_heads, model.head_size
+    n_layers, group = w["wq"].shape[0], model.n_heads // model.n_kv_heads
+    store = (lambda a: a.astype(np.float16).astype(np.float64)) if kv == "f16" else (lambda a: a)
+    K = np.zeros((n_layers, n_ctx, nkv, hs))
+    V = np.zeros((n_layers, n_ctx, nkv, hs))
+    R = n_ctx - (sinks or 0)
+    owner = np.zeros(n_ctx, dtype=np.int64)  # the position in the text of each slot's token
+    records = []
+    for p, tok in enumerate(tokens):
+        wrapped = sinks is not None and p >= n_ctx
+        slot = sinks + (p - sinks) % R if wrapped else p
+        n = n_ctx if wrapped else p + 1
+
+        def place(j):
+            return n_ctx - 1 - (slot - j) % R if wrapped and j >= sinks else j
+
+        places = np.array([place(j) for j in range(n)])
+        qplace = place(slot)
+        owner[slot] = p
+        x = w["token_embedding"][tok]
+        weights = np.zeros((n_layers, nh, n))
+        for l in range(n_layers):
+            h = rmsnorm(x, w["rms_att_weight"][l], model.eps)
+            q = (w["wq"][l] @ h).reshape(nh, hs)
+            k = (w["wk"][l] @ h).reshape(nkv, hs)
+            if rotated_once:
+                ka = angles(qplace, qplace)
+                k = rotate_angles(k[None], ka[1][None, :], ka[2], model.layout, model.rot_dim)[0]
+            K[l, slot] = store(k)
+            V[l, slot] = store((w["wv"][l] @ h).reshape(nkv, hs))
+            rules = [angles(qplace, t) for t in places]
+            att = rules[0][2]
+            qa = np.array([r[0] for r in rules])  # (n, rot/2): the query's angles for each key
+            qr = rotate_angles(np.broadcast_to(q, (n, nh, hs)), qa, att, model.layout, model.rot_dim)
+            if rotated_once:
+                kr = K[l, :n]
+            else:
+                kr = rotate_angles(K[l, :n], np.array([r[1] for r in rules]), att, model.layout, model.rot_dim)
+            lo = max(0, n - window) if window and l >= window_first_layer else 0
+            out = np.empty((nh, hs))
+            for head in range(nh):
+                kv_head = head // group
+                scores = np.einsum("td,td->t", qr[lo:, head], kr[lo:, kv_head]) / math.sqrt(hs)
+                weights[l, head, lo:] = _softmax(scores)
+                out[head] = weights[l, head] @ V[l, :n, kv_head]
+            x = x + w["wo"][l] @ out.reshape(-1)
+            h = rmsnorm(x, w["rms_ffn_weight"][l], model.eps)
+            x = x + w["w2"][l] @ (_silu(w["w1"][l] @ h) * (w["w3"][l] @ h))
+        nll = None
+        if p + 1 < len(tokens):
+            logits = model.wcls @ rmsnorm(x, w["rms_final_weight"], model.eps)
+            m = logits.max()
+            nll = float(m + math.log(np.exp(logits - m).sum()) - logits[tokens[p + 1]])
+        sink = np.array([sinks is not None and j < sinks for j in range(n)])
+        records.append({"pos": p, "nll": nll, "weights": weights, "dist": p - owner[:n], "sink": sink})
+    return records
 
 
 def decode_llama2c(pieces, prev, token):
