@@ -25,6 +25,7 @@ import pytest
 
 from conftest import TEXT, make_model, run_ppl, tokenize
 from reference.forward import _silu, _softmax, rmsnorm
+from reference.forward import rotate_angles as rotate
 
 TOL_MEAN, TOL_BUCKET = 2e-4, 5e-4
 L = 32  # training context of the random models; ctx = 4L below
@@ -67,20 +68,6 @@ def inv_freq(method, d, base, s=1.0, L=L, seq_len=1, beta_fast=32.0, beta_slow=1
         band = (wavelen >= high_wl) & (wavelen <= low_wl)
         return np.where(band, (1 - smooth) * f / s + smooth * f, inv), 1.0
     raise ValueError(method)
-
-
-def rotate(x, angles, att, layout, rot_dim):
-    """x (..., heads, head_size) rotated by angles (..., rot_dim/2), times att."""
-    half = rot_dim // 2
-    out = np.array(x, dtype=np.float64)
-    if layout == "interleaved":
-        ia, ib = np.arange(0, rot_dim, 2), np.arange(1, rot_dim, 2)
-    else:
-        ia, ib = np.arange(half), np.arange(half, rot_dim)
-    a, b = out[..., ia], out[..., ib]
-    c, s = att * np.cos(angles)[..., None, :], att * np.sin(angles)[..., None, :]
-    out[..., ia], out[..., ib] = a * c - b * s, a * s + b * c
-    return out
 
 
 class ScaledReference:
