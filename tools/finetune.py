@@ -297,16 +297,19 @@ def parse_args(argv=None):
             ap.error(f"{flag} {v}: expected >= 1")
     if args.eval_every < 0 or args.warmup < 0:
         ap.error("--eval-every and --warmup: expected >= 0")
+    args.extra = []  # train.load_data's --extra: books only
+    return args
+
+
+def check_books(args) -> None:
+    """The training books are under --shared, and --books names only training books."""
     try:
         names = {p.stem for p in train.prepare_data.book_paths(Path(args.shared))[0]}
     except FileNotFoundError as e:
         bad_input(f"--shared {args.shared}: {e}")
-    if args.books:
-        wrong = [b for b in args.books if b not in names]
-        if wrong:
-            ap.error(f"--books {wrong[0]}: not a training book (expected one of {', '.join(sorted(names))})")
-    args.extra = []  # train.load_data's --extra: books only
-    return args
+    wrong = [b for b in args.books or () if b not in names]
+    if wrong:
+        usage_error(f"--books {wrong[0]}: not a training book (expected one of {', '.join(sorted(names))})")
 
 
 def build_model(cfg: dict, tensors: dict):
@@ -368,6 +371,7 @@ def main(argv=None):
     args = parse_args(argv)
     base, tensors = load_base(args.checkpoint)
     cfg = finetuned_config(base, args)
+    check_books(args)
     args.tokenizer = args.tokenizer or str(default_tokenizer(args.checkpoint))
     if not Path(args.tokenizer).is_file():
         bad_input(f"--tokenizer {args.tokenizer}: no such file (the checkpoint's sentencepiece .model; "
