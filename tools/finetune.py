@@ -160,8 +160,8 @@ def finetuned_config(base: dict, args) -> dict:
     else:
         factor = args.rope_factor if args.rope_factor is not None else default_factor(method, args.seq_len, L)
         if not factor >= 1.0 or not math.isfinite(factor):
-            usage_error(f"--rope-factor {factor:g}: expected a finite value >= 1 "
-                        f"(--seq-len {args.seq_len} / L {L} without --rope-factor)")
+            usage_error(f"--rope-factor {factor:g}: expected a finite value >= 1"
+                        + (f" (the default for --seq-len {args.seq_len} and L {L})" if args.rope_factor is None else ""))
     theta = base["rope_theta"] if args.rope_theta is None else args.rope_theta
     if not theta > 1.0 or not math.isfinite(theta):
         usage_error(f"--rope-theta {theta:g}: expected a finite value > 1")
