@@ -83,6 +83,9 @@ sentencepiece model: a tokenizer trained by another sentencepiece version would 
       --out-dir /tmp/train/retrieval --export-dir models/retrieval
 
 The defaults are the bundled model's settings; --help lists every flag.
+tools/finetune.py continues a checkpoint's training at a longer context with a RoPE
+scaling method, through this file's functions (data, network, batches, optimizer and
+schedule, training loop, evaluation, passkey mix, export).
 """
 import argparse
 import json
@@ -135,9 +138,12 @@ def fmt_time(s: float) -> str:
 # 1-3. data, tokenizer, token stream
 # --------------------------------------------------------------------------
 
-def training_documents(shared: Path, extra: list) -> list:
-    """The cleaned training books (sorted by name), then any --extra corpora."""
+def training_documents(shared: Path, extra: list, books=()) -> list:
+    """The cleaned training books (sorted by name; only those named in books when it is not
+    empty, tools/finetune.py's --books), then any --extra corpora."""
     train_paths, _ = prepare_data.book_paths(shared)
+    if books:
+        train_paths = [p for p in train_paths if p.stem in books]
     docs = [prepare_data.clean_book(p) for p in train_paths]
     for name in extra:
         if name == "tinyshakespeare":
@@ -192,12 +198,15 @@ def encode_stream(sp, docs: list) -> np.ndarray:
     return np.array(out, dtype=np.int32)
 
 
-def load_data(args):
-    """Tokenizer model path, train stream, held-out stream (all cached under --cache-dir)."""
+def load_data(args, heldout: bool = True):
+    """Tokenizer, its model path, train stream, held-out stream (all cached under --cache-dir;
+    the held-out stream is None when not asked for). args.books (tools/finetune.py's --books)
+    keeps only those training books, cached apart."""
     import sentencepiece as spm
     cache = Path(args.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    extra = "".join(f"+{e}" for e in args.extra)
+    books = sorted(getattr(args, "books", None) or ())
+    extra = "".join(f"+{e}" for e in args.extra) + "".join(f"+{b}" for b in books)
     if getattr(args, "tokenizer", ""):
         # A given sentencepiece model (e.g. models/tokenizer.model, so that a second model
         # shares the bundled one's vocabulary whatever sentencepiece version is installed:
@@ -214,7 +223,7 @@ def load_data(args):
     train_npy, held_npy = cache / f"train_{tag}.npy", cache / f"heldout_{tag}.npy"
     docs = None
     if not tok_path.exists() or not train_npy.exists():
-        docs = training_documents(Path(args.shared), args.extra)
+        docs = training_documents(Path(args.shared), args.extra, books)
         train_tokenizer(docs, args.vocab_size, tok_path.with_suffix(""), args.threads)
     sp = spm.SentencePieceProcessor(model_file=str(tok_path))
     if sp.vocab_size() != args.vocab_size:
@@ -223,11 +232,11 @@ def load_data(args):
         t0 = time.time()
         np.save(train_npy, encode_stream(sp, docs))
         log(f"tokens: training stream encoded in {time.time() - t0:.0f}s")
-    if not held_npy.exists():
+    if heldout and not held_npy.exists():
         # Exactly the text of `prepare_data.py --heldout`, encoded as one string like `run -m ppl`.
         held = prepare_data.heldout_text(Path(args.shared))
         np.save(held_npy, np.array(sp.encode(held), dtype=np.int32))
-    return sp, tok_path, np.load(train_npy), np.load(held_npy)
+    return sp, tok_path, np.load(train_npy), np.load(held_npy) if heldout else None
 
 
 def token_bytes(sp) -> np.ndarray:
@@ -255,11 +264,18 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def rope_tables(seq_len, head_size, theta):
-    """cos, sin of shape (seq_len, head_size/2): angle = pos * theta^(-2i/head_size), in double."""
-    inv = theta ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
+def theta_frequencies(head_size, theta):
+    """Plain RoPE's inverse frequencies theta^(-2i/head_size), i < head_size/2, in double."""
+    return theta ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
+
+
+def rope_rotation(seq_len, inv_freq, mscale=1.0):
+    """The complex rotations (seq_len, n_pairs) mscale * (cos + i sin) of angle pos * inv_freq[i],
+    as run's rope_fill_table builds its table: angle and product in double, then float.
+    mscale (YaRN's magnitude) scales both q and k, so every q.k by mscale^2, as in run."""
+    inv = torch.as_tensor(inv_freq, dtype=torch.float64)
     ang = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
-    return ang.cos().float(), ang.sin().float()
+    return torch.complex((mscale * ang.cos()).float(), (mscale * ang.sin()).float())
 
 
 def apply_rope(x, rot):
@@ -309,14 +325,19 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, c):
+    """run.c's network for config c (make_config's keys). RoPE rotates pair i by pos * inv_freq[i]
+    with magnitude mscale: by default plain RoPE of base c["rope_theta"]; tools/finetune.py passes
+    a scaling method's frequencies and magnitude, computed as run computes them."""
+
+    def __init__(self, c, inv_freq=None, mscale=1.0):
         super().__init__()
         self.c = c
         self.tok_embeddings = nn.Embedding(c["vocab_size"], c["dim"])
         self.layers = nn.ModuleList(Block(c) for _ in range(c["n_layers"]))
         self.norm = RMSNorm(c["dim"], c["norm_eps"])
-        cos, sin = rope_tables(c["seq_len"], c["dim"] // c["n_heads"], c["rope_theta"])
-        self.register_buffer("rot", torch.complex(cos, sin), persistent=False)
+        if inv_freq is None:
+            inv_freq = theta_frequencies(c["dim"] // c["n_heads"], c["rope_theta"])
+        self.register_buffer("rot", rope_rotation(c["seq_len"], inv_freq, mscale), persistent=False)
         mask = torch.full((c["seq_len"], c["seq_len"]), float("-inf")).triu(1)  # causal, additive
         self.register_buffer("mask", mask, persistent=False)
         # llama2.c's init: N(0, 0.02); residual projections scaled by 1/sqrt(2 L).
@@ -643,6 +664,18 @@ def export_tensors(model) -> dict:
     )
 
 
+def import_tensors(model, tensors: dict) -> None:
+    """export_tensors the other way: a checkpoint's tensors (export.read_checkpoint) into model."""
+    L = model.c["n_layers"]
+    sd = {"tok_embeddings.weight": tensors["token_embedding"], "norm.weight": tensors["rms_final_weight"]}
+    per_layer = dict(attention_norm="rms_att_weight", wq="wq", wk="wk", wv="wv", wo="wo",
+                     ffn_norm="rms_ffn_weight", w1="w1", w2="w2", w3="w3")
+    for ours, theirs in per_layer.items():
+        for i in range(L):
+            sd[f"layers.{i}.{ours}.weight"] = tensors[theirs][i]
+    model.load_state_dict({k: torch.tensor(np.array(v, dtype=np.float32)) for k, v in sd.items()})
+
+
 def export_model(model, cfg, tok_model: Path, out_dir: Path):
     """Write out_dir/model.bin and tokenizer.bin through export.py, and copy tokenizer.model."""
     import shutil
@@ -657,6 +690,49 @@ def export_model(model, cfg, tok_model: Path, out_dir: Path):
 
 
 # --------------------------------------------------------------------------
+
+def add_optimization_args(ap) -> None:
+    """The "optimization" flags (tools/finetune.py shares them, with its own defaults)."""
+    g = ap.add_argument_group("optimization")
+    g.add_argument("--batch-size", type=int, default=16, help="windows of --seq-len tokens per step")
+    g.add_argument("--max-steps", type=int, default=1700)
+    g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    g.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr = lr * this")
+    g.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW, on 2-D weights only")
+    g.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
+    g.add_argument("--seed", type=int, default=1337)
+    g.add_argument("--threads", type=int, default=2, help="torch threads (CPU cores to use)")
+
+
+def add_passkey_args(ap) -> None:
+    """The --passkey-* flags (tools/finetune.py shares them); check_passkey_args checks them."""
+    g = ap.add_argument_group("passkey retrieval (docs/passkey.md)")
+    g.add_argument("--passkey-mix", type=float, default=0.0,
+                   help="fraction of each batch's windows that are passkey samples, round(P * batch) of "
+                        "them (default 0: book windows only, the bundled model's training)")
+    g.add_argument("--passkey-digits", type=int, nargs=2, default=[3, 7], metavar=("MIN", "MAX"),
+                   help="digits of a training key, drawn uniformly in MIN..MAX (default 3 7)")
+    g.add_argument("--passkey-answer-weight", type=float, default=1.0,
+                   help="loss weight of the answer's tokens against 1 for every other token "
+                        "(default 1: the plain mean over all positions)")
+    g.add_argument("--passkey-eval", type=int, default=50,
+                   help="held-out passkey prompts per evaluation, with --passkey-mix > 0 (0: none)")
+    g.add_argument("--passkey-eval-digits", type=int, default=5, help="digits of an evaluation key")
+    g.add_argument("--passkey-eval-every", type=int, default=0,
+                   help="passkey evaluation interval in steps (default 0: --eval-every)")
+
+
+def check_passkey_args(ap, args) -> None:
+    """Bad --passkey-* values end the program with a usage error."""
+    if not 0.0 <= args.passkey_mix <= 1.0:
+        ap.error(f"--passkey-mix {args.passkey_mix}: expected a fraction in [0, 1]")
+    lo, hi = args.passkey_digits
+    if not 1 <= lo <= hi <= 18 or not 1 <= args.passkey_eval_digits <= 18:
+        ap.error("--passkey-digits MIN MAX and --passkey-eval-digits: 1 <= MIN <= MAX <= 18")
+    if args.passkey_answer_weight <= 0 or args.passkey_eval < 0 or args.passkey_eval_every < 0:
+        ap.error("--passkey-answer-weight must be > 0, --passkey-eval and --passkey-eval-every >= 0")
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -678,30 +754,8 @@ def parse_args(argv=None):
     g.add_argument("--hidden-dim", type=int, default=0, help="0: 8/3 dim rounded up to 16")
     g.add_argument("--seq-len", type=int, default=256, help="training context")
     g.add_argument("--rope-theta", type=float, default=10000.0)
-    g = ap.add_argument_group("optimization")
-    g.add_argument("--batch-size", type=int, default=16, help="windows of --seq-len tokens per step")
-    g.add_argument("--max-steps", type=int, default=1700)
-    g.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
-    g.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr = lr * this")
-    g.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
-    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW, on 2-D weights only")
-    g.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm")
-    g.add_argument("--seed", type=int, default=1337)
-    g.add_argument("--threads", type=int, default=2, help="torch threads (CPU cores to use)")
-    g = ap.add_argument_group("passkey retrieval (docs/passkey.md)")
-    g.add_argument("--passkey-mix", type=float, default=0.0,
-                   help="fraction of each batch's windows that are passkey samples, round(P * batch) of "
-                        "them (default 0: book windows only, the bundled model's training)")
-    g.add_argument("--passkey-digits", type=int, nargs=2, default=[3, 7], metavar=("MIN", "MAX"),
-                   help="digits of a training key, drawn uniformly in MIN..MAX (default 3 7)")
-    g.add_argument("--passkey-answer-weight", type=float, default=1.0,
-                   help="loss weight of the answer's tokens against 1 for every other token "
-                        "(default 1: the plain mean over all positions)")
-    g.add_argument("--passkey-eval", type=int, default=50,
-                   help="held-out passkey prompts per evaluation, with --passkey-mix > 0 (0: none)")
-    g.add_argument("--passkey-eval-digits", type=int, default=5, help="digits of an evaluation key")
-    g.add_argument("--passkey-eval-every", type=int, default=0,
-                   help="passkey evaluation interval in steps (default 0: --eval-every)")
+    add_optimization_args(ap)
+    add_passkey_args(ap)
     g = ap.add_argument_group("evaluation and output")
     g.add_argument("--eval-every", type=int, default=100, help="held-out eval interval (steps)")
     g.add_argument("--eval-windows", type=int, default=64, help="held-out windows per periodic eval")
@@ -716,13 +770,7 @@ def parse_args(argv=None):
     g.add_argument("--export-only", action="store_true",
                    help="no training: export OUT/ckpt.pt to --export-dir and stop")
     args = ap.parse_args(argv)
-    if not 0.0 <= args.passkey_mix <= 1.0:
-        ap.error(f"--passkey-mix {args.passkey_mix}: expected a fraction in [0, 1]")
-    lo, hi = args.passkey_digits
-    if not 1 <= lo <= hi <= 18 or not 1 <= args.passkey_eval_digits <= 18:
-        ap.error("--passkey-digits MIN MAX and --passkey-eval-digits: 1 <= MIN <= MAX <= 18")
-    if args.passkey_answer_weight <= 0 or args.passkey_eval < 0 or args.passkey_eval_every < 0:
-        ap.error("--passkey-answer-weight must be > 0, --passkey-eval and --passkey-eval-every >= 0")
+    check_passkey_args(ap, args)
     return args
 
 
@@ -927,6 +975,29 @@ def log_progress(state: RunState, args, lr: float, loss: float, answer_nll, gnor
     state.steps_timed, state.t_timed = 0, 0.0
 
 
+def training_loop(model, opt, train: np.ndarray, sp, pk: Passkey, heldout: Optional[HeldOut], state: RunState,
+                  args, save=None) -> None:
+    """The steps from state.step up to --max-steps: before a step the held-out eval every
+    --eval-every steps (none when 0 or without heldout) and the passkey eval every pk.every;
+    after it the progress line every --log-every steps and at the end, and save() every
+    --ckpt-every steps and at the end (when save is given)."""
+    model.train()
+    while state.step < args.max_steps:
+        if heldout and args.eval_every and state.step % args.eval_every == 0:
+            log_heldout(state, *heldout.subset_eval(model), state.elapsed(), state.cpu())
+        if pk.items and pk.every and state.step % pk.every == 0:
+            passkey_eval_log(model, sp, pk, args.seq_len, state)
+        t0 = time.time()
+        lr, loss, answer_nll, gnorm = train_step(model, opt, train, sp, pk, args, state.step)
+        state.step += 1
+        state.steps_timed, state.t_timed = state.steps_timed + 1, state.t_timed + time.time() - t0
+        state.update_emas(loss, answer_nll)
+        if state.step % args.log_every == 0 or state.step == args.max_steps:
+            log_progress(state, args, lr, loss, answer_nll, gnorm)
+        if save and (state.step % args.ckpt_every == 0 or state.step == args.max_steps):
+            save()
+
+
 def final_evaluation(model, sp, pk: Passkey, heldout: HeldOut, state: RunState, args,
                      train_wall: float, train_cpu: float) -> dict:
     """The end-of-training evals (subset, passkey, all held-out windows): summary.json's
@@ -968,21 +1039,8 @@ def main(argv=None):
     heldout = HeldOut(held, tok_bytes, args.seq_len, args.eval_windows)
     state = RunState.start(out, step, history)
 
-    model.train()
-    while state.step < args.max_steps:
-        if state.step % args.eval_every == 0:
-            log_heldout(state, *heldout.subset_eval(model), state.elapsed(), state.cpu())
-        if pk.items and state.step % pk.every == 0:
-            passkey_eval_log(model, sp, pk, args.seq_len, state)
-        t0 = time.time()
-        lr, loss, answer_nll, gnorm = train_step(model, opt, train, sp, pk, args, state.step)
-        state.step += 1
-        state.steps_timed, state.t_timed = state.steps_timed + 1, state.t_timed + time.time() - t0
-        state.update_emas(loss, answer_nll)
-        if state.step % args.log_every == 0 or state.step == args.max_steps:
-            log_progress(state, args, lr, loss, answer_nll, gnorm)
-        if state.step % args.ckpt_every == 0 or state.step == args.max_steps:
-            save_pt(ckpt, model, opt, state.step, args, cfg, state.history)
+    training_loop(model, opt, train, sp, pk, heldout, state, args,
+                  save=lambda: save_pt(ckpt, model, opt, state.step, args, cfg, state.history))
 
     train_wall, train_cpu = state.elapsed(), state.cpu()
     summary = dict(train_wall_s=train_wall, train_cpu_s=train_cpu, threads=args.threads,
