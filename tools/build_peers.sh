@@ -17,7 +17,7 @@
 # seconds. Exit status: 0 built, 1 a build failed (the message names the log
 # or the source), 2 bad arguments.
 #
-# What it makes:
+# What it makes (and DEST/llama.cpp/COMMIT, DEST/llama2c/COMMIT: the commits built):
 #   DEST/llama.cpp/build/bin/llama-bench       prompt and generation rates
 #   DEST/llama.cpp/build/bin/llama-perplexity  long-window perplexity
 #   DEST/llama.cpp/build/bin/llama-quantize    GGUF -> f32 / q8_0 GGUF
@@ -89,6 +89,7 @@ build_llama_cpp() {
     if [ ! -f "$dir/CMakeLists.txt" ]; then
         say "llama.cpp: exporting $(git -C "$lcpp_src" rev-parse --short HEAD) from $lcpp_src"
         export_head "$lcpp_src" "$dir"
+        git -C "$lcpp_src" rev-parse HEAD >"$dir/COMMIT"
     fi
     command -v cmake >/dev/null && command -v "${CXX:-c++}" >/dev/null ||
         die "llama.cpp: expected cmake and ${CXX:-c++} on PATH, found $(command -v cmake "${CXX:-c++}" | tr '\n' ' ')(apt-get install cmake g++)"
@@ -106,6 +107,7 @@ build_llama2c() {
     if [ -x "$dir/run" ] && [ -x "$dir/runq" ]; then say "llama2.c: already built in $dir"; return; fi
     say "llama2.c: building run and runq from $(git -C "$l2c_src" rev-parse --short HEAD) of $l2c_src"
     mkdir -p "$dir"
+    git -C "$l2c_src" rev-parse HEAD >"$dir/COMMIT"
     for name in run runq; do
         git -C "$l2c_src" show "HEAD:$name.c" >"$dir/$name.c.orig" ||
             die "$l2c_src: expected $name.c in its HEAD commit"
