@@ -390,3 +390,25 @@ def test_peak_arguments(tmp_path):
     for bad in (["--read", "x"], ["--read", "0"], ["--read", "8,"], ["--read"], ["--what"]):
         p = subprocess.run([str(exe)] + bad, capture_output=True, text=True)
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stdout == "", (bad, p)
+
+
+def test_streamed_bytes(tmp_path):
+    """Bytes read per generated token: a GGUF with an output.weight of its own
+    reads its token_embd.weight a row at a time (left out); one without
+    (a tied classifier), and our checkpoints, are read whole."""
+    gguf = pytest.importorskip("gguf")
+    for tied in (True, False):
+        path = tmp_path / f"tied-{tied}.gguf"
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_tensor("token_embd.weight", np.ones((64, 32), np.float32))
+        if not tied:
+            w.add_tensor("output.weight", np.ones((64, 32), np.float32))
+        w.add_tensor("blk.0.attn_q.weight", np.ones((32, 32), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        expected = path.stat().st_size - (0 if tied else 64 * 32 * 4)
+        assert peer_tools.streamed_bytes(path) == expected, tied
+    ckpt, _, _ = make_model(tmp_path)
+    assert peer_tools.streamed_bytes(ckpt) == ckpt.stat().st_size

@@ -29,7 +29,9 @@ What it does:
        llama.cpp  llama-bench -p P -n G -r 1: its prompt and generation rates
                   (it times them itself, loading excluded);
   4. generation streams every weight once per token: each program's rate
-     times its model file's size is the bytes it reads per second, shown
+     times the bytes of its model file it reads per token (all of them, but
+     an embedding table that is not also the classifier) is the bytes it
+     reads per second, shown
      against this machine's read limit for a working set of that size
      (tools/peak.c --read: the fastest of several read loops over an array
      of that size, at that thread count; a model that fits in the L3 cache
@@ -297,7 +299,7 @@ def measure(a, peers, w, threads):
                for name, reps in results.items()}
     files = {"run": w["ckpt"], "llama.cpp": w["gguf"], "llama2.c": w["llama2c"]}
     row = dict(model=w["model"], dtype=w["dtype"], threads=threads, n_prompt=n_prompt - n_short, dims=w["dims"],
-               bytes={name: os.path.getsize(files[name]) for name in summary}, figures=summary)
+               bytes={name: peer_tools.streamed_bytes(files[name]) for name in summary}, figures=summary)
     print(f"bench: {w['model']} {w['dtype']} {threads} thread(s): " +
           "; ".join(f"{name} gen {fmt(s.get('gen'))}, prompt {fmt(s.get('prompt'))}"
                     for name, s in summary.items()), file=sys.stderr)
@@ -359,7 +361,8 @@ def streaming_limit(peak_gbs, rates_gbs):
 
 
 def streamed(row):
-    """{program: GB/s}: the median generation rate x the program's model file bytes."""
+    """{program: GB/s}: the median generation rate x the bytes the program
+    reads per token (peers.streamed_bytes)."""
     out = {}
     for name, figures in row["figures"].items():
         g = figures.get("gen")
@@ -540,7 +543,7 @@ def report(a, peers, rows, long_rows, limits_table, started):
               or "unknown"),
              "- read limit of a row: peak.c's fastest read loop over an array the size of run's model file at "
              "that thread count, or the fastest program's streaming rate where that is higher (the table says "
-             "so); GB/s streamed = tok/s x the program's model file bytes", ""]
+             "so); GB/s streamed = tok/s x the bytes of the program's model file it reads per token", ""]
     if rows:
         lines += ["## Generation", ""] + generation_table(rows, limits) + ["", "## Prompts", ""] + \
             prompt_table(rows, fma) + [""]

@@ -200,6 +200,22 @@ def gguf_files(peers, directory, name, legacy=None, tokenizer=None, gguf=None):
     return out
 
 
+def streamed_bytes(path):
+    """The bytes a program reads per generated token from the model file at
+    path: the whole file, except that a GGUF with a classifier of its own
+    (output.weight; llama-convert-llama2c-to-ggml writes one, a copy of the
+    embedding) reads its token_embd.weight only a row at a time. Our
+    checkpoints and llama2.c's here share the classifier with the
+    embedding, which is then read whole once per token."""
+    size = os.path.getsize(path)
+    if str(path).endswith(".gguf"):
+        from gguf import GGUFReader  # the gguf package of requirements.txt
+        tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
+        if "output.weight" in tensors:
+            size -= tensors.get("token_embd.weight", 0)
+    return size
+
+
 # ---- command lines and their figures --------------------------------------
 
 def llama_bench_cmd(peers, gguf, n_prompt, n_gen, threads):
