@@ -345,6 +345,7 @@ def parse_peak_line(line, table):
 
 
 def mib(n_bytes):
+    """Whole MiB, at least 1: the sizes peak.c --read is asked for and keyed by."""
     return max(1, round(n_bytes / 2**20))
 
 
@@ -374,8 +375,8 @@ def flops(dims, ctx, n_tokens, classifier=True):
     """(all, attention) floating-point operations of scoring n_tokens in windows
     of ctx tokens, from the shape: per token, 2 per weight of every matrix (q,
     k, v, o, the three FFN ones, the classifier; the embedding is a lookup),
-    and attention 4 x n_heads x head size per earlier position per layer (q.k
-    and the weighted sum of v: 2 x dim each). classifier=False: a prompt,
+    and attention 4 x dim per earlier position per layer (q.k and the
+    weighted sum of v: 2 x dim each, over all heads). classifier=False: a prompt,
     whose tokens but the last skip the classifier (left out altogether)."""
     dim, hidden, layers, heads, kv_heads, vocab, _ = dims
     kv_dim = dim * kv_heads // heads
