@@ -20,24 +20,26 @@ What it does:
      repetitions, so that a busy moment of a shared machine falls on all of
      them alike; medians (min-max) of --reps repetitions:
        run        generation = G / (time of -n G+1 - time of -n 1),
-                  --ignore-eos, a BOS-only prompt; prompt = (P - 1) / (time
-                  with a P-token prompt - time with a one-token prompt), -n 1;
-                  whole processes, so loading cancels out
+                  --ignore-eos, a one-word prompt ("once", with BOS where the
+                  tokenizer adds one: S tokens); prompt = (P - S) / (time with
+                  a P-token prompt - time with the S-token one), -n 1; whole
+                  processes, so loading cancels out
        llama2.c   generation the same way (run or runq, -n G+1 minus -n 1
-                  positions); it feeds prompts one token at a time, so its
-                  prompt rate is its generation rate and is not measured
-       llama.cpp  llama-bench -p P -n G -r 1: its prompt and generation rates
-                  (it times them itself, loading excluded);
+                  positions after its BOS); it feeds prompts one token at a
+                  time, so its prompt rate is its generation rate and is not
+                  measured
+       llama.cpp  llama-bench -p P-S -n G -r 1: its prompt and generation
+                  rates (it times them itself, loading excluded);
   4. generation streams every weight once per token: each program's rate
      times the bytes of its model file it reads per token (all of them, but
      an embedding table that is not also the classifier) is the bytes it
-     reads per second, shown
-     against this machine's read limit for a working set of that size
-     (tools/peak.c --read: the fastest of several read loops over an array
-     of that size, at that thread count; a model that fits in the L3 cache
-     reads faster than one that does not). Where a program streams faster
-     than peak.c read, peak.c's figure is too low: the limit becomes that
-     program's rate and the table says so; no share exceeds 100%;
+     reads per second, shown against this machine's read limit for a working
+     set of that size (tools/peak.c --read: the fastest of several read loops
+     over an array of that size, at that thread count; a model that fits in
+     the L3 cache reads faster than one that does not). Where a program
+     streams faster than peak.c read, peak.c's figure is too low: the limit
+     becomes that program's rate and the table says so; no share exceeds
+     100%;
   5. long-window perplexity, where extrapolation sweeps spend their time:
      the 15M shape (float32) scoring one window of --long-ctx tokens at the
      highest thread count, run (-m ppl, the whole process / windows) beside
