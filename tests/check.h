@@ -71,6 +71,7 @@ void test_attn_factor_applied_once(void);
 /* test_forward.c */
 void test_ops(void);
 void test_block_prefill(void);
+void test_block_strategies(void);
 void test_cache_map(void);
 /* test_sampler.c */
 void test_sampler(void);

@@ -292,12 +292,11 @@ void test_attention_block_self_extend(void) {
         omp_set_num_threads(cases[c][4]);
 #endif
         t.state.mm.threads = cases[c][4];
-        int last = pos0 + B - 1;
-        RotatedKeys rk = {keys, KV_F32, qg, grouped, last >= W ? last - W + 1 : 0};
-        attention(out, q, &rk, values, B, pos0, 0, &t);
+        CacheView view = {keys, KV_F32, values, KV_F32, pos0, 0, {qg, grouped, W, 0}, NULL};
+        attention(out, q, &view, B, &t);
         for (int b = 0; b < B; b++) {
-            RotatedKeys one = {keys, KV_F32, qg + (size_t)b * dim, grouped, pos0 + b >= W ? pos0 + b - W + 1 : 0};
-            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &one, values, 1, pos0 + b, 0, &t);
+            CacheView one = {keys, KV_F32, values, KV_F32, pos0 + b, 0, {qg + (size_t)b * dim, grouped, W, 0}, NULL};
+            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &one, 1, &t);
         }
         for (int e = 0; e < B * dim; e++) worst = fmax(worst, abs_err(out[e], out2[e]));
         free(q), free(qg), free(out), free(out2), free(keys), free(grouped), free(values), free(scores), free(tiles);
@@ -385,24 +384,27 @@ void test_attention_block(void) {
                     for (int f16 = 0; f16 < 2; f16++) {
                         const void *keys = f16 ? (void *)half[0] : (void *)cache[0];
                         const void *values = f16 ? (void *)half[1] : (void *)cache[1];
-                        RotatedKeys rk = {.keys = keys, .key_type = f16 ? KV_F16 : KV_F32};
-                        t.kv_type = rk.key_type;
+                        int type = f16 ? KV_F16 : KV_F32;
+                        CacheView rk = {keys, type, values, type, pos0, W, {NULL, NULL, 0, 0}, NULL}, one = rk;
+                        t.kv_type = type;
                         double *r = ref[f16];
                         t.state.mm.threads = 1;
-                        attention(out, q, &rk, values, B, pos0, W, &t);
+                        attention(out, q, &rk, B, &t);
                         for (int e = 0; e < B * dim; e++) worst[f16][0] = fmax(worst[f16][0], abs_err(out[e], r[e]));
                         if (at == 2) { // the longest blocks (a subset: on a loaded machine each parallel
                             t.state.mm.threads = 2; // region waits for a busy core)
-                            attention(out2, q, &rk, values, B, pos0, W, &t);
+                            attention(out2, q, &rk, B, &t);
                             differ_by_threads += memcmp(out, out2, sizeof(float) * B * dim) != 0;
                             thread_cases++;
                         }
                         use_simd = 0;
-                        attention(out2, q, &rk, values, B, pos0, W, &t);
+                        attention(out2, q, &rk, B, &t);
                         use_simd = HAVE_SIMD;
                         for (int e = 0; e < B * dim; e++) worst[f16][1] = fmax(worst[f16][1], abs_err(out2[e], r[e]));
-                        for (int b = 0; b < B; b++)
-                            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &rk, values, 1, pos0 + b, W, &t);
+                        for (int b = 0; b < B; b++) {
+                            one.pos0 = pos0 + b;
+                            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &one, 1, &t);
+                        }
                         for (int e = 0; e < B * dim; e++) worst[f16][2] = fmax(worst[f16][2], abs_err(out2[e], r[e]));
                     }
                     free(q), free(out), free(out2), free(scores), free(tiles);
