@@ -85,6 +85,7 @@ void test_attention_scores(void);
 void test_exp_fast(void);
 void test_attention_block(void);
 void test_attention_block_self_extend(void);
+void test_attention_block_sinks_and_frames(void);
 void test_half(void);
 /* test_modes.c */
 void test_ppl_score_arguments(void);

@@ -131,6 +131,7 @@ int main(void) {
     test_exp_fast();
     test_attention_block();
     test_attention_block_self_extend();
+    test_attention_block_sinks_and_frames();
     test_half();
     test_block_prefill();
     test_block_strategies();
