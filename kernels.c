@@ -187,6 +187,25 @@ static void dot_tile_q8_c(float *out, int ldo, const int8_t *w, const float *ws,
         }
 }
 
+/* One query's scores against a tile of ATT_KEYS keys under a per-query
+ * frame (section 3's frame_scores):
+ *   acc[c] = sum over pairs i of x_i[c] (a_i cos_i[c] + z_i sin_i[c]) + y_i[c] (z_i cos_i[c] - a_i sin_i[c])
+ * = the query (a_i, z_i) = (q_r[i], q_r[n_pairs + i]) . key c with each pair
+ * (x, y) rotated by (cos, sin): x_i = k_t + i * ATT_KEYS and y_i = k_t +
+ * (n_pairs + i) * ATT_KEYS hold the pairs' components of the tile's keys
+ * side by side, cos_i = fine_cos + i * ATT_KEYS and sin_i the query's fine
+ * rows, pair-major. */
+static void frame_dot_c(float *acc, const float *k_t, const float *fine_cos, const float *fine_sin, const float *q_r,
+                        int n_pairs) {
+    for (int c = 0; c < ATT_KEYS; c++) acc[c] = 0.0f;
+    for (int i = 0; i < n_pairs; i++) {
+        const float *x = k_t + (size_t)i * ATT_KEYS, *y = k_t + (size_t)(n_pairs + i) * ATT_KEYS;
+        const float *fc = fine_cos + (size_t)i * ATT_KEYS, *fs = fine_sin + (size_t)i * ATT_KEYS;
+        float a = q_r[i], z = q_r[n_pairs + i];
+        for (int c = 0; c < ATT_KEYS; c++) acc[c] += x[c] * (a * fc[c] + z * fs[c]) + y[c] * (z * fc[c] - a * fs[c]);
+    }
+}
+
 #if HAVE_SIMD
 static float hsum_avx(__m256 v) { // the 8 lanes of v added
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -205,6 +224,7 @@ typedef __m512 vfloat;
 #define vf_store _mm512_storeu_ps
 #define vf_set1 _mm512_set1_ps
 #define vf_fma _mm512_fmadd_ps // a * b + c, one rounding
+#define vf_fnma _mm512_fnmadd_ps // c - a * b, one rounding
 #define vf_add _mm512_add_ps
 #define vf_mul _mm512_mul_ps
 #define vf_sum _mm512_reduce_add_ps // the lanes added
@@ -216,6 +236,7 @@ typedef __m256 vfloat;
 #define vf_store _mm256_storeu_ps
 #define vf_set1 _mm256_set1_ps
 #define vf_fma _mm256_fmadd_ps
+#define vf_fnma _mm256_fnmadd_ps
 #define vf_add _mm256_add_ps
 #define vf_mul _mm256_mul_ps
 #define vf_sum hsum_avx
@@ -381,6 +402,29 @@ static void dot8_f32_avx(float *out, const float *q, const float *k, int stride,
     __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67); // keys 0-3 | keys 0-3
     __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20), hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
     _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+}
+
+/* frame_dot_c with the tile's keys in ATT_KEYS / SIMD_FLOATS vectors (3
+ * with AVX-512, 6 with AVX2), their sums in registers over the pairs, each
+ * pair's (a, z) broadcast once: four loads and six FMAs or products a
+ * vector of keys and a pair. */
+static void frame_dot_avx(float *acc, const float *k_t, const float *fine_cos, const float *fine_sin, const float *q_r,
+                          int n_pairs) {
+    enum { V = ATT_KEYS / SIMD_FLOATS };
+    vfloat sum[V];
+    for (int v = 0; v < V; v++) sum[v] = vf_zero();
+    for (int i = 0; i < n_pairs; i++) {
+        const float *x = k_t + (size_t)i * ATT_KEYS, *y = k_t + (size_t)(n_pairs + i) * ATT_KEYS;
+        const float *fc = fine_cos + (size_t)i * ATT_KEYS, *fs = fine_sin + (size_t)i * ATT_KEYS;
+        vfloat a = vf_set1(q_r[i]), z = vf_set1(q_r[n_pairs + i]);
+        for (int v = 0; v < V; v++) {
+            vfloat cos_v = vf_load(fc + v * SIMD_FLOATS), sin_v = vf_load(fs + v * SIMD_FLOATS);
+            vfloat to_x = vf_fma(a, cos_v, vf_mul(z, sin_v)), to_y = vf_fnma(a, sin_v, vf_mul(z, cos_v));
+            sum[v] = vf_fma(vf_load(x + v * SIMD_FLOATS), to_x, sum[v]);
+            sum[v] = vf_fma(vf_load(y + v * SIMD_FLOATS), to_y, sum[v]);
+        }
+    }
+    for (int v = 0; v < V; v++) vf_store(acc + v * SIMD_FLOATS, sum[v]);
 }
 
 /* acc + the products a[i] * b[i] of 32 unsigned bytes a and signed bytes b,
@@ -779,8 +823,8 @@ static inline int pair_second(int i, int n_pairs, int layout) {
  *   q . R k = sum over pairs of cos (a x + z y) + sin (z x - a y)
  * plus the dims past rot_dim; so the key tile is split into its pairs' first
  * and second components and transposed once (k_t: rows of the tile's keys
- * side by side), and each query's scores run in lanes over the keys. Costs
- * about 3 times the product K q_t it replaces. */
+ * side by side), and each query's scores run in lanes over the keys
+ * (frame_dot): six multiply-adds a pair where K q_t takes two. */
 static void frame_scores(float *s, const QueryFrames *f, int b0, int nq, int pos, int k0, int nk, const float *k,
                          int ldk, const float *q, int ldq, int head_size, float *k_t, float *q_r) {
     int n_pairs = f->rot_dim / 2, rot = f->rot_dim, u = k0 / ATT_KEYS;
@@ -804,18 +848,15 @@ static void frame_scores(float *s, const QueryFrames *f, int b0, int nq, int pos
             q_r[n_pairs + i] = x * sin_u[i] + y * cos_u[i];
         }
         const float *fine_cos = f->fine_cos + b * n_pairs * ATT_KEYS, *fine_sin = f->fine_sin + b * n_pairs * ATT_KEYS;
-        float acc[ATT_KEYS] = {0};
-        for (int i = 0; i < n_pairs; i++) {
-            const float *x = k_t + (size_t)i * ATT_KEYS, *y = k_t + (size_t)(n_pairs + i) * ATT_KEYS;
-            const float *fc = fine_cos + (size_t)i * ATT_KEYS, *fs = fine_sin + (size_t)i * ATT_KEYS;
-            float a = q_r[i], z = q_r[n_pairs + i];
-#pragma omp simd
-            for (int c = 0; c < ATT_KEYS; c++) acc[c] += fc[c] * (a * x[c] + z * y[c]) + fs[c] * (z * x[c] - a * y[c]);
-        }
+        float acc[ATT_KEYS];
+#if HAVE_SIMD
+        if (use_simd) frame_dot_avx(acc, k_t, fine_cos, fine_sin, q_r, n_pairs);
+        else
+#endif
+            frame_dot_c(acc, k_t, fine_cos, fine_sin, q_r, n_pairs);
         for (int d = rot; d < head_size; d++) { // partial rotary: the dims past rot_dim as they are
             const float *x = k_t + (size_t)d * ATT_KEYS;
             float a = qj[d];
-#pragma omp simd
             for (int c = 0; c < ATT_KEYS; c++) acc[c] += a * x[c];
         }
         for (int c = 0; c < nk; c++) s[(size_t)c * ATT_QUERIES + j] = acc[c];
