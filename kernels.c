@@ -883,7 +883,8 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
     size_t hs = (size_t)head_size, Q = ATT_QUERIES;
     float *q_t = scratch, *s = q_t + hs * Q, *pv = s + ATT_KEYS * Q, *o = pv + hs * Q, *k_buf = o + hs * Q;
     float *v_buf = k_buf + ATT_KEYS * hs, *m = v_buf + ATT_KEYS * hs, *l = m + Q, *alpha = l + Q, *tile_max = alpha + Q;
-    float *shift = tile_max + Q, *qg_t = shift + Q, *s_g = qg_t + hs * Q, *k_t = s_g + ATT_KEYS * Q, *q_r = k_t + ATT_KEYS * hs;
+    float *shift = tile_max + Q, *qg_t = shift + Q, *s_g = qg_t + hs * Q, *k_t = s_g + ATT_KEYS * Q;
+    float *q_r = k_t + ATT_KEYS * hs;
     float scale = 1.0f / sqrtf((float)head_size);
     int far = q2 ? second->far : 0, n_sinks = q2 ? second->n_sinks : 0;
     if (!frames) transpose_queries(q_t, q, ldq, nq, head_size);

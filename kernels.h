@@ -195,10 +195,12 @@ typedef struct {
  * needs ATT_KEYS + pos_b / ATT_KEYS + 1 rows of its table, not pos_b + 1.
  * Key tiles then start at multiples of ATT_KEYS. */
 typedef struct {
-    const float *fine_cos, *fine_sin;     // (B, n_pairs, ATT_KEYS) pair-major: query b's fine row c, pair i at [b][i][c]
+    const float *fine_cos, *fine_sin;     // (B, n_pairs, ATT_KEYS) pair-major: query b's fine row c,
+                                          // pair i at [b][i][c]
     const float *coarse_cos, *coarse_sin; // (B, n_coarse, n_pairs): query b's coarse row u at [b][u]
     int n_coarse;                         // coarse rows per query: enough for the last position of the cache
-    int rot_dim, layout;                  // rotated dims per head (partial rotary: the rest pass), ROPE_INTERLEAVED | ROPE_NEOX
+    int rot_dim, layout;                  // rotated dims per head (partial rotary: the rest pass);
+                                          // ROPE_INTERLEAVED | ROPE_NEOX
 } QueryFrames;
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
                      const SecondQueries *second, const QueryFrames *frames, int B, int pos0, int window, int n_heads,

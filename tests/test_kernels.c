@@ -335,8 +335,10 @@ static void attention_ref2(double *out, const float *q, const float *q2, const f
                     int x = layout == ROPE_INTERLEAVED ? 2 * i : i, y = layout == ROPE_INTERLEAVED ? 2 * i + 1 : i + np;
                     double aq = p * freq[(size_t)b * np + i], ak = t * freq[(size_t)b * np + i];
                     double qx = qr[x], qy = qr[y], kx = kr[x], ky = kr[y];
-                    qr[x] = mscale[b] * (qx * cos(aq) - qy * sin(aq)), qr[y] = mscale[b] * (qx * sin(aq) + qy * cos(aq));
-                    kr[x] = mscale[b] * (kx * cos(ak) - ky * sin(ak)), kr[y] = mscale[b] * (kx * sin(ak) + ky * cos(ak));
+                    qr[x] = mscale[b] * (qx * cos(aq) - qy * sin(aq));
+                    qr[y] = mscale[b] * (qx * sin(aq) + qy * cos(aq));
+                    kr[x] = mscale[b] * (kx * cos(ak) - ky * sin(ak));
+                    kr[y] = mscale[b] * (kx * sin(ak) + ky * cos(ak));
                 }
                 double d = 0;
                 for (int i = 0; i < hs; i++) d += qr[i] * kr[i];
@@ -372,9 +374,11 @@ static void attention_ref2(double *out, const float *q, const float *q2, const f
  * products); measured (AVX-512 build) 6.7e-7 with sinks, 8.4e-7 with
  * frames. */
 void test_attention_block_sinks_and_frames(void) {
-    int sink_cases[][5] = {{4, 20, 23, 30, 1}, {4, 20, 0, 30, 2}, {4, 20, 40, 9, 1}, {60, 50, 130, 140, 2}}; // sinks, window, pos0, B, threads
+    // sinks, window, pos0, B, threads
+    int sink_cases[][5] = {{4, 20, 23, 30, 1}, {4, 20, 0, 30, 2}, {4, 20, 40, 9, 1}, {60, 50, 130, 140, 2}};
+    // B, pos0, window, rot_dim, layout, threads
     int frame_cases[][6] = {{7, 5, 0, 32, ROPE_INTERLEAVED, 1}, {140, 100, 0, 24, ROPE_NEOX, 2},
-                            {140, 100, 30, 32, ROPE_NEOX, 1}, {7, 100, 30, 24, ROPE_INTERLEAVED, 2}}; // B, pos0, window, rot, layout, threads
+                            {140, 100, 30, 32, ROPE_NEOX, 1}, {7, 100, 30, 24, ROPE_INTERLEAVED, 2}};
     int nh = 4, nkv = 2, hs = 32, dim = nh * hs, kv_dim = nkv * hs, n_ctx = 300, n_pairs_max = hs / 2;
     double worst[2] = {0, 0}; // sinks, frames
 #ifdef _OPENMP
@@ -407,8 +411,9 @@ void test_attention_block_sinks_and_frames(void) {
                     ((float *)f.fine_sin)[((size_t)b * np + i) * ATT_KEYS + k] = (float)(mscale[b] * sin(k * th));
                 }
                 for (int u = 0; u * ATT_KEYS <= p; u++) {
-                    ((float *)f.coarse_cos)[((size_t)b * n_coarse + u) * np + i] = (float)(mscale[b] * cos((p - u * ATT_KEYS) * th));
-                    ((float *)f.coarse_sin)[((size_t)b * n_coarse + u) * np + i] = (float)(mscale[b] * sin((p - u * ATT_KEYS) * th));
+                    size_t at = ((size_t)b * n_coarse + u) * np + i;
+                    ((float *)f.coarse_cos)[at] = (float)(mscale[b] * cos((p - u * ATT_KEYS) * th));
+                    ((float *)f.coarse_sin)[at] = (float)(mscale[b] * sin((p - u * ATT_KEYS) * th));
                 }
             }
         }

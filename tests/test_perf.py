@@ -104,7 +104,8 @@ def test_q8_int8_activations(tmp_path, syn_tokenizer, text_file):
     short.write_text(TEXT[:70])
     stream = int8 + ("--sinks", "4", "--streaming")
     in_blocks = run_ppl(q8, syn_tokenizer, short, 128, extra=stream)
-    by_token = run_ppl(q8, syn_tokenizer, short, 128, extra=stream + ("--rope-scaling", "dynamic", "--rope-factor", "2"))
+    by_token = run_ppl(q8, syn_tokenizer, short, 128,
+                       extra=stream + ("--rope-scaling", "dynamic", "--rope-factor", "2"))
     assert 20 < by_token["tokens"] < 63, by_token["tokens"]  # within L = 64; the blocks stream one block of them
     assert abs(in_blocks["nll"] - by_token["nll"]) < 1e-5 * abs(by_token["nll"]), (in_blocks["nll"], by_token["nll"])
     assert abs(blocks - default) > 1e-6, (blocks, default)
