@@ -149,8 +149,9 @@ portable:
 
 # ./run-reference: the forward pass as the formulas alone, for stepping through
 # in a debugger: matmul_reference for every projection and the one-query
-# attention for every block (run.c, REFERENCE), the portable C kernels, one
-# thread, no optimization. The tests compare ./run's logits with it.
+# attention for every block (run.c, REFERENCE; attention sinks and exact
+# dynamic NTK go one token at a time, their token path), the portable C
+# kernels, one thread, no optimization. The tests compare ./run's logits with it.
 reference: run-reference
 run-reference: $(SRC) $(HDR) .run-reference.cmd
 	$(REFERENCE_CMD) -o run-reference $(SRC) $(LDLIBS)

@@ -109,7 +109,7 @@ static const Flag FLAGS[] = {
     {"--stride", NULL, PPL, INT, 1, MAX_CTX, FIELD(stride), NULL, "<int>",
      "text tokens between window starts, default ctx - 1"},
     {"--streaming", NULL, PPL, SWITCH, 0, 0, FIELD(streaming), NULL, "",
-     "score the text token by token through the rolling cache of --sinks,\n"
+     "score the text as one stream through the rolling cache of --sinks,\n"
      "NLL by absolute position"},
     {"--per-position", NULL, PPL, SWITCH, 0, 0, FIELD(per_position), NULL, "",
      "with --json: add the mean NLL at every in-window position"},

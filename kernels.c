@@ -187,6 +187,25 @@ static void dot_tile_q8_c(float *out, int ldo, const int8_t *w, const float *ws,
         }
 }
 
+/* One query's scores against a tile of ATT_KEYS keys under a per-query
+ * frame (section 3's frame_scores):
+ *   acc[c] = sum over pairs i of x_i[c] (a_i cos_i[c] + z_i sin_i[c]) + y_i[c] (z_i cos_i[c] - a_i sin_i[c])
+ * = the query (a_i, z_i) = (q_r[i], q_r[n_pairs + i]) . key c with each pair
+ * (x, y) rotated by (cos, sin): x_i = k_t + i * ATT_KEYS and y_i = k_t +
+ * (n_pairs + i) * ATT_KEYS hold the pairs' components of the tile's keys
+ * side by side, cos_i = fine_cos + i * ATT_KEYS and sin_i the query's fine
+ * rows, pair-major. */
+static void frame_dot_c(float *acc, const float *k_t, const float *fine_cos, const float *fine_sin, const float *q_r,
+                        int n_pairs) {
+    for (int c = 0; c < ATT_KEYS; c++) acc[c] = 0.0f;
+    for (int i = 0; i < n_pairs; i++) {
+        const float *x = k_t + (size_t)i * ATT_KEYS, *y = k_t + (size_t)(n_pairs + i) * ATT_KEYS;
+        const float *fc = fine_cos + (size_t)i * ATT_KEYS, *fs = fine_sin + (size_t)i * ATT_KEYS;
+        float a = q_r[i], z = q_r[n_pairs + i];
+        for (int c = 0; c < ATT_KEYS; c++) acc[c] += x[c] * (a * fc[c] + z * fs[c]) + y[c] * (z * fc[c] - a * fs[c]);
+    }
+}
+
 #if HAVE_SIMD
 static float hsum_avx(__m256 v) { // the 8 lanes of v added
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -205,6 +224,7 @@ typedef __m512 vfloat;
 #define vf_store _mm512_storeu_ps
 #define vf_set1 _mm512_set1_ps
 #define vf_fma _mm512_fmadd_ps // a * b + c, one rounding
+#define vf_fnma _mm512_fnmadd_ps // c - a * b, one rounding
 #define vf_add _mm512_add_ps
 #define vf_mul _mm512_mul_ps
 #define vf_sum _mm512_reduce_add_ps // the lanes added
@@ -216,6 +236,7 @@ typedef __m256 vfloat;
 #define vf_store _mm256_storeu_ps
 #define vf_set1 _mm256_set1_ps
 #define vf_fma _mm256_fmadd_ps
+#define vf_fnma _mm256_fnmadd_ps
 #define vf_add _mm256_add_ps
 #define vf_mul _mm256_mul_ps
 #define vf_sum hsum_avx
@@ -381,6 +402,29 @@ static void dot8_f32_avx(float *out, const float *q, const float *k, int stride,
     __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67); // keys 0-3 | keys 0-3
     __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20), hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
     _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+}
+
+/* frame_dot_c with the tile's keys in ATT_KEYS / SIMD_FLOATS vectors (3
+ * with AVX-512, 6 with AVX2), their sums in registers over the pairs, each
+ * pair's (a, z) broadcast once: four loads and six FMAs or products a
+ * vector of keys and a pair. */
+static void frame_dot_avx(float *acc, const float *k_t, const float *fine_cos, const float *fine_sin, const float *q_r,
+                          int n_pairs) {
+    enum { V = ATT_KEYS / SIMD_FLOATS };
+    vfloat sum[V];
+    for (int v = 0; v < V; v++) sum[v] = vf_zero();
+    for (int i = 0; i < n_pairs; i++) {
+        const float *x = k_t + (size_t)i * ATT_KEYS, *y = k_t + (size_t)(n_pairs + i) * ATT_KEYS;
+        const float *fc = fine_cos + (size_t)i * ATT_KEYS, *fs = fine_sin + (size_t)i * ATT_KEYS;
+        vfloat a = vf_set1(q_r[i]), z = vf_set1(q_r[n_pairs + i]);
+        for (int v = 0; v < V; v++) {
+            vfloat cos_v = vf_load(fc + v * SIMD_FLOATS), sin_v = vf_load(fs + v * SIMD_FLOATS);
+            vfloat to_x = vf_fma(a, cos_v, vf_mul(z, sin_v)), to_y = vf_fnma(a, sin_v, vf_mul(z, cos_v));
+            sum[v] = vf_fma(vf_load(x + v * SIMD_FLOATS), to_x, sum[v]);
+            sum[v] = vf_fma(vf_load(y + v * SIMD_FLOATS), to_y, sum[v]);
+        }
+    }
+    for (int v = 0; v < V; v++) vf_store(acc + v * SIMD_FLOATS, sum[v]);
 }
 
 /* acc + the products a[i] * b[i] of 32 unsigned bytes a and signed bytes b,
@@ -661,6 +705,8 @@ void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_
  * tokens reads a head's keys and values once (measured: 128 against 64
  * queries, ppl --ctx 8192 on a 15M shape 8% faster, where a head's 3 MiB of
  * keys and values no longer fit in L2; no slower at --ctx 256).
+ * With frames (exact dynamic NTK) s is no product: every query rotates the
+ * tile's keys its own way (frame_scores), in lanes over the tile's keys.
  * Per thread, scratch (attention_block_floats):
  *   q_t    (head_size, ATT_QUERIES) the tile's queries transposed, zero past them
  *   s      (ATT_KEYS, ATT_QUERIES)  scores, then p
@@ -668,16 +714,16 @@ void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_
  *   k, v   (ATT_KEYS, head_size)    an f16 cache's key and value tile as float32
  *   m, l, alpha, tile_max, shift (ATT_QUERIES)  running maximum and sum,
  *                                   exp(m - m'), online_softmax_tile's scratch
- *   qg_t, s_g                       Self-Extend: the grouped queries
- *                                   transposed, their scores against grouped keys
+ *   qg_t, s_g                       second queries: transposed, their scores
+ *   k_t, q_r (head_size x ATT_KEYS, head_size)  frames: the key tile split
+ *                                   and transposed, one query rotated
  * The products read whole vectors of q_t's and s's rows: their columns past
  * the tile's queries are zero (s: set once, never written after). */
 #define ATT_QUERIES 128
-#define ATT_KEYS 48
 
 size_t attention_block_floats(int head_size) {
-    size_t hs = (size_t)head_size; // and with Self-Extend the grouped queries and scores: qg_t, s_g
-    return 4 * hs * ATT_QUERIES + 2 * ATT_KEYS * ATT_QUERIES + 2 * ATT_KEYS * hs + 5 * ATT_QUERIES;
+    size_t hs = (size_t)head_size; // and the second queries' qg_t and s_g; frames' k_t and q_r
+    return 4 * hs * ATT_QUERIES + 2 * ATT_KEYS * ATT_QUERIES + 3 * ATT_KEYS * hs + 5 * ATT_QUERIES + hs;
 }
 
 /* Rows k0 .. k0+n-1 of a head's slice of the cache (head_size values from
@@ -710,23 +756,24 @@ static void cols_product(float *out, int ldo, const float *w, size_t w_row, size
 /* The online softmax step for a tile of nk keys (from key k0) and the nq
  * queries at positions pos .. pos+nq-1: on entry s[c * ATT_QUERIES + j] =
  * k_c . q_j; on return exp(s * scale - m'_j), 0 for the keys query j does not
- * see (kernels.h: key k0 + c with lo_j <= k0 + c <= pos + j); m and l move to
- * m' and l', and alpha[j] = exp(m_j - m'_j), the factor for the output so far
- * (1 for a query that has seen no key yet). tile_max, shift: scratch, the
- * tile's maximum score and the value subtracted before exp (m', or 0 while
- * m' is -inf: every s is -inf then, and exp gives 0). */
-static void online_softmax_tile(float *s, int nk, int nq, int k0, int pos, int window, float scale, float *m,
-                                float *l, float *alpha, float *tile_max, float *shift) {
+ * see (kernels.h: key k0 + c with lo_j <= k0 + c <= pos + j, or a sink,
+ * k0 + c < n_sinks, at or before pos + j); m and l move to m' and l', and
+ * alpha[j] = exp(m_j - m'_j), the factor for the output so far (1 for a query
+ * that has seen no key yet). tile_max, shift: scratch, the tile's maximum
+ * score and the value subtracted before exp (m', or 0 while m' is -inf:
+ * every s is -inf then, and exp gives 0). */
+static void online_softmax_tile(float *s, int nk, int nq, int k0, int pos, int window, int n_sinks, float scale,
+                                float *m, float *l, float *alpha, float *tile_max, float *shift) {
     for (int j = 0; j < nq; j++) tile_max[j] = -INFINITY;
-    // masking is needed on the diagonal tile(s) and at a window's edge only
-    int masked = k0 + nk - 1 > pos || (window > 0 && k0 < pos + nq - window);
+    // masking is needed on the diagonal tile(s) and at a window's edge only (never on a tile of sinks)
+    int masked = k0 + nk - 1 > pos || (window > 0 && k0 < pos + nq - window && k0 >= n_sinks);
     for (int c = 0; c < nk; c++) {
         float *row = s + (size_t)c * ATT_QUERIES;
         int key = k0 + c;
         if (masked) {
 #pragma omp simd simdlen(SIMD_FLOATS)
             for (int j = 0; j < nq; j++) {
-                int sees = key <= pos + j && (window <= 0 || key > pos + j - window);
+                int sees = key <= pos + j && (window <= 0 || key > pos + j - window || key < n_sinks);
                 row[j] = sees ? row[j] * scale : -INFINITY;
             }
         } else {
@@ -760,59 +807,125 @@ static void transpose_queries(float *q_t, const float *q, int ldq, int nq, int h
         for (int j = 0; j < ATT_QUERIES; j++) q_t[(size_t)i * ATT_QUERIES + j] = j < nq ? q[(size_t)j * ldq + i] : 0.0f;
 }
 
+/* The dims of RoPE pair i of a head: (2i, 2i+1) interleaved, (i, i + n_pairs) neox (run.c's rope). */
+static inline int pair_first(int i, int layout) { return layout == ROPE_INTERLEAVED ? 2 * i : i; }
+static inline int pair_second(int i, int n_pairs, int layout) {
+    return layout == ROPE_INTERLEAVED ? 2 * i + 1 : i + n_pairs;
+}
+
+/* Frames (kernels.h's QueryFrames): s[c * ATT_QUERIES + j] = query j
+ * rotated by its coarse row k0 / ATT_KEYS . key k0 + c rotated by query j's
+ * fine row c, for the nk keys of a tile starting at k0 (a multiple of
+ * ATT_KEYS) and the nq queries at pos .. (q_j = q + j * ldq, block indices
+ * b0 + j); queries that do not reach the tile get 0 (masked afterwards).
+ * k: the tile's unrotated keys, rows ldk apart. With (a, z) a pair of q
+ * rotated, (x, y) the same pair of a key and (cos, sin) the key's fine row,
+ *   q . R k = sum over pairs of cos (a x + z y) + sin (z x - a y)
+ * plus the dims past rot_dim; so the key tile is split into its pairs' first
+ * and second components and transposed once (k_t: rows of the tile's keys
+ * side by side), and each query's scores run in lanes over the keys
+ * (frame_dot): six multiply-adds a pair where K q_t takes two. */
+static void frame_scores(float *s, const QueryFrames *f, int b0, int nq, int pos, int k0, int nk, const float *k,
+                         int ldk, const float *q, int ldq, int head_size, float *k_t, float *q_r) {
+    int n_pairs = f->rot_dim / 2, rot = f->rot_dim, u = k0 / ATT_KEYS;
+    for (int d = 0; d < head_size; d++) { // k_t[d][c]: d < n_pairs first components, then seconds, then the rest
+        int dim = d < n_pairs ? pair_first(d, f->layout)
+                : d < rot     ? pair_second(d - n_pairs, n_pairs, f->layout) : d;
+        for (int c = 0; c < ATT_KEYS; c++) k_t[(size_t)d * ATT_KEYS + c] = c < nk ? k[(size_t)c * ldk + dim] : 0.0f;
+    }
+    for (int j = 0; j < nq; j++) {
+        if (k0 > pos + j) { // a tile past this query's position
+            for (int c = 0; c < nk; c++) s[(size_t)c * ATT_QUERIES + j] = 0.0f;
+            continue;
+        }
+        size_t b = (size_t)(b0 + j);
+        const float *qj = q + (size_t)j * ldq;
+        const float *cos_u = f->coarse_cos + (b * f->n_coarse + u) * n_pairs;
+        const float *sin_u = f->coarse_sin + (b * f->n_coarse + u) * n_pairs;
+        for (int i = 0; i < n_pairs; i++) { // q_r: the query rotated by its coarse row, split like k_t
+            float x = qj[pair_first(i, f->layout)], y = qj[pair_second(i, n_pairs, f->layout)];
+            q_r[i] = x * cos_u[i] - y * sin_u[i];
+            q_r[n_pairs + i] = x * sin_u[i] + y * cos_u[i];
+        }
+        const float *fine_cos = f->fine_cos + b * n_pairs * ATT_KEYS, *fine_sin = f->fine_sin + b * n_pairs * ATT_KEYS;
+        float acc[ATT_KEYS];
+#if HAVE_SIMD
+        if (use_simd) frame_dot_avx(acc, k_t, fine_cos, fine_sin, q_r, n_pairs);
+        else
+#endif
+            frame_dot_c(acc, k_t, fine_cos, fine_sin, q_r, n_pairs);
+        for (int d = rot; d < head_size; d++) { // partial rotary: the dims past rot_dim as they are
+            const float *x = k_t + (size_t)d * ATT_KEYS;
+            float a = qj[d];
+            for (int c = 0; c < ATT_KEYS; c++) acc[c] += a * x[c];
+        }
+        for (int c = 0; c < nk; c++) s[(size_t)c * ATT_QUERIES + j] = acc[c];
+    }
+}
+
 /* One head, nq <= ATT_QUERIES queries at positions pos .. pos+nq-1
- * (q_j = q + j * ldq, out_j = out + j * ldo), against the keys and values of
- * the head's slice of the caches (from `offset` in each row, rows kv_dim
- * apart): kernels.h's formula over the tiles of keys first .. pos+nq-1,
- * first = the first query's first key. Tiles past the last query's key are
- * never read, nor keys older than the first query's window. With Self-Extend
- * (qg not NULL: query j's grouped query at qg + j * ldq; keys_g the grouped
- * keys, float32, laid out as the cache), key t scores against query j's
- * grouped query and grouped key t when pos + j - t >= se_window: a tile
- * wholly on that side computes those scores alone, a tile across the line
- * both, and takes each score from its side. */
+ * (q_j = q + j * ldq, out_j = out + j * ldo; block indices b0 + j), against
+ * the keys and values of the head's slice of the caches (from `offset` in
+ * each row, rows kv_dim apart): kernels.h's formula over the tiles of keys
+ * first .. pos+nq-1, first = the first query's first key, and before them
+ * the sinks' rows 0..n_sinks-1 in tiles of their own. Tiles past the last
+ * query's key are never read, nor keys older than the first query's window
+ * (the sinks apart). With second queries (q2: query j's at q2 + j * ldq;
+ * second->keys laid out as the cache), key t scores against query j's second
+ * query and second key t when Self-Extend's pos + j - t >= far, or t is a
+ * sink: a tile wholly on that side computes those scores alone, a tile across
+ * the line both, and takes each score from its side. With frames the scores
+ * come from frame_scores, tiles at multiples of ATT_KEYS. */
 static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq, int pos, int window,
-                           const void *keys, int key_type, const void *values, int value_type, const float *qg,
-                           const float *keys_g, int se_window, size_t offset, int kv_dim, int head_size,
-                           float *scratch) {
+                           const void *keys, int key_type, const void *values, int value_type, const float *q2,
+                           const SecondQueries *second, const QueryFrames *frames, int b0, size_t offset, int kv_dim,
+                           int head_size, float *scratch) {
     size_t hs = (size_t)head_size, Q = ATT_QUERIES;
     float *q_t = scratch, *s = q_t + hs * Q, *pv = s + ATT_KEYS * Q, *o = pv + hs * Q, *k_buf = o + hs * Q;
     float *v_buf = k_buf + ATT_KEYS * hs, *m = v_buf + ATT_KEYS * hs, *l = m + Q, *alpha = l + Q, *tile_max = alpha + Q;
-    float *shift = tile_max + Q, *qg_t = shift + Q, *s_g = qg_t + hs * Q;
+    float *shift = tile_max + Q, *qg_t = shift + Q, *s_g = qg_t + hs * Q, *k_t = s_g + ATT_KEYS * Q;
+    float *q_r = k_t + ATT_KEYS * hs;
     float scale = 1.0f / sqrtf((float)head_size);
-    int W = qg ? se_window : 0;
-    transpose_queries(q_t, q, ldq, nq, head_size);
-    if (W) transpose_queries(qg_t, qg, ldq, nq, head_size);
+    int far = q2 ? second->far : 0, n_sinks = q2 ? second->n_sinks : 0;
+    if (!frames) transpose_queries(q_t, q, ldq, nq, head_size);
+    if (q2) transpose_queries(qg_t, q2, ldq, nq, head_size);
     memset(o, 0, hs * Q * sizeof(float));
     memset(s, 0, ATT_KEYS * Q * sizeof(float)); // the columns past nq stay zero
     for (int j = 0; j < ATT_QUERIES; j++) m[j] = -INFINITY, l[j] = 0.0f;
     // query j (position pos + j) sees keys lo_j .. pos + j, lo_j = pos + j + 1 - window (at least 0) with a window
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0, end = pos + nq;
-    for (int k0 = first; k0 < end; k0 += ATT_KEYS) {
-        int nk = end - k0 < ATT_KEYS ? end - k0 : ATT_KEYS, ldk, ldv;
-        int all_grouped = W && pos - (k0 + nk - 1) >= W, some_grouped = W && pos + nq - 1 - k0 >= W;
+    if (frames) first -= first % ATT_KEYS; // each tile from a multiple of ATT_KEYS: fine rows 0..
+    // the sinks' tiles (0 .. n_sinks-1) first, then first .. end-1 (from n_sinks when the window reaches them)
+    for (int k0 = n_sinks > 0 ? 0 : first; k0 < end;) {
+        int stop = k0 < n_sinks && n_sinks < end ? n_sinks : end, ldk, ldv; // a tile of sinks ends at n_sinks
+        int nk = stop - k0 < ATT_KEYS ? stop - k0 : ATT_KEYS;
+        int all_second = k0 + nk <= n_sinks || (far && pos - (k0 + nk - 1) >= far);
+        int some_second = k0 < n_sinks || (far && pos + nq - 1 - k0 >= far);
         const float *v = kv_tile(v_buf, &ldv, values, value_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
-        if (!all_grouped) {
+        if (!all_second) {
             const float *k = kv_tile(k_buf, &ldk, keys, key_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
-            cols_product(s, ATT_QUERIES, k, (size_t)ldk, 1, nk, head_size, q_t, ATT_QUERIES, nq); // s = K q_t
+            if (frames) frame_scores(s, frames, b0, nq, pos, k0, nk, k, ldk, q, ldq, head_size, k_t, q_r);
+            else cols_product(s, ATT_QUERIES, k, (size_t)ldk, 1, nk, head_size, q_t, ATT_QUERIES, nq); // s = K q_t
         }
-        if (some_grouped) { // Self-Extend: s_g = K_g qg_t, grouped keys (float32) against grouped queries
-            float *dst = all_grouped ? s : s_g;
-            cols_product(dst, ATT_QUERIES, keys_g + offset + (size_t)k0 * kv_dim, (size_t)kv_dim, 1, nk, head_size,
-                         qg_t, ATT_QUERIES, nq);
-            if (!all_grouped) // across the line: query j takes key k0 + c's grouped score when it lies
-                for (int c = 0; c < nk; c++) // W or more positions back
+        if (some_second) { // s_g = K_2 qg_t: second keys (float32) against second queries
+            float *dst = all_second ? s : s_g;
+            cols_product(dst, ATT_QUERIES, second->keys + offset + (size_t)k0 * kv_dim, (size_t)kv_dim, 1, nk,
+                         head_size, qg_t, ATT_QUERIES, nq);
+            if (!all_second) // across Self-Extend's line: query j takes key k0 + c's grouped score when it
+                for (int c = 0; c < nk; c++) // lies far or more positions back
                     for (int j = 0; j < nq; j++)
-                        if (pos + j - (k0 + c) >= W) s[(size_t)c * Q + j] = s_g[(size_t)c * Q + j];
+                        if (pos + j - (k0 + c) >= far) s[(size_t)c * Q + j] = s_g[(size_t)c * Q + j];
         }
-        online_softmax_tile(s, nk, nq, k0, pos, window, scale, m, l, alpha, tile_max, shift); // s -> p
-        cols_product(pv, ATT_QUERIES, v, 1, (size_t)ldv, head_size, nk, s, ATT_QUERIES, nq);  // pv = V^T p
+        online_softmax_tile(s, nk, nq, k0, pos, window, n_sinks, scale, m, l, alpha, tile_max, shift); // s -> p
+        cols_product(pv, ATT_QUERIES, v, 1, (size_t)ldv, head_size, nk, s, ATT_QUERIES, nq);             // pv = V^T p
         for (size_t i = 0; i < hs; i++) { // o = o * alpha + pv
             float *oi = o + i * Q;
             const float *add = pv + i * Q;
 #pragma omp simd simdlen(SIMD_FLOATS)
             for (int j = 0; j < nq; j++) oi[j] = oi[j] * alpha[j] + add[j];
         }
+        k0 += nk;
+        if (k0 >= n_sinks && k0 < first) k0 = first; // past the sinks: on to the first query's window
     }
     for (int j = 0; j < nq; j++) // out = o / l, back to one row per query
         for (size_t i = 0; i < hs; i++) out[(size_t)j * ldo + i] = o[i * Q + j] / l[j];
@@ -822,8 +935,8 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
  * items, split over the threads; each one's result is the same whatever
  * thread computes it. */
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
-                     const GroupedQueries *grouped, int B, int pos0, int window, int n_heads, int n_kv_heads,
-                     int head_size, float *scratch, int threads) {
+                     const SecondQueries *second, const QueryFrames *frames, int B, int pos0, int window, int n_heads,
+                     int n_kv_heads, int head_size, float *scratch, int threads) {
     int dim = n_heads * head_size, kv_dim = n_kv_heads * head_size, kv_mul = n_heads / n_kv_heads;
     int n_tiles = (B + ATT_QUERIES - 1) / ATT_QUERIES, item;
     size_t per_thread = attention_block_floats(head_size);
@@ -840,10 +953,10 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
         thread = omp_get_thread_num();
 #endif
         size_t at = (size_t)b0 * dim + (size_t)h * head_size; // query b0's head h in q and out
-        int se = grouped && grouped->q;
-        attention_tile(out + at, dim, q + at, dim, nq, pos0 + b0, window, keys, key_type, values, value_type,
-                       se ? grouped->q + at : NULL, se ? grouped->keys : NULL, se ? grouped->window : 0,
-                       (size_t)(h / kv_mul) * head_size, kv_dim, head_size, scratch + (size_t)thread * per_thread);
+        const float *q2 = second && second->q ? second->q + at : NULL;
+        attention_tile(out + at, dim, q + at, dim, nq, pos0 + b0, window, keys, key_type, values, value_type, q2,
+                       second, frames, b0, (size_t)(h / kv_mul) * head_size, kv_dim, head_size,
+                       scratch + (size_t)thread * per_thread);
     }
 }
 

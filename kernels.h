@@ -138,45 +138,73 @@ static inline uint16_t float_to_half(float x) {
 #define float_to_half float_to_half_c
 #endif
 
-/* Causal attention for a block of B > 1 queries (prompt blocks, ppl windows),
- * flash-attention style: every head's B queries against the cache, tile by
- * tile, with an online softmax, so that no row of n_ctx scores is ever
- * written. Query b (position pos0 + b) sees the keys t = lo_b .. pos0 + b,
- * lo_b = 0, or pos0 + b + 1 - window when window > 0 and that is positive;
- * query head h reads kv head h / (n_heads / n_kv_heads). Per query, over the
- * tiles of keys it sees, with a running maximum m (from -inf), a running sum
- * l (from 0) and an output o (from 0, head_size values):
+/* Causal attention for a block of B queries (prompt blocks, ppl windows;
+ * any B >= 1), flash-attention style: every head's B queries against the
+ * cache, tile by tile, with an online softmax, so that no row of n_ctx scores
+ * is ever written. Query b (at row pos0 + b of the cache) sees the keys
+ * t = lo_b .. pos0 + b, lo_b = 0, or pos0 + b + 1 - window when window > 0
+ * and that is positive (and with attention sinks, below, rows 0..n_sinks-1
+ * too); query head h reads kv head h / (n_heads / n_kv_heads). Per query,
+ * over the tiles of keys it sees, with a running maximum m (from -inf), a
+ * running sum l (from 0) and an output o (from 0, head_size values):
  *   s_t   = q . k_t / sqrt(head_size)                for the tile's keys t
  *   m'    = max(m, max_t s_t)
  *   o     = o * exp(m - m') + sum_t exp(s_t - m') v_t
  *   l     = l * exp(m - m') + sum_t exp(s_t - m'),   m = m'
  * and at the end out = o / l: softmax(s) . v, as run.c's attention states
  * it, equal to the one-query path up to float rounding (exp is exp_fast, and
- * the sums go in another order). With Self-Extend (grouped, below) s_t is
- * the grouped pair's score for the keys W or more positions back.
+ * the sums go in another order). With second queries (Self-Extend, sinks;
+ * below) s_t is the second pair's score for the keys they name; with frames
+ * (exact dynamic NTK; below) q and k_t are rotated per query first.
  * out, q: (B, n_heads, head_size); keys, values: one layer's (n_ctx, kv_dim)
  * of key_type / value_type, KV_F32 or KV_F16 (an f16 tile is converted to
- * float32 first, then the same code). Tiles of 128 queries x 48 keys
+ * float32 first, then the same code). Tiles of 128 queries x ATT_KEYS keys
  * (kernels.c); keys past the last query's position, or older than the first
  * query's window, are never read. scratch: (threads,
  * attention_block_floats(head_size)) floats; the heads x tiles of queries go
  * over at most `threads` OpenMP threads, each output computed by the same
  * code whatever their number. SIMD tiles (AVX-512 or AVX2) for every
  * head_size, portable loops in a build without them. */
+#define ATT_KEYS 48 /* keys per tile of attention_block */
 size_t attention_block_floats(int head_size);
-/* Self-Extend's grouped scores (run.c's rope_stage, docs/rope.md §10): the
- * key at position j, W or more positions before query b's, is scored against
- * query b's grouped query (rotated at its group position) and j's grouped key
- * (rotated at floor(j / G)) instead of q_b and k_j. attention_block takes NULL, or a
- * GroupedQueries with q NULL, for none. */
+/* Second queries (run.c's rope_stage, docs/rope.md §10 and §13): some keys
+ * are scored against a second rotation of each query, and of those keys,
+ * instead of q_b . k_t:
+ *   Self-Extend (far = W > 0): the keys W or more positions before query
+ *     b's, the query at its group position and the key at floor(t / G);
+ *   attention sinks (n_sinks > 0): the rows 0..n_sinks-1, the query at its
+ *     place in the rolling cache; every query sees them, whatever the window.
+ * attention_block takes NULL, or a SecondQueries with q NULL, for none. */
 typedef struct {
-    const float *q;    // (B, n_heads, head_size) the block's queries at their group positions
-    const float *keys; // one layer's (n_ctx, kv_dim), float32: the keys at their group positions
-    int window;        // W, Self-Extend's neighbour window
-} GroupedQueries;
+    const float *q;    // (B, n_heads, head_size) the block's queries in their second rotation
+    const float *keys; // one layer's (n_ctx, kv_dim), float32: the keys in their second rotation
+    int far;           // Self-Extend's neighbour window W; 0 = not Self-Extend
+    int n_sinks;       // attention sinks: rows 0..n_sinks-1; 0 = none
+} SecondQueries;
+/* Per-query frames (run.c's rope_stage, docs/rope.md §11): with exact
+ * dynamic NTK past the original context every query has RoPE frequencies of
+ * its own, so q and the keys come unrotated and attention_block rotates them
+ * per query, from rows of that query's own table (mscale * cos and sin of
+ * row * inv_freq_i, for its sequence length):
+ *   fine:   rows c = 0 .. ATT_KEYS-1
+ *   coarse: rows pos_b - ATT_KEYS * u for u = 0 .. pos_b / ATT_KEYS (pos_b = pos0 + b)
+ * The key at t = ATT_KEYS * u + c is rotated by fine row c and query b by
+ * coarse row u, which gives the score of the two rotated at their rows:
+ *   R(pos_b th) q . R(t th) k = q . R((t - pos_b) th) k = R((pos_b - ATT_KEYS u) th) q . R(c th) k
+ * (rotations keep dot products, and angles of one frequency add), so a query
+ * needs ATT_KEYS + pos_b / ATT_KEYS + 1 rows of its table, not pos_b + 1.
+ * Key tiles then start at multiples of ATT_KEYS. */
+typedef struct {
+    const float *fine_cos, *fine_sin;     // (B, n_pairs, ATT_KEYS) pair-major: query b's fine row c,
+                                          // pair i at [b][i][c]
+    const float *coarse_cos, *coarse_sin; // (B, n_coarse, n_pairs): query b's coarse row u at [b][u]
+    int n_coarse;                         // coarse rows per query: enough for the last position of the cache
+    int rot_dim, layout;                  // rotated dims per head (partial rotary: the rest pass);
+                                          // ROPE_INTERLEAVED | ROPE_NEOX
+} QueryFrames;
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
-                     const GroupedQueries *grouped, int B, int pos0, int window, int n_heads, int n_kv_heads,
-                     int head_size, float *scratch, int threads);
+                     const SecondQueries *second, const QueryFrames *frames, int B, int pos0, int window, int n_heads,
+                     int n_kv_heads, int head_size, float *scratch, int threads);
 
 /* ------------------------------------------------------------------------
  * Weight matrices (model.h's Matrix: float32 or q8_0) and matmul

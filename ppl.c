@@ -2,7 +2,7 @@
  * measurement the extrapolation study is built on:
  *   - ppl_score: the text in windows of --ctx tokens every --stride tokens,
  *     each token scored once with its in-window prefix (docs/rope.md §12.2);
- *     ppl_stream_score: token by token through the rolling cache of sinks;
+ *     ppl_stream_score: in blocks through the rolling cache of sinks;
  *   - NLL by position bucket, standard errors with tokens or windows as the
  *     independent units, and a 95% interval;
  *   - --save-logits / --kl-base: every scored token's logits saved as a
@@ -210,13 +210,15 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
 
 /* Teacher-forced NLL of ids[0..n_ids) in one pass through the rolling cache
  * of attention sinks (--sinks n; StreamingLLM's long-text evaluation): BOS
- * first when add_bos, then token by token, each text token scored given
- * what the cache holds when it comes (the first one only after BOS). Fills
- * *out as ppl_score does, as one window, with buckets and per-position sums
- * by absolute position. Returns 0, or -1 with a message in err. */
+ * first when add_bos, then the text in blocks (forward_block; block_limit),
+ * each text token scored given what the cache holds when it comes, as if fed
+ * one by one (the first one only after BOS). Fills *out as ppl_score does, as
+ * one window, with buckets and per-position sums by absolute position.
+ * Returns 0, or -1 with a message in err. */
 int ppl_stream_score(Transformer *t, const int *ids, int n_ids, int add_bos, PplScore *out, PplProgress progress,
                      const TokenHook *hook, char *err, size_t err_len) {
     int bos = add_bos ? 1 : 0, n = n_ids + bos, V = t->config.vocab_size; // n: tokens fed, BOS included
+    int max_block = block_limit(t);
     memset(out, 0, sizeof *out);
     if (t->keys != KEYS_SINKS) return fail(err, err_len, "--streaming: needs a rolling cache (--sinks n)");
     if (n < 2) return fail(err, err_len, "no tokens to score (%d text tokens%s)", n_ids, bos ? "" : " and no BOS");
@@ -226,27 +228,38 @@ int ppl_stream_score(Transformer *t, const int *ids, int n_ids, int add_bos, Ppl
     out->win_sum = calloc(1, sizeof(double));
     out->win_count = calloc(1, sizeof(long));
     out->n_buckets = ppl_buckets(out->buckets, t->rope.orig_ctx, n);
-    if (!out->pos_sum || !out->pos_count || !out->win_sum || !out->win_count) {
+    int *input = malloc((size_t)max_block * sizeof(int)); // one block of the stream
+    if (!input || !out->pos_sum || !out->pos_count || !out->win_sum || !out->win_count) {
+        free(input);
         free_ppl_score(out);
         return fail(err, err_len, "ppl: out of memory for %d positions", n);
     }
-    for (int p = 0; p + 1 < n; p++) { // feed token p, score token p + 1
-        int token = p < bos ? t->config.bos_id : ids[p - bos], target = ids[p + 1 - bos];
-        int status;
-        const float *logits = forward(t, token, p, &status);
-        if (!logits || target < 0 || target >= V) {
-            free_ppl_score(out);
-            if (status == FORWARD_NOT_FINITE)
-                return fail(err, err_len, "ppl: the logits at token %d are NaN or infinite (a NaN or infinite weight, "
-                            "or activations that overflowed)", p);
-            return fail(err, err_len, "ppl: a token near %d is outside the vocabulary (0..%d)", p, V - 1);
+    int rc = 0;
+    for (int p0 = 0; p0 + 1 < n && rc == 0; p0 += max_block) { // feed tokens p0 .. p0+B-1, score each one's next
+        int B = n - 1 - p0 < max_block ? n - 1 - p0 : max_block;
+        for (int b = 0; b < B; b++) input[b] = p0 + b < bos ? t->config.bos_id : ids[p0 + b - bos];
+        int status = forward_block(t, input, B, p0, LOGITS_ALL); // logits (B, vocab_size)
+        if (status == FORWARD_NOT_FINITE)
+            rc = fail(err, err_len, "ppl: the logits near token %d are NaN or infinite (a NaN or infinite weight, "
+                      "or activations that overflowed)", p0);
+        else if (status != 0)
+            rc = fail(err, err_len, "ppl: a token near %d is outside the vocabulary (0..%d)", p0, V - 1);
+        for (int b = 0; b < B && rc == 0; b++) {
+            int p = p0 + b, target = ids[p + 1 - bos]; // token p's logits predict token p + 1
+            const float *logits = t->state.logits + (size_t)b * V;
+            if (target < 0 || target >= V)
+                rc = fail(err, err_len, "ppl: a token near %d is outside the vocabulary (0..%d)", p + 1, V - 1);
+            else if (hook && hook->fn(hook->ctx, logits, V, target, err, err_len) != 0)
+                rc = -1;
+            else
+                ppl_add(out, 0, p + 1, token_nll(logits, V, target));
         }
-        if (hook && hook->fn(hook->ctx, logits, V, target, err, err_len) != 0) {
-            free_ppl_score(out);
-            return -1;
-        }
-        ppl_add(out, 0, p + 1, token_nll(logits, V, target));
-        if (progress && (p + 2) % 256 == 0) progress(p + 2, n);
+        if (progress && rc == 0) progress(p0 + B + 1, n);
+    }
+    free(input);
+    if (rc != 0) {
+        free_ppl_score(out);
+        return rc;
     }
     out->n_windows = 1;
     out->streaming = 1;

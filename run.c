@@ -633,7 +633,7 @@ static void rope_build_rows(Transformer *t, int len, int first, int n) {
                     st->inv_freq, n_pairs, mscale);
 }
 
-/* Build the whole (n_ctx, n_pairs) table once, at load.
+/* Build the whole (table_rows, n_pairs) table once, at load.
  * Most methods have one table for all lengths. Dynamic NTK (docs/rope.md §8.5)
  * and LongRoPE (§8.8) give a sequence of length S > L other frequencies than
  * a shorter one:
@@ -644,8 +644,9 @@ static void rope_build_rows(Transformer *t, int len, int first, int n) {
  *          rope_sync_length rebuilds rows 0..pos once pos + 1 > L. */
 static void rope_build_table(Transformer *t) {
     int L = t->rope.orig_ctx, n = t->n_ctx;
-    if (!rope_length_dependent(&t->rope)) {
-        rope_build_rows(t, n, 0, n);
+    if (!rope_length_dependent(&t->rope) || t->table_rows > n) { // one table; with sinks in blocks, the rows
+        rope_build_rows(t, L, 0, t->table_rows);                  // past n_ctx too (then n_ctx <= L: block_limit)
+        t->table_len = L;
         return;
     }
     rope_build_rows(t, L, 0, n < L ? n : L); // S <= L: the frequencies of short sequences
@@ -752,16 +753,130 @@ void rotate_cached_keys(float *key_rot, float *key_grouped, const void *keys, in
         }
 }
 
+/* Write rows src[0..B) (kv_dim values each) of the tokens at pos0.. into
+ * their slots of one layer's cache: the positions, or in the rolling cache of
+ * sinks cache_slot's slots (consecutive, but where the rolling part wraps
+ * around; a block longer than it leaves the last tokens there). */
+static void cache_store(const Transformer *t, void *cache, int pos0, int B, const float *src) {
+    int kv_dim = t->config.dim / t->config.n_heads * t->config.n_kv_heads;
+    for (int b = 0, run; b < B; b += run) {
+        int slot = cache_slot(t, pos0 + b);
+        for (run = 1; b + run < B && cache_slot(t, pos0 + b + run) == slot + run; run++) {}
+        kv_store(cache, t->kv_type, (size_t)slot * kv_dim, src + (size_t)b * kv_dim, run * kv_dim);
+    }
+}
+
+/* (b): whether the queries at positions pos0 .. pos0+B-1 share one table:
+ * their lengths pos + 1 give one rope_table_length (all within L, or with
+ * LongRoPE all past it; past L dynamic NTK gives every length its own). */
+static int block_shares_table(const Transformer *t, int pos0, int B) {
+    return rope_table_length(&t->rope, pos0 + 1) == rope_table_length(&t->rope, pos0 + B);
+}
+
+/* (b), a block whose queries do not share a table: for each query, the rows
+ * of the table of its own length that attention_block's frames need
+ * (kernels.h's QueryFrames): the fine rows 0..ATT_KEYS-1, pair-major, and the
+ * coarse rows pos - ATT_KEYS u, each made as rope_fill_table makes a table
+ * row. Once per block (every layer reads them); ATT_KEYS + pos / ATT_KEYS + 1
+ * rows a query where the token path rebuilds pos + 1. */
+static void build_frames(Transformer *t, int pos0, int B) {
+    RunState *st = &t->state;
+    QueryFrames *f = &st->frames;
+    int n_pairs = t->rope.rot_dim / 2, b;
+    // in parallel from a few thousand sines and cosines (each costs tens of multiply-adds) on
+#pragma omp parallel for private(b) if ((long)B * n_pairs * ATT_KEYS >= 4096)
+    for (b = 0; b < B; b++) {
+        int pos = pos0 + b;
+        double *inv_freq = st->frame_freq + (size_t)b * n_pairs, mscale;
+        rope_frequencies(&t->rope, pos + 1, inv_freq, &mscale); // the frequencies of length pos + 1
+        float *fine_cos = (float *)f->fine_cos + (size_t)b * n_pairs * ATT_KEYS;
+        float *fine_sin = (float *)f->fine_sin + (size_t)b * n_pairs * ATT_KEYS;
+        for (int i = 0; i < n_pairs; i++) // pair i's rows 0..ATT_KEYS-1 side by side
+            rope_fill_table(fine_cos + (size_t)i * ATT_KEYS, fine_sin + (size_t)i * ATT_KEYS, 0, ATT_KEYS,
+                            inv_freq + i, 1, mscale);
+        for (int u = 0; u * ATT_KEYS <= pos; u++) {
+            size_t at = ((size_t)b * f->n_coarse + u) * n_pairs;
+            rope_fill_table((float *)f->coarse_cos + at, (float *)f->coarse_sin + at, pos - u * ATT_KEYS, 1,
+                            inv_freq, n_pairs, mscale);
+        }
+    }
+}
+
+/* What the RoPE stage needs once per block, before the layers: with (b), the
+ * frames of a block whose queries do not share a table. */
+static void rope_prepare(Transformer *t, int B, int pos0) {
+    if (t->keys == KEYS_PER_LENGTH && !block_shares_table(t, pos0, B)) build_frames(t, pos0, B);
+}
+
+/* (d) with a block (B > 1) at positions pos0..: the keys its queries see,
+ * laid out in one frame in which every key keeps its distance to every
+ * query (docs/rope.md §13):
+ *   rows 0 .. n_sinks-1: the sinks, at their places (their positions)
+ *   rows n_sinks ..:     the other keys, from lo (the oldest the block's first
+ *                        query sees) to the block's last: row = position - shift,
+ *                        shift = lo - n_sinks
+ * Query b sits at row pos0 - shift + b and sees the R = n_ctx - n_sinks rows
+ * up to its own (a sliding window of R) and the sinks. A non-sink key's score
+ * depends only on the distance between the two rows (one set of frequencies
+ * for the whole table: block_limit), and that is the distance between their
+ * places in the cache. A sink sits at its place, but a query's place
+ * (n_ctx - 1 once the cache is full) is not its row: each query gets a second
+ * rotation, at its place, for the sinks (attention_block's second queries).
+ * Keys go into key_rot, rotated at their rows, and values into value_rows,
+ * float32: the block's own from st->k and st->v, the older ones from their
+ * slots, before the block's tokens take their slots (where they evict keys
+ * its first queries still see). Rotates st->q at its rows and copies it into
+ * q_second at the places. */
+static CacheView sinks_block(Transformer *t, void *key_cache, void *value_cache, int B, int pos0) {
+    const Config *c = &t->config;
+    const RopeConfig *r = &t->rope;
+    RunState *st = &t->state;
+    int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, n_pairs = r->rot_dim / 2;
+    int n_sinks = t->pos.n_sinks, R = t->n_ctx - n_sinks;
+    int lo = pos0 - R + 1 > n_sinks ? pos0 - R + 1 : n_sinks, shift = lo - n_sinks, n_rows = pos0 + B - shift, row;
+#pragma omp parallel for private(row) if ((long)n_rows * kv_dim >= PARALLEL_MIN_WORK)
+    for (row = 0; row < n_rows; row++) {
+        int pos = row < n_sinks ? row : row + shift; // the key's position in the text
+        float *k = st->key_rot + (size_t)row * kv_dim, *v = st->value_rows + (size_t)row * kv_dim;
+        if (pos >= pos0) { // one of the block's
+            memcpy(k, st->k + (size_t)(pos - pos0) * kv_dim, (size_t)kv_dim * sizeof(float));
+            memcpy(v, st->v + (size_t)(pos - pos0) * kv_dim, (size_t)kv_dim * sizeof(float));
+        } else {
+            size_t at = (size_t)cache_slot(t, pos) * kv_dim;
+            kv_load(k, key_cache, t->kv_type, at, kv_dim);
+            kv_load(v, value_cache, t->kv_type, at, kv_dim);
+        }
+        rope(k, st->rope_cos + (size_t)row * n_pairs, st->rope_sin + (size_t)row * n_pairs, 1, c->n_kv_heads,
+             head_size, r->rot_dim, r->layout);
+    }
+    memcpy(st->q_second, st->q, (size_t)B * c->dim * sizeof(float));
+    for (int b = 0; b < B; b++) { // the second rotation: at the query's place, for the sinks
+        size_t place = (size_t)cache_place(t, cache_slot(t, pos0 + b), pos0 + b) * n_pairs;
+        rope(st->q_second + (size_t)b * c->dim, st->rope_cos + place, st->rope_sin + place, 1, c->n_heads,
+             head_size, r->rot_dim, r->layout);
+    }
+    size_t first = (size_t)(pos0 - shift) * n_pairs; // the block's rows
+    rope(st->q, st->rope_cos + first, st->rope_sin + first, B, c->n_heads, head_size, r->rot_dim, r->layout);
+    cache_store(t, key_cache, pos0, B, st->k);
+    cache_store(t, value_cache, pos0, B, st->v);
+    return (CacheView){st->key_rot, KV_F32, st->value_rows, KV_F32, pos0 - shift, R,
+                       {st->q_second, st->key_rot, 0, n_sinks}, NULL};
+}
+
 /* The RoPE stage of one layer: give the block's queries and keys their
- * positions, and put the keys into the layer's cache. It switches on the key
- * strategy (KeyStrategy, set when the model is built); the rest of the
- * forward pass never knows which one runs:
+ * positions, put the keys and values into the layer's cache, and say how
+ * attention reads it (CacheView). It switches on the key strategy
+ * (KeyStrategy, set when the model is built); the rest of the forward pass
+ * never knows which one runs:
  *   (a) KEYS_ROTATED_ONCE (every method, the default): q and k are rotated
  *      by the table rows of their positions; keys enter the cache rotated and
  *      keep that rotation for good.
  *   (b) KEYS_PER_LENGTH (--rope-dynamic exact): the table depends on the
- *      sequence length, so keys enter the cache unrotated (a pre-RoPE cache)
- *      and every cached key is rotated anew for each query.
+ *      sequence length, so keys enter the cache unrotated (a pre-RoPE cache).
+ *      Queries that share a table (one token; a block within L) have every
+ *      cached key rotated anew for them; a block past L, whose every query
+ *      has a length and a table of its own, leaves q and the keys unrotated,
+ *      and attention rotates them per query from its frame (build_frames).
  *   (c) KEYS_SELF_EXTEND (--self-extend G W): keys enter unrotated too; a key
  *      W or more tokens back is rotated at its group position floor(j/G) and
  *      scored against a second query rotated at floor(pos/G) + W - floor(W/G);
@@ -770,47 +885,60 @@ void rotate_cached_keys(float *key_rot, float *key_grouped, const void *keys, in
  *      key_grouped) and attention picks per pair.
  *   (d) KEYS_SINKS (--sinks n_sinks): keys enter unrotated; once the cache is
  *      full each new token overwrites the oldest after the sinks, and every
- *      key is rotated at its place in the cache (cache_slot, cache_place).
- * (b) and (d) go one token at a time (block_limit). docs/rope.md §11
- * has the details, §10 Self-Extend's position map and §13 the sinks.
- * In: st->q (B, n_heads, head_size) and st->k (B, kv_dim) from the projections.
- * Out: st->q rotated in place; the B keys written into key_cache (one layer's
- * (n_ctx, kv_dim)) at pos0..; returns the keys attention reads. */
-static RotatedKeys rope_stage(Transformer *t, void *key_cache, int B, int pos0) {
+ *      key is rotated at its place in the cache (cache_slot, cache_place); a
+ *      block at the distances to its queries instead (sinks_block).
+ * docs/rope.md §11 has the details, §10 Self-Extend's position map and §13
+ * the sinks. In: st->q (B, n_heads, head_size), st->k and st->v
+ * (B, kv_dim) from the projections; window: the layer's sliding window.
+ * Out: st->q rotated in place (not with frames); the B keys and values
+ * written into key_cache and value_cache (one layer's (n_ctx, kv_dim)) at
+ * their slots. */
+static CacheView rope_stage(Transformer *t, void *key_cache, void *value_cache, int B, int pos0, int window) {
     const Config *c = &t->config;
     const RopeConfig *r = &t->rope;
     RunState *st = &t->state;
-    int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, n_pairs = r->rot_dim / 2;
+    int head_size = c->dim / c->n_heads, n_pairs = r->rot_dim / 2;
+    if (t->keys == KEYS_SINKS && B > 1) return sinks_block(t, key_cache, value_cache, B, pos0); // (d), a block
     int slot = cache_slot(t, pos0), place = cache_place(t, slot, pos0); // pos0, unless sinks wrapped the cache
-    rope_sync_length(t, place); // (b): table rows for length place + 1 (once per token)
+    int frames = t->keys == KEYS_PER_LENGTH && !block_shares_table(t, pos0, B); // (b) past L
+    if (!frames) rope_sync_length(t, place + B - 1); // (b): table rows for the block's length
     const float *cos_rows = st->rope_cos + (size_t)place * n_pairs; // (B, n_pairs): the B positions' rows
     const float *sin_rows = st->rope_sin + (size_t)place * n_pairs;
+    CacheView view = {key_cache, t->kv_type, value_cache, t->kv_type, place, window, {NULL, NULL, 0, 0}, NULL};
     int n_grouped = grouped_keys(t, pos0 + B - 1); // (c) only: keys W or more tokens before the last query
     switch (t->keys) {
     case KEYS_ROTATED_ONCE: // (a): q and k rotated; keys rotated once, as they enter the cache
         rope(st->q, cos_rows, sin_rows, B, c->n_heads, head_size, r->rot_dim, r->layout);
         rope(st->k, cos_rows, sin_rows, B, c->n_kv_heads, head_size, r->rot_dim, r->layout);
-        kv_store(key_cache, t->kv_type, (size_t)pos0 * kv_dim, st->k, B * kv_dim);
-        return (RotatedKeys){key_cache, t->kv_type, NULL, NULL, 0};
+        cache_store(t, key_cache, pos0, B, st->k);
+        cache_store(t, value_cache, pos0, B, st->v);
+        return view;
     case KEYS_SELF_EXTEND: // (c): a copy of the queries rotated at their group positions; then as (b), (d)
         if (n_grouped) {
             int G = t->pos.se_group, W = t->pos.se_window;
-            memcpy(st->q_grouped, st->q, (size_t)B * c->dim * sizeof(float));
+            memcpy(st->q_second, st->q, (size_t)B * c->dim * sizeof(float));
             for (int b = 0; b < B; b++) {
                 size_t row = (size_t)((pos0 + b) / G + W - W / G) * n_pairs;
-                rope(st->q_grouped + (size_t)b * c->dim, st->rope_cos + row, st->rope_sin + row, 1, c->n_heads,
+                rope(st->q_second + (size_t)b * c->dim, st->rope_cos + row, st->rope_sin + row, 1, c->n_heads,
                      head_size, r->rot_dim, r->layout);
             }
+            view.second = (SecondQueries){st->q_second, st->key_grouped, W, 0};
         }
         // fall through
-    case KEYS_PER_LENGTH: // (b), (c), (d): q rotated; keys enter the cache before RoPE, rotated per query
-    case KEYS_SINKS:
+    case KEYS_PER_LENGTH: // (b), (c), (d): keys enter the cache before RoPE; q and the cached keys rotated
+    case KEYS_SINKS:      // for this block (with frames: per query, by attention)
+        cache_store(t, key_cache, pos0, B, st->k);
+        cache_store(t, value_cache, pos0, B, st->v);
+        if (frames) {
+            view.frames = &st->frames;
+            return view;
+        }
         rope(st->q, cos_rows, sin_rows, B, c->n_heads, head_size, r->rot_dim, r->layout);
-        kv_store(key_cache, t->kv_type, (size_t)slot * kv_dim, st->k, B * kv_dim);
         rotate_cached_keys(st->key_rot, st->key_grouped, key_cache, pos0, B, t);
-        return (RotatedKeys){st->key_rot, KV_F32, st->q_grouped, st->key_grouped, n_grouped};
+        view.keys = st->key_rot, view.key_type = KV_F32;
+        return view;
     }
-    return (RotatedKeys){NULL, 0, NULL, NULL, 0}; // not reached: every strategy is a case above
+    return view; // not reached: every strategy is a case above
 }
 
 /* ==========================================================================
@@ -818,20 +946,21 @@ static RotatedKeys rope_stage(Transformer *t, void *key_cache, int B, int pos0) 
  *    table + run state
  * ========================================================================== */
 
-/* How many tokens forward_block may take at once. Keys rotated for the
- * current length (b) or at their place in a rolling cache (d) are rotated for
- * each query position separately, so those go 1 by 1; Self-Extend's two
- * rotations of a key do not depend on the query (rope_stage), so it takes
- * blocks. Attention statistics read each query's weights, which only the
- * one-query attention keeps: 1 by 1 too. */
+/* How many tokens forward_block may take at once: FORWARD_BLOCK, since every
+ * key strategy has a form for a block (rope_stage). One case goes one token
+ * at a time: attention sinks with dynamic NTK or LongRoPE and a cache longer
+ * than L, whose table rows past L each have frequencies of their own, so that
+ * a key's score is no function of its distance to the query (sinks_block
+ * needs one). `make reference` takes exact dynamic NTK and sinks one token at
+ * a time too: their token path, which the tests compare with the blocks.
+ * Attention statistics read each query's weights, which only the one-query
+ * attention keeps: 1 by 1 too. */
 int block_limit(const Transformer *t) {
     if (t->state.attn_stats) return 1;
-    switch (t->keys) {
-    case KEYS_PER_LENGTH:
-    case KEYS_SINKS: return 1;
-    case KEYS_ROTATED_ONCE:
-    case KEYS_SELF_EXTEND: break;
-    }
+#ifdef REFERENCE
+    if (t->keys == KEYS_PER_LENGTH || t->keys == KEYS_SINKS) return 1;
+#endif
+    if (t->keys == KEYS_SINKS && rope_length_dependent(&t->rope) && t->n_ctx > t->rope.orig_ctx) return 1;
     return FORWARD_BLOCK;
 }
 
@@ -844,7 +973,9 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
     size_t kv_dim = head_size * c->n_kv_heads, n_ctx = t->n_ctx, n_pairs = t->rope.rot_dim / 2;
     size_t cache_values = (size_t)c->n_layers * n_ctx * kv_dim;
     size_t B = (size_t)block_limit(t); // tokens one forward_block call may carry
-    size_t widest = hidden > dim ? hidden : dim, q8 = c->weight_type == WEIGHT_Q8_0, threads = 1;
+    size_t rows = (size_t)t->table_rows, widest = hidden > dim ? hidden : dim, q8 = c->weight_type == WEIGHT_Q8_0;
+    size_t threads = 1, sinks = t->keys == KEYS_SINKS && B > 1, frames = t->keys == KEYS_PER_LENGTH && B > 1;
+    size_t n_coarse = (n_ctx - 1) / ATT_KEYS + 1; // a frame's coarse rows (kernels.h's QueryFrames)
 #ifdef _OPENMP
     threads = (size_t)omp_get_max_threads();
 #endif
@@ -857,12 +988,17 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
         FLOATS(st->attn_tiles, B > 1 ? threads * attention_block_floats((int)head_size) : 0),
         {&st->key_cache, cache_values, kv_elem_bytes(t->kv_type)},
         {&st->value_cache, cache_values, kv_elem_bytes(t->kv_type)},
-        FLOATS(st->rope_cos, n_ctx * n_pairs), FLOATS(st->rope_sin, n_ctx * n_pairs),
-        // only with a pre-RoPE key cache: one layer of rotated keys; and with Self-Extend the
-        // block's queries and the layer's keys at their group positions
-        FLOATS(st->key_rot, t->keys != KEYS_ROTATED_ONCE ? n_ctx * kv_dim : 0),
-        FLOATS(st->q_grouped, t->keys == KEYS_SELF_EXTEND ? B * dim : 0),
+        FLOATS(st->rope_cos, rows * n_pairs), FLOATS(st->rope_sin, rows * n_pairs),
+        // only with a pre-RoPE key cache: one layer of rotated keys; with Self-Extend the block's
+        // queries and the layer's keys at their group positions; with sinks in blocks the queries
+        // at their places and the layer's values in the keys' order; with exact dynamic NTK in
+        // blocks each query's frame (the fine rows' cos and sin, then the coarse rows')
+        FLOATS(st->key_rot, t->keys != KEYS_ROTATED_ONCE ? rows * kv_dim : 0),
+        FLOATS(st->q_second, t->keys == KEYS_SELF_EXTEND || sinks ? B * dim : 0),
         FLOATS(st->key_grouped, t->keys == KEYS_SELF_EXTEND ? n_ctx * kv_dim : 0),
+        FLOATS(st->value_rows, sinks ? rows * kv_dim : 0),
+        FLOATS(st->frame_rows, frames ? B * 2 * (ATT_KEYS + n_coarse) * n_pairs : 0),
+        {(void **)&st->frame_freq, frames ? B * n_pairs : 0, sizeof(double)},
         // matmul's input transposed (blocks); with q8_0 weights, quantized
         FLOATS(st->mm.x_t, B > 1 ? widest * simd_round_up((int)B) : 0),
         {(void **)&st->mm.x_q, q8 ? B * widest : 0, sizeof(int8_t)},
@@ -884,6 +1020,11 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
     st->inv_freq = malloc(n_pairs * sizeof(double));
     if (!st->inv_freq) return fail(err, err_len, "out of memory building the RoPE table");
     rope_build_table(t);
+    if (frames) { // the frames' four arrays, in frame_rows (kernels.h's QueryFrames)
+        float *fine = st->frame_rows, *coarse = fine + B * 2 * ATT_KEYS * n_pairs;
+        st->frames = (QueryFrames){fine, fine + B * ATT_KEYS * n_pairs, coarse, coarse + B * n_coarse * n_pairs,
+                                   (int)n_coarse, t->rope.rot_dim, t->rope.layout};
+    }
     return 0;
 }
 
@@ -1005,6 +1146,8 @@ int build_transformer(Transformer *t, const char *path, const PositionOverrides 
     apply_overrides(t, ov);
     t->n_ctx = n_ctx > 0 ? n_ctx : t->config.train_ctx;
     t->keys = key_strategy(t, ov);
+    t->table_rows = t->n_ctx; // and with sinks in blocks the rows of a block past the cache (sinks_block)
+    if (t->keys == KEYS_SINKS && block_limit(t) > 1) t->table_rows += block_limit(t) - 1;
     if (t->pos.window >= t->n_ctx) t->pos.window = 0; // a window as long as the cache never leaves a key out
     if (check_positions(t, ov, err, err_len) != 0) return BUILD_BAD_SETTINGS;
     if (build_run_state(t, err, err_len) != 0) return BUILD_BAD_INPUT;
@@ -1015,9 +1158,9 @@ int build_transformer(Transformer *t, const char *path, const PositionOverrides 
 void free_transformer(Transformer *t) {
     RunState *st = &t->state;
     void *bufs[] = {st->x, st->xb, st->xb2, st->hb, st->hb2, st->q, st->k, st->v, st->scores, st->attn_tiles,
-                    st->logits, st->key_cache, st->value_cache, st->rope_cos, st->rope_sin, st->q_grouped,
-                    st->key_rot, st->key_grouped, st->mm.x_q, st->mm.x_scale, st->mm.w_rows, st->mm.x_t,
-                    st->mm.x_qt, st->mm.x_scale_t, st->mm.w_sums};
+                    st->logits, st->key_cache, st->value_cache, st->rope_cos, st->rope_sin, st->q_second,
+                    st->key_rot, st->key_grouped, st->value_rows, st->frame_rows, st->frame_freq, st->mm.x_q,
+                    st->mm.x_scale, st->mm.w_rows, st->mm.x_t, st->mm.x_qt, st->mm.x_scale_t, st->mm.w_sums};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(st->inv_freq);
     if (t->mapping) munmap(t->mapping, t->file_size);
@@ -1088,61 +1231,68 @@ static void attention_weights(float *row, int lo, int n, int width, int head_siz
  * sliding window (window > 0), else 0. */
 static int window_start(int n, int window) { return window > 0 && n > window ? n - window : 0; }
 
-/* Causal multi-head attention for B tokens at positions pos0 .. pos0+B-1;
- * row b attends to cached positions j = lo_b .. pos0+b:
+/* Causal multi-head attention for B tokens, whose queries sit at rows
+ * p_b = view.pos0 + b of the view of the cache (CacheView: the rows as the
+ * RoPE stage laid them out, their positions; with sinks, their places); row b
+ * attends to the rows j = lo_b .. p_b:
  *   scores[j] = q . k_j / sqrt(head_size)
  *   weights   = softmax(scores)
  *   out       = sum_j weights[j] * v_j
- * with lo_b = 0, or with a sliding window (window > 0)
- * lo_b = max(0, pos0 + b + 1 - window): the `window` most recent keys, its
- * own included.
+ * with lo_b = 0, or with a sliding window (view.window > 0)
+ * lo_b = max(0, p_b + 1 - window): the `window` most recent keys, its own
+ * included.
  * Query head h reads kv head h / (n_heads / n_kv_heads): the contiguous
- * grouping of GQA/MQA, as Hugging Face's repeat_kv. With Self-Extend, keys
- * W or more positions before row b's are scored as q_grouped_b . k_grouped_j
- * instead (keys.q_grouped, keys.grouped: rope_stage's (c)).
- * out, q: (B, n_heads, head_size); values: one layer's (n_ctx, kv_dim) of
- * t->kv_type.
+ * grouping of GQA/MQA, as Hugging Face's repeat_kv. With second queries
+ * (view.second), the keys they name are scored as q2_b . k2_j instead:
+ * Self-Extend's keys W or more positions before row b's (rope_stage's (c)),
+ * or a block's sinks, rows 0..n_sinks-1, which every query sees whatever the
+ * window (sinks_block). With frames (view.frames: exact dynamic NTK past L,
+ * rope_stage's (b)), q and the keys are rotated per query first.
+ * out, q: (B, n_heads, head_size).
  * A block (B > 1: prompts, ppl windows) goes to kernels.c's attention_block,
  * which computes this formula in tiles of queries x keys with an online
  * softmax (a running maximum and sum per query, kernels.h), never storing a
- * row of scores. One query (generation; B = 1 also for exact dynamic NTK and
- * attention sinks, whose keys move with each query) goes as written above,
- * head by head: kv_scores, attention_weights, kv_mix. The two agree to float
- * rounding; `make reference` builds a ./run-reference that takes every block
- * one query at a time this way. t gives the shapes, and its state the
- * scratch: scores for one query, attn_tiles for a block. */
-void attention(float *out, const float *q, const RotatedKeys *keys, const void *values, int B, int pos0,
-               int window, Transformer *t) {
+ * row of scores. One query (generation) goes as written above, head by head:
+ * kv_scores, attention_weights, kv_mix (frames and sinks' second queries come
+ * only with blocks). The two agree to float rounding; `make reference` builds
+ * a ./run-reference that takes every other block one query at a time this
+ * way. t gives the shapes, and its state the scratch: scores for one query,
+ * attn_tiles for a block. */
+void attention(float *out, const float *q, const CacheView *view, int B, Transformer *t) {
     const Config *c = &t->config;
     int n_heads = c->n_heads, head_size = c->dim / n_heads, kv_dim = head_size * c->n_kv_heads;
     int kv_mul = n_heads / c->n_kv_heads, n_ctx = t->n_ctx;
+    const SecondQueries *second = &view->second;
 #ifdef REFERENCE
-    if (B > 1) { // make reference: the block as B single queries, each by the formula as written below
+    if (B > 1 && !view->frames && !second->n_sinks) { // make reference: B single queries, the formula as below
         for (int b = 0; b < B; b++) {
-            RotatedKeys one = *keys;
-            if (keys->n_grouped) one.q_grouped += (size_t)b * c->dim, one.n_grouped = grouped_keys(t, pos0 + b);
-            attention(out + (size_t)b * c->dim, q + (size_t)b * c->dim, &one, values, 1, pos0 + b, window, t);
+            CacheView one = *view;
+            one.pos0 += b;
+            if (one.second.q) one.second.q += (size_t)b * c->dim;
+            attention(out + (size_t)b * c->dim, q + (size_t)b * c->dim, &one, 1, t);
         }
         return;
     }
 #endif
-    if (B > 1) {
-        GroupedQueries grouped = {keys->q_grouped, keys->grouped, t->pos.se_window};
-        attention_block(out, q, keys->keys, keys->key_type, values, t->kv_type, keys->n_grouped ? &grouped : NULL, B,
-                        pos0, window, n_heads, c->n_kv_heads, head_size, t->state.attn_tiles, t->state.mm.threads);
+    if (B > 1 || view->frames || second->n_sinks) {
+        attention_block(out, q, view->keys, view->key_type, view->values, view->value_type,
+                        second->q ? second : NULL, view->frames, B, view->pos0, view->window, n_heads,
+                        c->n_kv_heads, head_size, t->state.attn_tiles, t->state.mm.threads);
         return;
     }
-    int n = pos0 + 1, g = keys->n_grouped, h; // one query: n keys, the first g grouped
-    int lo = window_start(n, window);        // keys lo..n-1; Self-Extend (g > 0) has no window
+    int n = view->pos0 + 1, h; // one query: n keys, the first g against the second query (Self-Extend's grouped)
+    int g = second->q && n > second->far ? n - second->far : 0;
+    int lo = window_start(n, view->window); // keys lo..n-1; Self-Extend (g > 0) has no window
 #pragma omp parallel for private(h) if ((long)n_heads * head_size * n >= PARALLEL_MIN_WORK)
     for (h = 0; h < n_heads; h++) {
         size_t row = (size_t)h * head_size, kv_offset = (size_t)(h / kv_mul) * head_size;
         float *scores = t->state.scores + (size_t)h * n_ctx;
-        if (g) kv_scores(scores, keys->q_grouped + row, keys->grouped, KV_F32, kv_offset, kv_dim, g, head_size);
-        kv_scores(scores + g + lo, q + row, keys->keys, keys->key_type, (size_t)(g + lo) * kv_dim + kv_offset, kv_dim,
+        if (g) kv_scores(scores, second->q + row, second->keys, KV_F32, kv_offset, kv_dim, g, head_size);
+        kv_scores(scores + g + lo, q + row, view->keys, view->key_type, (size_t)(g + lo) * kv_dim + kv_offset, kv_dim,
                   n - g - lo, head_size);
         attention_weights(scores, lo, n, n, head_size);
-        kv_mix(out + row, scores + lo, values, t->kv_type, (size_t)lo * kv_dim + kv_offset, kv_dim, n - lo, head_size);
+        kv_mix(out + row, scores + lo, view->values, view->value_type, (size_t)lo * kv_dim + kv_offset, kv_dim,
+               n - lo, head_size);
     }
 }
 
@@ -1214,9 +1364,7 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
     for (int b = 0; b < B; b++)
         if (tokens[b] < 0 || tokens[b] >= c->vocab_size) return FORWARD_DOES_NOT_FIT;
     int dim = c->dim, hidden_dim = c->hidden_dim, kv_dim = dim / c->n_heads * c->n_kv_heads;
-    // Where the block sits in the cache: slot pos0 and place pos0, unless
-    // attention sinks have wrapped it (then B = 1: slot and place of §13).
-    int slot = cache_slot(t, pos0), place = cache_place(t, slot, pos0);
+    rope_prepare(t, B, pos0); // what the RoPE stage needs once for the block (exact dynamic NTK's frames)
 
     // x = token_embedding[tokens]                                  (B, dim)
     for (int b = 0; b < B; b++) matrix_row(st->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
@@ -1232,9 +1380,8 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
         project(st, st->q, st->xb, w->wq, w->bq, l, B, dim, dim);          // q (B, n_heads, head_size)
         project(st, st->k, st->xb, w->wk, w->bk, l, B, dim, kv_dim);       // k (B, n_kv_heads, head_size)
         project(st, st->v, st->xb, w->wv, w->bv, l, B, dim, kv_dim);       // v (B, n_kv_heads, head_size)
-        RotatedKeys keys = rope_stage(t, key_cache, B, pos0);              // q rotated; k into the cache
-        kv_store(value_cache, t->kv_type, (size_t)slot * kv_dim, st->v, B * kv_dim); // v into the cache
-        attention(st->xb, st->q, &keys, value_cache, B, place, layer_window(t, l), t); // (B, dim)
+        CacheView view = rope_stage(t, key_cache, value_cache, B, pos0, layer_window(t, l)); // q rotated; k, v
+        attention(st->xb, st->q, &view, B, t);                             // (B, dim)    into the cache
         if (st->attn_stats) attn_stats_add(st->attn_stats, l, pos0, st->scores); // B = 1: its weights, per head
         project(st, st->xb2, st->xb, w->wo, w->bo, l, B, dim, dim);        // (B, dim)
         residual_add(st->x, st->xb2, B * dim);

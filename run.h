@@ -64,10 +64,11 @@ double now_seconds(void);
 typedef enum {
     KEYS_ROTATED_ONCE, // (a) every method: a key is rotated as it enters the cache and keeps that rotation
     KEYS_PER_LENGTH,   // (b) --rope-dynamic exact with dynamic NTK or LongRoPE: the cache holds keys
-                       //     before RoPE, each rotated anew for the current sequence length
+                       //     before RoPE, each rotated anew for each query's sequence length
     KEYS_SELF_EXTEND,  // (c) --self-extend G W: keys before RoPE; a key W or more tokens back is also
                        //     rotated at its group position
     KEYS_SINKS,        // (d) --sinks: a rolling cache of keys before RoPE, each rotated at its place in it
+                       //     (a block: at its distance to each query)
 } KeyStrategy;
 
 /* Run-time position settings: chosen on the command line, never stored in a
@@ -114,19 +115,24 @@ typedef struct {
     float *v;           // (B, kv_dim) values of the block
     float *scores;      // (n_heads, n_ctx) one query's attention scores, turned into weights by
                         // softmax in place (a block of queries keeps no scores: kernels.c's attention_block)
-    float *attn_tiles;  // (threads, attention_block_floats(head_size)) attention_block's scratch, B > 1 only
+    float *attn_tiles;  // (threads, attention_block_floats(head_size)) attention_block's scratch, B > 1 or sinks
     float *logits;      // (B, vocab_size)
     void *key_cache;    // (n_layers, n_ctx, kv_dim) float32 or IEEE half (--kv f16); keys
                         // rotated, or before RoPE for every strategy but KEYS_ROTATED_ONCE
     void *value_cache;  // (n_layers, n_ctx, kv_dim) float32 or IEEE half
     MatmulScratch mm;   // matmul's scratch (kernels.h)
-    float *rope_cos;    // (n_ctx, n_pairs) mscale * cos(pos * inv_freq[i]); n_pairs = rot_dim/2
-    float *rope_sin;    // (n_ctx, n_pairs) mscale * sin(pos * inv_freq[i])
+    float *rope_cos;    // (table_rows, n_pairs) mscale * cos(pos * inv_freq[i]); n_pairs = rot_dim/2
+    float *rope_sin;    // (table_rows, n_pairs) mscale * sin(pos * inv_freq[i])
     double *inv_freq;   // (n_pairs) scratch for rebuilding table rows
-    float *q_grouped;   // (B, dim) Self-Extend: the queries rotated at their group positions
-    float *key_rot;     // (n_ctx, kv_dim) keys before RoPE only: one layer's keys rotated for
+    float *q_second;    // (B, dim) the queries rotated a second way: Self-Extend's group positions, or a
+                        // block's places in the rolling cache of sinks
+    float *key_rot;     // (table_rows, kv_dim) keys before RoPE only: one layer's keys rotated for
                         // this step, float32 whatever the cache's type
     float *key_grouped; // (n_ctx, kv_dim) Self-Extend: one layer's keys rotated at their group positions
+    float *value_rows;  // (table_rows, kv_dim) sinks, a block: one layer's values in key_rot's order
+    float *frame_rows;  // exact dynamic NTK, a block: (B, 2 (ATT_KEYS + n_coarse), n_pairs) each query's rows
+    QueryFrames frames; //   of its own table, and `frames` points into them (kernels.h)
+    double *frame_freq; // (B, n_pairs) the frames' inverse frequencies, one set per query
     AttnStats *attn_stats; // ppl --attn-stats: each query's weights go there (owned by ppl.c); NULL = none
 } RunState;
 
@@ -136,6 +142,7 @@ typedef struct {
     PositionSettings pos; // run-time position settings
     KeyStrategy keys;     // how keys get their positions (from rope and pos, at build time)
     int n_ctx;            // positions this run can hold (KV cache and table rows)
+    int table_rows;       // rows of the RoPE table: n_ctx, and with sinks in blocks FORWARD_BLOCK - 1 more
     int table_len;        // KEYS_PER_LENGTH: the sequence length the table rows were built for
     int kv_type;          // KV_F32 | KV_F16: what key_cache and value_cache hold (--kv)
     Weights weights;
@@ -171,14 +178,21 @@ int cache_slot(const Transformer *t, int pos);
 int cache_place(const Transformer *t, int slot, int pos);
 void rotate_cached_keys(float *key_rot, float *key_grouped, const void *keys, int pos, int B, const Transformer *t);
 
-/* The keys attention scores the queries against, as the RoPE stage left them. */
+/* The cache as attention reads it for a block, as the RoPE stage left it:
+ * rows of keys and of values, and where the block's queries sit among them.
+ * Query b sits at row pos0 + b and sees the rows up to it (the last `window`
+ * of them with a window, and the sinks' rows whatever the window). */
 typedef struct {
-    const void *keys;       // (n_ctx, kv_dim) of one layer, rotated
+    const void *keys;       // (rows, kv_dim) of one layer: rotated keys; with frames, keys before RoPE
     int key_type;           // KV_F32 | KV_F16
-    const float *q_grouped; // Self-Extend: (B, n_heads, head_size) the queries at their group positions
-    const float *grouped;   // Self-Extend: (n_ctx, kv_dim) float32, the keys at their group positions
-    int n_grouped;          // the last query scores keys 0..n_grouped-1 against q_grouped; 0 = none
-} RotatedKeys;
+    const void *values;     // (rows, kv_dim) of one layer, the values of the same rows
+    int value_type;         // KV_F32 | KV_F16
+    int pos0;               // the row of the block's first query
+    int window;             // a query sees this many most recent rows (itself included); 0 = all
+    SecondQueries second;   // Self-Extend's grouped pairs, or the sinks; q NULL = none (kernels.h)
+    const QueryFrames *frames; // exact dynamic NTK, a block: q and keys unrotated, rotated per query
+                               // (kernels.h); NULL = rotated already
+} CacheView;
 
 /* ---- 4. Building the model ----------------------------------------------- */
 
@@ -194,8 +208,7 @@ int block_limit(const Transformer *t);
 void rmsnorm(float *out, const float *x, const float *w, int B, int n, float eps);
 void matmul_reference(float *out, const float *x, const float *w, int B, int n, int d);
 void softmax(float *x, int n);
-void attention(float *out, const float *q, const RotatedKeys *keys, const void *values, int B, int pos0, int window,
-               Transformer *t);
+void attention(float *out, const float *q, const CacheView *view, int B, Transformer *t);
 void swiglu(float *hb, const float *hb2, int n);
 void residual_add(float *x, const float *y, int n);
 

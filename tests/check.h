@@ -71,6 +71,7 @@ void test_attn_factor_applied_once(void);
 /* test_forward.c */
 void test_ops(void);
 void test_block_prefill(void);
+void test_block_strategies(void);
 void test_cache_map(void);
 /* test_sampler.c */
 void test_sampler(void);
@@ -84,6 +85,7 @@ void test_attention_scores(void);
 void test_exp_fast(void);
 void test_attention_block(void);
 void test_attention_block_self_extend(void);
+void test_attention_block_sinks_and_frames(void);
 void test_half(void);
 /* test_modes.c */
 void test_ppl_score_arguments(void);

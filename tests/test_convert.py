@@ -602,9 +602,10 @@ def test_window_flag_equals_a_windowed_model(tmp_path, syn_tokenizer, text_file,
     assert abs(full["nll"] - ref["nll"]) > 10 * NLL_TOL, "the window is not visible"
 
 
-def test_window_on_the_token_by_token_path(tmp_path, syn_tokenizer, text_file, text_ids):
-    """A pre-RoPE cache (exact dynamic NTK) goes one token at a time: the window
-    holds there too (Qwen2 windowed layers, past L)."""
+def test_window_with_exact_dynamic_ntk(tmp_path, syn_tokenizer, text_file, text_ids):
+    """Exact dynamic NTK past L rotates keys per query (a pre-RoPE cache, in
+    blocks with per-query frames): the window holds there too (Qwen2 windowed
+    layers, past L)."""
     src, config, tensors = make_hf(
         tmp_path / "hf", architectures=["Qwen2ForCausalLM"], model_type="qwen2",
         num_key_value_heads=2, use_sliding_window=True, sliding_window=6, max_window_layers=1,

@@ -1,7 +1,9 @@
 /* test_forward.c: the forward pass's pieces: the ops (rmsnorm, matmul,
  * softmax, SwiGLU, GQA's head grouping, perplexity buckets, token_nll against
  * double), prefill in blocks against token by token (float32 and f16 caches,
- * Self-Extend) on a random checkpoint, and the attention sinks' cache map.
+ * Self-Extend), and the key strategies that have a token path (attention
+ * sinks, exact dynamic NTK) in blocks against it, on a random checkpoint;
+ * the attention sinks' cache map.
  * Part of test_run (test_run.c).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -27,7 +29,7 @@ void test_ops(void) {
     float keys[2 * 4] = {1, 0, 0, 1, 0, 0, 0, 0}, values[2 * 4] = {10, 20, 30, 40, 0, 0, 0, 0};
     float q[4 * 2] = {1, 0, 1, 0, 1, 0, 1, 0}, scores[4 * 2], o[4 * 2];
     Transformer t = attention_fixture(4, 2, 2, 2, scores, NULL);
-    attention(o, q, &(RotatedKeys){.keys = keys, .key_type = KV_F32}, values, 1, 0, 0, &t);
+    attention(o, q, &(CacheView){.keys = keys, .key_type = KV_F32, .values = values, .value_type = KV_F32}, 1, &t);
     CHECK(o[0] == 10 && o[2] == 10 && o[4] == 30 && o[6] == 30, "GQA grouping: got %g %g %g %g", o[0], o[2], o[4],
           o[6]);
     // Bucket edges for L = 256, ctx = 4096.
@@ -129,6 +131,98 @@ void test_block_prefill(void) {
     }
     free(block);
     free_transformer(&h);
+    remove(path);
+}
+
+/* The largest logit difference between a stream of n tokens fed through one
+ * model in blocks (sizes blocks[0], blocks[1], ... in turn) and through
+ * another one token at a time (forward: the token path of every key
+ * strategy), both built from path with ov and n_ctx; -1 when a build or a
+ * step failed. */
+static double blocks_vs_tokens(const char *path, const PositionOverrides *ov, int n_ctx, const int *tokens, int n,
+                               const int *blocks, int n_blocks, int *block_limit_out) {
+    char err[512];
+    Transformer a, b;
+    if (build_transformer(&a, path, ov, n_ctx, KV_F32, err, sizeof err) != 0) return -1;
+    if (build_transformer(&b, path, ov, n_ctx, KV_F32, err, sizeof err) != 0) {
+        free_transformer(&a);
+        return -1;
+    }
+    *block_limit_out = block_limit(&a);
+    int V = a.config.vocab_size, ok = 1;
+    double worst = 0;
+    for (int p0 = 0, k = 0; p0 < n && ok; p0 += blocks[k++ % n_blocks]) {
+        int B = n - p0 < blocks[k % n_blocks] ? n - p0 : blocks[k % n_blocks];
+        ok = forward_block(&a, tokens + p0, B, p0, LOGITS_ALL) == 0;
+        for (int i = 0; i < B && ok; i++) {
+            float *one = forward(&b, tokens[p0 + i], p0 + i, NULL);
+            ok = one != NULL;
+            for (int v = 0; ok && v < V; v++) worst = fmax(worst, fabs(one[v] - a.state.logits[(size_t)i * V + v]));
+        }
+    }
+    free_transformer(&a);
+    free_transformer(&b);
+    return ok ? worst : -1;
+}
+
+/* The key strategies that kept a token path go in blocks too, and agree with
+ * it to float rounding: 1e-4 on the logits, as block prefill above (the
+ * blocks' matmul and attention kernels sum in other orders; the rotations
+ * are the same ones, split otherwise: docs/rope.md §11 and §13).
+ *   - Attention sinks (3, and 0: a sliding window by place) in a cache of 24:
+ *     a stream of 100 tokens in blocks of 20, 7, 33 (longer than the rolling
+ *     part of 21 tokens: it evicts its own first tokens) and 1, so that
+ *     blocks start among the sinks, fill the cache, cross the point where it
+ *     first rolls, and start past it at every offset of the ring.
+ *   - Exact dynamic NTK (factor 2, L = 16) in a context of 64: blocks of 10,
+ *     20 and 30 tokens, the first within L (one table for the block), the
+ *     others across L and past it (a table per query: frames), with no
+ *     window and a window of 7; the block must differ from the hf variant
+ *     (whose keys keep their rotation) by more than the tolerance. */
+void test_block_strategies(void) {
+    const char *path = tmp_path("strategies.bin");
+    write_random_checkpoint(path, 64, 96, 2, 4, 2, 50, 64);
+    int tokens[100], limit = 0;
+    for (int i = 0; i < 100; i++) tokens[i] = (int)(random_u32(&test_rng) % 50);
+    int sink_blocks[] = {20, 7, 33, 1};
+    for (int sinks = 3; sinks >= 0; sinks -= 3) {
+        PositionOverrides ov = {.sinks = {1, sinks}};
+        double worst = blocks_vs_tokens(path, &ov, 24, tokens, 100, sink_blocks, 4, &limit);
+        CHECK(worst >= 0 && worst < 1e-4 && limit == FORWARD_BLOCK,
+              "sinks %d: blocks vs token by token %.3g (expected 0 <= x < 1e-4), block limit %d", sinks, worst, limit);
+    }
+    int exact_blocks[] = {10, 20, 30};
+    for (int window = 0; window <= 7; window += 7) {
+        PositionOverrides ov = {.scaling = {1, ROPE_DYNAMIC}, .factor = {1, 2.0}, .orig_ctx = {1, 16},
+                                .dynamic_exact = {1, 1}, .window = {window > 0, window}};
+        double worst = blocks_vs_tokens(path, &ov, 64, tokens, 60, exact_blocks, 3, &limit);
+        CHECK(worst >= 0 && worst < 1e-4 && limit == FORWARD_BLOCK,
+              "exact dynamic NTK, window %d: blocks vs token by token %.3g (expected 0 <= x < 1e-4), block limit %d",
+              window, worst, limit);
+    }
+    // the hf variant against the exact one's token path: the exact rotations show
+    PositionOverrides hf = {.scaling = {1, ROPE_DYNAMIC}, .factor = {1, 2.0}, .orig_ctx = {1, 16}};
+    char err[512];
+    Transformer a, b;
+    if (build_transformer(&a, path, &hf, 64, KV_F32, err, sizeof err) == 0) {
+        PositionOverrides exact = hf;
+        exact.dynamic_exact = (IntSetting){1, 1};
+        double moved = 0;
+        if (build_transformer(&b, path, &exact, 64, KV_F32, err, sizeof err) == 0) {
+            CHECK(prefill(&b, tokens, 60, 0, NULL) != NULL, "exact dynamic NTK: prefill of 60 tokens failed");
+            float *last = prefill(&a, tokens, 60, 0, NULL);
+            for (int v = 0; last && v < 50; v++) moved = fmax(moved, fabs(last[v] - b.state.logits[v]));
+            free_transformer(&b);
+        }
+        CHECK(moved > 1e-3, "exact dynamic NTK vs hf at position 59: %.3g (expected > 1e-3)", moved);
+        free_transformer(&a);
+    }
+    // sinks with dynamic NTK and a cache longer than L: one token at a time (block_limit)
+    PositionOverrides long_sinks = {.scaling = {1, ROPE_DYNAMIC}, .factor = {1, 2.0}, .orig_ctx = {1, 16},
+                                    .sinks = {1, 2}};
+    double worst = blocks_vs_tokens(path, &long_sinks, 24, tokens, 40, (int[]){1}, 1, &limit);
+    CHECK(worst >= 0 && worst < 1e-4 && limit == 1, "sinks, dynamic NTK, cache past L: %.3g, block limit %d "
+          "(expected 1)", worst, limit);
     remove(path);
 }
 

@@ -292,12 +292,11 @@ void test_attention_block_self_extend(void) {
         omp_set_num_threads(cases[c][4]);
 #endif
         t.state.mm.threads = cases[c][4];
-        int last = pos0 + B - 1;
-        RotatedKeys rk = {keys, KV_F32, qg, grouped, last >= W ? last - W + 1 : 0};
-        attention(out, q, &rk, values, B, pos0, 0, &t);
+        CacheView view = {keys, KV_F32, values, KV_F32, pos0, 0, {qg, grouped, W, 0}, NULL};
+        attention(out, q, &view, B, &t);
         for (int b = 0; b < B; b++) {
-            RotatedKeys one = {keys, KV_F32, qg + (size_t)b * dim, grouped, pos0 + b >= W ? pos0 + b - W + 1 : 0};
-            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &one, values, 1, pos0 + b, 0, &t);
+            CacheView one = {keys, KV_F32, values, KV_F32, pos0 + b, 0, {qg + (size_t)b * dim, grouped, W, 0}, NULL};
+            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &one, 1, &t);
         }
         for (int e = 0; e < B * dim; e++) worst = fmax(worst, abs_err(out[e], out2[e]));
         free(q), free(qg), free(out), free(out2), free(keys), free(grouped), free(values), free(scores), free(tiles);
@@ -306,6 +305,143 @@ void test_attention_block_self_extend(void) {
     omp_set_num_threads(max_threads);
 #endif
     CHECK(worst < 2e-5, "Self-Extend attention: block vs one query at a time %.3g (expected < 2e-5)", worst);
+}
+
+/* The double reference of attention with a second query per query for the
+ * first n_sinks rows (attention sinks in a block, kernels.h's SecondQueries):
+ * query b at row p = pos0 + b scores rows 0 .. min(n_sinks, p + 1) - 1 with
+ * q2 (keys2) and rows max(n_sinks, p + 1 - window) .. p with q (keys), one
+ * softmax over both. With frames (f not NULL) q and the keys come unrotated:
+ * query b and key t are rotated, in double, at angles p * inv_freq and
+ * t * inv_freq of query b's own frequencies freq[b] (pairs of `layout`, the
+ * first rot dims), each times mscale[b]. */
+static void attention_ref2(double *out, const float *q, const float *q2, const float *keys, const float *keys2,
+                           const float *values, int B, int pos0, int nh, int nkv, int hs, int window, int n_sinks,
+                           const double *freq, const double *mscale, int rot, int layout) {
+    int kv_dim = nkv * hs, np = rot / 2;
+    double *w = malloc(sizeof(double) * (pos0 + B)), *qr = malloc(sizeof(double) * hs);
+    double *kr = malloc(sizeof(double) * hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            int p = pos0 + b, kv = h / (nh / nkv), lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
+            double max = -INFINITY, sum = 0;
+            for (int t = 0; t <= p; t++) {
+                int sink = t < n_sinks;
+                if (!sink && t < lo) continue;
+                const float *qh = (sink ? q2 : q) + ((size_t)b * nh + h) * hs;
+                const float *kt = (sink ? keys2 : keys) + (size_t)t * kv_dim + kv * hs;
+                for (int i = 0; i < hs; i++) qr[i] = qh[i], kr[i] = kt[i];
+                for (int i = 0; freq && i < np; i++) { // frames: rotate both, at their own rows
+                    int x = layout == ROPE_INTERLEAVED ? 2 * i : i, y = layout == ROPE_INTERLEAVED ? 2 * i + 1 : i + np;
+                    double aq = p * freq[(size_t)b * np + i], ak = t * freq[(size_t)b * np + i];
+                    double qx = qr[x], qy = qr[y], kx = kr[x], ky = kr[y];
+                    qr[x] = mscale[b] * (qx * cos(aq) - qy * sin(aq));
+                    qr[y] = mscale[b] * (qx * sin(aq) + qy * cos(aq));
+                    kr[x] = mscale[b] * (kx * cos(ak) - ky * sin(ak));
+                    kr[y] = mscale[b] * (kx * sin(ak) + ky * cos(ak));
+                }
+                double d = 0;
+                for (int i = 0; i < hs; i++) d += qr[i] * kr[i];
+                w[t] = d / sqrt((double)hs);
+                max = fmax(max, w[t]);
+            }
+            for (int t = 0; t <= p; t++)
+                if (t < n_sinks || t >= lo) sum += w[t] = exp(w[t] - max);
+            for (int i = 0; i < hs; i++) {
+                double o = 0;
+                for (int t = 0; t <= p; t++)
+                    if (t < n_sinks || t >= lo) o += w[t] / sum * values[(size_t)t * kv_dim + kv * hs + i];
+                out[((size_t)b * nh + h) * hs + i] = o;
+            }
+        }
+    free(w), free(qr), free(kr);
+}
+
+/* attention_block with attention sinks' second queries and with per-query
+ * frames (kernels.h; run.c's sinks_block and build_frames make them), against
+ * attention_ref2 in double, the SIMD and the portable tiles, 1 and 2 threads.
+ * Sinks: 4 sinks and a window of 20 (as sinks_block lays out a cache of 24:
+ * the first query at row 23; a block of 30 from row 0, among the sinks; and a
+ * first window that leaves rows 4..20 out), and 60 sinks (two tiles of them)
+ * with a window of 50 and 140 queries (two tiles of queries); rows no query
+ * sees (between the sinks and the first window) hold NaN.
+ * Frames: random frequencies per query (0 to 1 radian a position) and
+ * magnitudes (0.8 to 1.25), both layouts, full and partial rotary (24 of 32
+ * dims), blocks of 7 and 140 queries at rows 5 and 100, no window and a
+ * window of 30 (tiles start at multiples of ATT_KEYS, the window's edge
+ * inside one), GQA. Tolerance: the 2e-5 of the plain block test (the frames
+ * add a rotation in float of each query and key: a few ulp of unit-scale
+ * products); measured (AVX-512 build) 6.7e-7 with sinks, 8.4e-7 with
+ * frames. */
+void test_attention_block_sinks_and_frames(void) {
+    // sinks, window, pos0, B, threads
+    int sink_cases[][5] = {{4, 20, 23, 30, 1}, {4, 20, 0, 30, 2}, {4, 20, 40, 9, 1}, {60, 50, 130, 140, 2}};
+    // B, pos0, window, rot_dim, layout, threads
+    int frame_cases[][6] = {{7, 5, 0, 32, ROPE_INTERLEAVED, 1}, {140, 100, 0, 24, ROPE_NEOX, 2},
+                            {140, 100, 30, 32, ROPE_NEOX, 1}, {7, 100, 30, 24, ROPE_INTERLEAVED, 2}};
+    int nh = 4, nkv = 2, hs = 32, dim = nh * hs, kv_dim = nkv * hs, n_ctx = 300, n_pairs_max = hs / 2;
+    double worst[2] = {0, 0}; // sinks, frames
+#ifdef _OPENMP
+    int max_threads = omp_get_max_threads();
+#endif
+    size_t cache_n = (size_t)n_ctx * kv_dim;
+    float *keys = malloc(sizeof(float) * cache_n), *keys2 = malloc(sizeof(float) * cache_n);
+    float *values = malloc(sizeof(float) * cache_n), *q = malloc(sizeof(float) * 140 * dim);
+    float *q2 = malloc(sizeof(float) * 140 * dim), *out = malloc(sizeof(float) * 140 * dim);
+    float *tiles = malloc(sizeof(float) * 2 * attention_block_floats(hs));
+    double *ref = malloc(sizeof(double) * 140 * dim);
+    for (int c = 0; c < 4 + 4; c++) {
+        int frames = c >= 4, *sc = sink_cases[frames ? 0 : c], *fc = frame_cases[frames ? c - 4 : 0];
+        int n_sinks = frames ? 0 : sc[0], window = frames ? fc[2] : sc[1], pos0 = frames ? fc[1] : sc[2];
+        int B = frames ? fc[0] : sc[3], threads = frames ? fc[5] : sc[4], rot = fc[3], layout = fc[4];
+        fill_randn(keys, cache_n, 1.0f), fill_randn(keys2, cache_n, 1.0f), fill_randn(values, cache_n, 1.0f);
+        fill_randn(q, (size_t)B * dim, 1.0f), fill_randn(q2, (size_t)B * dim, 1.0f);
+        int n_coarse = (n_ctx - 1) / ATT_KEYS + 1, np = rot / 2;
+        double *freq = malloc(sizeof(double) * B * n_pairs_max), mscale[140];
+        float *rows = malloc(sizeof(float) * B * 2 * (ATT_KEYS + n_coarse) * n_pairs_max);
+        QueryFrames f = {rows, rows + B * ATT_KEYS * np, rows + 2 * B * ATT_KEYS * np,
+                         rows + 2 * B * ATT_KEYS * np + B * n_coarse * np, n_coarse, rot, layout};
+        for (int b = 0; frames && b < B; b++) { // each query's frequencies, magnitude, fine and coarse rows
+            int p = pos0 + b;
+            mscale[b] = 0.8 + 0.45 * random_f32(&test_rng);
+            for (int i = 0; i < np; i++) {
+                double th = freq[(size_t)b * np + i] = random_f32(&test_rng);
+                for (int k = 0; k < ATT_KEYS; k++) {
+                    ((float *)f.fine_cos)[((size_t)b * np + i) * ATT_KEYS + k] = (float)(mscale[b] * cos(k * th));
+                    ((float *)f.fine_sin)[((size_t)b * np + i) * ATT_KEYS + k] = (float)(mscale[b] * sin(k * th));
+                }
+                for (int u = 0; u * ATT_KEYS <= p; u++) {
+                    size_t at = ((size_t)b * n_coarse + u) * np + i;
+                    ((float *)f.coarse_cos)[at] = (float)(mscale[b] * cos((p - u * ATT_KEYS) * th));
+                    ((float *)f.coarse_sin)[at] = (float)(mscale[b] * sin((p - u * ATT_KEYS) * th));
+                }
+            }
+        }
+        attention_ref2(ref, q, q2, keys, keys2, values, B, pos0, nh, nkv, hs, window, n_sinks, frames ? freq : NULL,
+                       mscale, rot, layout);
+        int first = window > 0 && pos0 + 1 > window ? pos0 + 1 - window : 0;
+        for (size_t e = (size_t)n_sinks * kv_dim; !frames && e < (size_t)first * kv_dim; e++) // unseen: NaN
+            keys[e] = keys2[e] = values[e] = NAN;
+        SecondQueries second = {q2, keys2, 0, n_sinks};
+        for (int simd = HAVE_SIMD; simd >= 0; simd--) {
+            use_simd = simd;
+#ifdef _OPENMP
+            omp_set_num_threads(threads);
+#endif
+            attention_block(out, q, keys, KV_F32, values, KV_F32, frames ? NULL : &second, frames ? &f : NULL, B,
+                            pos0, window, nh, nkv, hs, tiles, threads);
+            for (int e = 0; e < B * dim; e++) worst[frames] = fmax(worst[frames], abs_err(out[e], ref[e]));
+        }
+        use_simd = HAVE_SIMD;
+        free(freq), free(rows);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(max_threads);
+#endif
+    CHECK(worst[0] < 2e-5 && worst[1] < 2e-5,
+          "attention block vs double: sinks' second queries %.3g, per-query frames %.3g (expected < 2e-5)", worst[0],
+          worst[1]);
+    free(keys), free(keys2), free(values), free(q), free(q2), free(out), free(tiles), free(ref);
 }
 
 /* attention against the double reference, on every path: a block of B
@@ -385,24 +521,27 @@ void test_attention_block(void) {
                     for (int f16 = 0; f16 < 2; f16++) {
                         const void *keys = f16 ? (void *)half[0] : (void *)cache[0];
                         const void *values = f16 ? (void *)half[1] : (void *)cache[1];
-                        RotatedKeys rk = {.keys = keys, .key_type = f16 ? KV_F16 : KV_F32};
-                        t.kv_type = rk.key_type;
+                        int type = f16 ? KV_F16 : KV_F32;
+                        CacheView rk = {keys, type, values, type, pos0, W, {NULL, NULL, 0, 0}, NULL}, one = rk;
+                        t.kv_type = type;
                         double *r = ref[f16];
                         t.state.mm.threads = 1;
-                        attention(out, q, &rk, values, B, pos0, W, &t);
+                        attention(out, q, &rk, B, &t);
                         for (int e = 0; e < B * dim; e++) worst[f16][0] = fmax(worst[f16][0], abs_err(out[e], r[e]));
                         if (at == 2) { // the longest blocks (a subset: on a loaded machine each parallel
                             t.state.mm.threads = 2; // region waits for a busy core)
-                            attention(out2, q, &rk, values, B, pos0, W, &t);
+                            attention(out2, q, &rk, B, &t);
                             differ_by_threads += memcmp(out, out2, sizeof(float) * B * dim) != 0;
                             thread_cases++;
                         }
                         use_simd = 0;
-                        attention(out2, q, &rk, values, B, pos0, W, &t);
+                        attention(out2, q, &rk, B, &t);
                         use_simd = HAVE_SIMD;
                         for (int e = 0; e < B * dim; e++) worst[f16][1] = fmax(worst[f16][1], abs_err(out2[e], r[e]));
-                        for (int b = 0; b < B; b++)
-                            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &rk, values, 1, pos0 + b, W, &t);
+                        for (int b = 0; b < B; b++) {
+                            one.pos0 = pos0 + b;
+                            attention(out2 + (size_t)b * dim, q + (size_t)b * dim, &one, 1, &t);
+                        }
                         for (int e = 0; e < B * dim; e++) worst[f16][2] = fmax(worst[f16][2], abs_err(out2[e], r[e]));
                     }
                     free(q), free(out), free(out2), free(scores), free(tiles);

@@ -87,21 +87,27 @@ def test_q8_group_sizes(tmp_path, syn_tokenizer, text_file):
 
 def test_q8_int8_activations(tmp_path, syn_tokenizer, text_file):
     """--q8-activations int8: blocks quantize their activations as a single
-    token does, so ppl through blocks equals ppl token by token (the pre-RoPE
-    path of exact dynamic NTK, which changes nothing inside the training
-    length) up to float rounding (1e-5 relative; the integer sums are the
-    same), and both stay within the q8_0 bound of float32. The default
-    (float32 activations in blocks) differs from both. The flag wants q8_0
-    weights."""
+    token does, so ppl through blocks equals ppl token by token up to float
+    rounding (1e-5 relative; the integer sums are the same), and both stay
+    within the q8_0 bound of float32. The default (float32 activations in
+    blocks) differs from both. One token at a time: the one case block_limit
+    keeps there, attention sinks with dynamic NTK and a cache longer than L,
+    streaming a text shorter than L (where dynamic NTK's rows are the unscaled
+    ones), against plain sinks in blocks. The flag wants q8_0 weights."""
     ckpt, _, _ = make_model(tmp_path, seq_len=64)
     q8 = q8_copy(ckpt, tmp_path / "q8.bin")
     int8 = ("--q8-activations", "int8")
-    by_token = ("--rope-scaling", "dynamic", "--rope-factor", "2", "--rope-dynamic", "exact")
     f32 = run_ppl(ckpt, syn_tokenizer, text_file, 64)["nll"]
     default = run_ppl(q8, syn_tokenizer, text_file, 64)["nll"]
     blocks = run_ppl(q8, syn_tokenizer, text_file, 64, extra=int8)["nll"]
-    tokens = run_ppl(q8, syn_tokenizer, text_file, 64, extra=int8 + by_token)["nll"]
-    assert abs(blocks - tokens) < 1e-5 * abs(tokens), (blocks, tokens)
+    short = tmp_path / "short.txt"
+    short.write_text(TEXT[:70])
+    stream = int8 + ("--sinks", "4", "--streaming")
+    in_blocks = run_ppl(q8, syn_tokenizer, short, 128, extra=stream)
+    by_token = run_ppl(q8, syn_tokenizer, short, 128,
+                       extra=stream + ("--rope-scaling", "dynamic", "--rope-factor", "2"))
+    assert 20 < by_token["tokens"] < 63, by_token["tokens"]  # within L = 64; the blocks stream one block of them
+    assert abs(in_blocks["nll"] - by_token["nll"]) < 1e-5 * abs(by_token["nll"]), (in_blocks["nll"], by_token["nll"])
     assert abs(blocks - default) > 1e-6, (blocks, default)
     for got in (default, blocks):
         assert abs(got - f32) < Q8_REL_TOL * f32, (got, f32)

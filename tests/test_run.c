@@ -10,7 +10,7 @@
  *                    exp_fast, half conversions
  *   test_forward.c   ops (rmsnorm, matmul, softmax, SwiGLU, GQA, token NLL,
  *                    perplexity buckets), block prefill against token by
- *                    token, the attention sinks' cache map
+ *                    token (every key strategy), the attention sinks' cache map
  *   test_sampler.c   the sampler
  *   test_loader.c    the checkpoint loader's rejections
  *   test_modes.c     ppl_score's arguments, the passkey prompt and answers
@@ -131,8 +131,10 @@ int main(void) {
     test_exp_fast();
     test_attention_block();
     test_attention_block_self_extend();
+    test_attention_block_sinks_and_frames();
     test_half();
     test_block_prefill();
+    test_block_strategies();
     test_ppl_score_arguments();
     test_passkey_text();
     test_cache_map();
