@@ -671,7 +671,7 @@ def test_ppl_cells_left_out_are_listed_with_their_commands():
                   not_run=True) for (m, k), j in left.items()]
     text = "\n".join(ex.ppl_table(s, ex.fill_same_as_none(rows, [s])))
     assert "| self-extend | = none | = none | = none | not run |" in text
-    assert "\"not run\": left out to keep the study's time (sinks score SmolLM2 token by token" in text
+    assert "\"not run\": left out to keep the study's time (when these results were made, Self-Extend and sinks" in text
     assert "# sinks, 2x: not run\n" + left[("sinks", 2)]["shown"] in text
 
 

@@ -22,8 +22,8 @@ Studies (each skipped with a message when its files are absent):
                SmolLM2-135M-Instruct, L = 8192), k = 1/4, 1/2, 1, 2, methods none,
                ntk, yarn, self-extend, sinks; few windows and trials (it scores about
                60-100 tokens/s on one core), which its tables say; at 2x Self-Extend
-               and sinks are left out (sinks go token by token, an hour or more;
-               Self-Extend did too when the results were made, and takes minutes now)
+               and sinks are left out (they went token by token when the results were
+               made, an hour or more a cell; both go in blocks now and take minutes)
 
 Methods at context E = k L (the literature's choices; at k <= 1 no scaling):
     none          plain RoPE
@@ -146,16 +146,16 @@ FULL = {
     # Self-Extend and sinks went token by token through the pre-RoPE cache
     # when these results were made; on SmolLM2 at 2x (one window of 16384
     # tokens) each such cell was still running after 15 CPU-minutes: not run.
-    # Self-Extend now goes in blocks (run.c, rope_stage): its 2x cell took 217 s
-    # on 2 threads by hand (docs/long-context.md); sinks still go token by token.
+    # Both go in blocks now (run.c, rope_stage): their 2x cells took 217 s and
+    # 94 s on 2 threads by hand (docs/long-context.md).
     "smollm2": dict(kind="ppl", factors=SMOL_FACTORS, rows=SMOL_ROWS, tokens=16384,
                     at={2: dict(rows=("none", "ntk", "yarn"))},
-                    note="sinks score SmolLM2 token by token through the pre-RoPE cache: at 2x a cell was still "
-                         "running after 15 CPU-minutes, about an hour or more; Self-Extend, left out with it when it "
-                         "went token by token too, now goes in blocks (its 2x cell took 217 s on 2 threads)"),
+                    note="when these results were made, Self-Extend and sinks scored SmolLM2 token by token through "
+                         "the pre-RoPE cache: at 2x a cell was still running after 15 CPU-minutes, about an hour or "
+                         "more; both go in blocks now (their 2x cells took 217 s and 94 s on 2 threads)"),
     # A 16k-token prompt costs SmolLM2 5-6 CPU-minutes (none, yarn), and more
-    # than twice that through the pre-RoPE cache of sinks (and of Self-Extend
-    # when these results were made; it goes in blocks now): at 2x one key, at
+    # than twice that through the pre-RoPE cache of sinks and Self-Extend
+    # when these results were made (both go in blocks now): at 2x one key, at
     # depth 0 (the farthest), for none and yarn; the rest not run.
     "smollm2-passkey": dict(kind="passkey", factors=SMOL_FACTORS, rows=SMOL_ROWS, depths=(0, 0.5, 1), trials=1,
                             at={0.25: dict(trials=2), 0.5: dict(trials=2),
