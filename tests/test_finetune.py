@@ -144,6 +144,26 @@ def test_retrieval_keeps_passkey_mix(tmp_path):
     assert (info["rope"]["scaling"], info["rope"]["factor"], info["train_ctx"]) == ("linear", 2, 512)
 
 
+def test_save_at_is_the_shorter_run(tmp_path):
+    """--save-at 2 of a 3-step run with a constant rate (--min-lr-ratio 1, no warmup) writes the
+    bytes a 2-step run writes; with the default cosine decay the rate of step 2 depends on
+    --max-steps, and the bytes differ (so the equality is the schedule's, not an accident)."""
+    need_books()
+    flat = ["--warmup", "0", "--min-lr-ratio", "1"]
+    runs = {"three": flat + ["--max-steps", "3", "--save-at", "2"], "two": flat,
+            "cosine": ["--warmup", "0", "--max-steps", "3", "--save-at", "2"]}
+    for name, extra in runs.items():
+        # finetune_cmd runs 2 steps; a later --max-steps replaces that
+        p = subprocess.run(finetune_cmd(tmp_path / name, tmp_path / "cache", *extra), capture_output=True, text=True, timeout=HANG_GUARD_S)
+        assert p.returncode == 0, p.stderr[-3000:]
+    saved = (tmp_path / "three" / "step-2" / "model.bin").read_bytes()
+    assert saved == (tmp_path / "two" / "model.bin").read_bytes()
+    assert (tmp_path / "cosine" / "step-2" / "model.bin").read_bytes() != saved
+    assert (tmp_path / "three" / "model.bin").read_bytes() != saved  # the third step moved it
+    rope = json.loads(run_ok(tmp_path / "three" / "step-2" / "model.bin", "-m", "rope", "--json").stdout)
+    assert (rope["scaling"], rope["factor"], rope["ctx"]) == ("yarn", 4, 1024)
+
+
 @pytest.mark.parametrize("flags,code,words", [
     (["--rope-scaling", "none", "--rope-factor", "2"], 2, "--rope-factor 2: --rope-scaling none takes no factor"),
     (["--rope-scaling", "linear", "--rope-factor", "0.5"], 2, "--rope-factor 0.5: expected a finite value >= 1"),
@@ -151,6 +171,7 @@ def test_retrieval_keeps_passkey_mix(tmp_path):
     (["--rope-scaling", "ntk", "--books", "moby_dick"], 2, "--books moby_dick: not a training book"),
     (["--rope-scaling", "dynamic"], 2, "argument --rope-scaling: invalid choice: 'dynamic'"),
     (["--rope-scaling", "ntk", "--passkey-mix", "2"], 2, "--passkey-mix 2.0: expected a fraction in [0, 1]"),
+    (["--rope-scaling", "yarn", "--max-steps", "50", "--save-at", "50"], 2, "--save-at 50: expected a step in 1..49"),
 ])
 def test_bad_flags(flags, code, words, tmp_path, capsys):
     need_books()

@@ -34,6 +34,7 @@ Output, in --out-dir:
                    as here). `./run OUT/model.bin` then runs at --ctx E with that RoPE
                    (see its load line, -m info or -m rope).
   tokenizer.bin, tokenizer.model   the checkpoint's vocabulary, beside it for run
+  step-N/          with --save-at N: the same three files after step N
   log.jsonl, loss.png              the loss curve (tools/plot_loss.py)
   summary.json     the settings, the clocks (of the training loop, periodic evaluations
                    included), and the evaluations: --eval-text FILE's
@@ -287,6 +288,10 @@ def parse_args(argv=None):
     g.add_argument("--no-final-eval", action="store_true", help="skip the eval of all the held-out books")
     g.add_argument("--log-every", type=int, default=5, help="progress line and loss record interval (steps)")
     g.add_argument("--out-dir", required=True, help="model.bin, tokenizer.bin, log.jsonl, loss.png, summary.json")
+    g.add_argument("--save-at", type=int, nargs="+", default=[], metavar="STEP",
+                   help="also export the model after these steps, to OUT/step-STEP/ (model.bin, tokenizer.bin, "
+                        "tokenizer.model): with --min-lr-ratio 1 (a constant rate after the warmup) the model "
+                        "at step N is exactly an N-step fine-tune's, so one run gives several budgets")
     args = ap.parse_args(argv)
     train.check_passkey_args(ap, args)
     if args.seq_len < 2 or args.seq_len > 1 << 24:
@@ -297,6 +302,10 @@ def parse_args(argv=None):
             ap.error(f"{flag} {v}: expected >= 1")
     if args.eval_every < 0 or args.warmup < 0:
         ap.error("--eval-every and --warmup: expected >= 0")
+    bad = [n for n in args.save_at if not 1 <= n < args.max_steps]
+    if bad:
+        ap.error(f"--save-at {bad[0]}: expected a step in 1..{args.max_steps - 1} (below --max-steps; "
+                 f"the last step's model is OUT/model.bin)")
     args.extra = []  # train.load_data's --extra: books only
     return args
 
@@ -390,8 +399,15 @@ def main(argv=None):
     sp, tok_model, stream, pk, heldout = load_training_data(args)
     opt = train.make_optimizer(model, args)
     state = train.RunState.start(out, 0, [])
+
+    def snapshot():
+        """OUT/step-N/: the model after step N, for each N of --save-at."""
+        if state.step in args.save_at:
+            train.export_model(model, cfg, tok_model, out / f"step-{state.step}")
+
+    args.ckpt_every = 1  # training_loop calls snapshot() after every step; it saves at --save-at only
     try:
-        train.training_loop(model, opt, stream, sp, pk, heldout, state, args)
+        train.training_loop(model, opt, stream, sp, pk, heldout, state, args, save=snapshot)
     except ValueError as e:
         passkey_too_long(args, e)
 
