@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "chat.h"
 #include "cli.h"
+#include "filekind.h"
 
 const char *const MODE_NAMES[] = {"generate", "chat", "ppl", "tokenize", "rope", "passkey", "info", NULL};
 static const char *const MODE_HELP[] = {
@@ -390,4 +392,59 @@ PositionOverrides position_overrides(const Options *o) {
     };
 #undef INT_SETTING
 #undef REAL_SETTING
+}
+
+/* ==========================================================================
+ * The tokenizer file: -z, or the default beside the checkpoint
+ * ========================================================================== */
+
+/* The tokenizer file of this run: -z's, else tokenizer.bin beside the
+ * checkpoint, else ./tokenizer.bin when there is none beside it. How it was
+ * chosen goes into `origin` for the messages. Exits, naming the paths it
+ * looked at, when -z was not given and neither file exists. */
+static char *tokenizer_path(const Options *o, const char *checkpoint, char *origin, size_t origin_len) {
+    if (o->tokenizer) {
+        snprintf(origin, origin_len, "given with -z");
+        char *path = strdup(o->tokenizer);
+        if (!path) die(EXIT_BAD_INPUT, "out of memory");
+        return path;
+    }
+    const char *slash = strrchr(checkpoint, '/');
+    size_t dir_len = slash ? (size_t)(slash - checkpoint + 1) : 0;
+    char *beside = malloc(dir_len + sizeof "tokenizer.bin");
+    if (!beside) die(EXIT_BAD_INPUT, "out of memory");
+    memcpy(beside, checkpoint, dir_len);
+    memcpy(beside + dir_len, "tokenizer.bin", sizeof "tokenizer.bin");
+    if (access(beside, F_OK) == 0) {
+        snprintf(origin, origin_len, "the default, beside the checkpoint");
+        return beside;
+    }
+    if (dir_len == 0) // the checkpoint's folder is the current one: there is no other place to look
+        die(EXIT_BAD_INPUT, "tokenizer: no -z given, and no ./tokenizer.bin beside the checkpoint %s; give the "
+            "tokenizer with -z", checkpoint);
+    if (access("tokenizer.bin", F_OK) != 0)
+        die(EXIT_BAD_INPUT, "tokenizer: no -z given, and neither %s (beside the checkpoint) nor ./tokenizer.bin "
+            "exists; give the tokenizer with -z", beside);
+    snprintf(origin, origin_len, "the default in the current directory, as there is no %s beside the checkpoint",
+             beside);
+    memcpy(beside, "tokenizer.bin", sizeof "tokenizer.bin");
+    return beside;
+}
+
+/* Load the tokenizer for the checkpoint's vocabulary into tok and return its
+ * path (the caller frees it). On failure exit with one line that names the
+ * path tried and how it was chosen, says what the file is when it is not a
+ * tokenizer file at all (filekind.c), and suggests -z when -z was not given. */
+char *load_tokenizer(Tokenizer *tok, const Options *o, const char *checkpoint, const Config *c) {
+    char origin[4200], err[1024], what[768]; // origin holds a path (up to 4096 bytes on Linux) and words
+    char *path = tokenizer_path(o, checkpoint, origin, sizeof origin);
+    if (tokenizer_build(tok, path, c->vocab_size, c->bos_id, c->eos_id, err, sizeof err) == 0) return path;
+    if (explain_foreign_file(path, AS_TOKENIZER, what, sizeof what))
+        die(EXIT_BAD_INPUT, "tokenizer %s (%s): not a tokenizer file: %s", path, origin, what);
+    // tokenizer.c's message is "tokenizer PATH: why"; the origin goes after PATH
+    size_t head = strlen("tokenizer ") + strlen(path);
+    const char *why = !strncmp(err, "tokenizer ", 10) && !strncmp(err + 10, path, strlen(path)) &&
+                      !strncmp(err + head, ": ", 2) ? err + head + 2 : err;
+    die(EXIT_BAD_INPUT, "tokenizer %s (%s): %s%s", path, origin, why,
+        o->tokenizer ? "" : "; give the tokenizer with -z");
 }

@@ -48,6 +48,11 @@ const char *parse_args(int argc, char **argv, Options *o);
 int flag_given(const Options *o, const char *name);
 /* The RoPE and position flags that were given. */
 PositionOverrides position_overrides(const Options *o);
+/* Load the tokenizer of -z, or else tokenizer.bin beside the checkpoint (or
+ * ./tokenizer.bin when there is none beside it), for the model's vocabulary,
+ * into tok; return its path (the caller frees it). Exits with one line naming
+ * the path tried and how it was chosen on failure. */
+char *load_tokenizer(Tokenizer *tok, const Options *o, const char *checkpoint, const Config *c);
 /* "a|b|c" for a NULL-terminated list of names (a static buffer). */
 const char *choice_list(const char *const *names);
 
