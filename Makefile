@@ -288,16 +288,24 @@ test: build test-c sanitize fuzz-smoke test-py
 # The long-context study (tools/extrapolation.py): perplexity of every RoPE
 # method and attention sinks at 1x..16x the training length (bundled model,
 # stories260K), passkey heatmaps of the retrieval-trained model, SmolLM2-135M at
-# 1/4x..2x; writes docs/extrapolation/ (tables with every cell's command, plots).
-# About an hour on 2 cores; EXTRAPOLATION_ARGS=--quick runs a subset in a few
-# minutes into a temporary folder. The cells run EXTRAPOLATION_JOBS at a time
-# (default: one per core, one thread each); `tools/extrapolation.py --list`
-# prints the same cells as commands to run on other machines and --collect
-# gathers their files (docs/extrapolation/README.md).
+# 1/4x..4x (perplexity) and its passkey in plain and chat form; writes
+# docs/extrapolation/ (tables with every cell's command, plots). Each cell's
+# file goes to docs/extrapolation/cells/, and a cell whose file is there is not
+# run again, so the study resumes where it stopped and takes cells made on
+# other machines (`tools/extrapolation.py --list` prints every cell as a
+# command; docs/extrapolation/README.md). SmolLM2's cells are most of its
+# CPU time: one window of 16,384 tokens took 3.4-4.0 CPU-minutes here.
+# EXTRAPOLATION_ARGS=--quick runs a subset in a few minutes into a temporary
+# folder. The cells run EXTRAPOLATION_JOBS at a time (default: one per core,
+# one thread each). Then the fine-tuned rows (tools/finetune_study.py): each
+# method fine-tuned at 4x for 25, 100 and 400 steps, scored by the same cells;
+# their models go to results/finetune/ (not committed).
 EXTRAPOLATION_ARGS ?=
 EXTRAPOLATION_JOBS ?=
+EXTRAPOLATION_CELLS = $(if $(findstring --quick,$(EXTRAPOLATION_ARGS)),,--results docs/extrapolation/cells)
 extrapolation: build venv
-	$(PYTHON) tools/extrapolation.py $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) $(EXTRAPOLATION_ARGS)
+	$(PYTHON) tools/extrapolation.py $(EXTRAPOLATION_CELLS) $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) $(EXTRAPOLATION_ARGS)
+	$(PYTHON) tools/finetune_study.py $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) $(if $(findstring --quick,$(EXTRAPOLATION_ARGS)),--quick --results results/finetune-quick,--results results/finetune)
 
 # The benchmark (tools/bench.py): random checkpoints shaped like stories15M,
 # 42M and 110M and SmolLM2 (when models/smollm2 is there), f32 and q8_0, 1 and

@@ -365,13 +365,17 @@ def test_commands_are_exact_and_carry_no_machine_paths():
 
 
 def test_smollm2_runs_none_alone_up_to_its_training_context():
-    s = _study(name="smollm2", L=8192, factors=ex.SMOL_FACTORS, rows=ex.SMOL_ROWS)
+    cfg = ex.FULL["smollm2"]
+    s = _study(name="smollm2", L=8192, factors=cfg["factors"], rows=cfg["rows"])
     jobs = ex.ppl_jobs(s, ex.Where())
     ran = sorted((j["method"], j["k"]) for j in jobs)
-    assert ran == sorted([("none", k) for k in ex.SMOL_FACTORS] + [(m, 2) for m in ex.SMOL_ROWS if m != "none"])
+    assert ran == sorted([("none", k) for k in ex.SMOL_FACTORS] + [(m, k) for m in ex.ROWS if m != "none"
+                                                                    for k in (2, 4)])
+    assert not ex.ppl_jobs(s, ex.Where(), not_run=True)  # every cell of the plan runs
+    assert cfg["tokens"] >= 3 * 4 * 8192  # at least 3 windows at 4x
     fake = [dict(model="smollm2", method=j["method"], k=j["k"], ppl=10.0 + j["k"]) for j in jobs]
     filled = ex.fill_same_as_none(fake, [s])
-    assert len(filled) == len(ex.SMOL_ROWS) * len(ex.SMOL_FACTORS)
+    assert len(filled) == len(ex.ROWS) * len(ex.SMOL_FACTORS)
     copy = [r for r in filled if r["method"] == "yarn" and r["k"] == 0.5][0]
     assert copy["same_as"] == "none" and copy["ppl"] == 10.5
     assert not any(r.get("same_as") for r in filled if r["k"] == 2)
@@ -640,11 +644,12 @@ def test_smollm2_passkey_plan_lists_the_cells_left_out():
                trials=cfg["trials"], at=cfg["at"], ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin")
     ran = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where())}
     left = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where(), not_run=True)}
-    assert set(ran) == {("none", k) for k in ex.SMOL_FACTORS} | {("yarn", 2)}
-    assert set(left) == {("ntk", 2), ("self-extend", 2), ("sinks", 2)}
-    assert ran[("none", 2)]["shown"].endswith("--ctx 16384 --lengths 16375 --depths 0 --trials 1 --json")
-    assert "--depths 0,0.5,1 --trials 2" in ran[("none", 0.5)]["shown"]
-    assert left[("sinks", 2)]["shown"].endswith("--ctx 8192 --lengths 16375 --depths 0 --trials 1 --json --sinks 4")
+    assert set(ran) == {("none", k) for k in ex.SMOL_PASSKEY_FACTORS} | {("yarn", 2)}
+    assert set(left) == {(m, 2) for m in ex.ROWS if m not in ("none", "yarn")}
+    assert ran[("none", 2)]["shown"].endswith("--ctx 16384 --lengths 16375 --depths 0,0.5,1 --trials 5 --json")
+    assert "--depths 0,0.5,1 --trials 10 --json" in ran[("none", 0.5)]["shown"]
+    assert left[("sinks", 2)]["shown"].endswith("--ctx 8192 --lengths 16375 --depths 0,0.5,1 --trials 5 --json "
+                                                "--sinks 4")
     results = [dict(model=s.name, method=m, k=k, cells=[dict(depth=d, correct=0, trials=s.trials_at(k))
                                                         for d in s.depths_at(k)], command=j["shown"])
                for (m, k), j in ran.items()]
@@ -653,25 +658,47 @@ def test_smollm2_passkey_plan_lists_the_cells_left_out():
     text = "\n".join(ex.passkey_table(s, ex.fill_same_as_none(results, [s])))
     assert text.startswith("### smollm2: passkey accuracy")
     assert "| ntk | = none | = none | = none | not run |" in text
-    assert "| yarn | = none | = none | = none | 0/1 [0%, 79%] |" in text
-    assert "| none | 0.5 | 0/2 | 0/2 | 0/1 |  |" in text  # depth 0.5 is not measured at 2x
+    assert "| yarn | = none | = none | = none | 0/15 [0%, 20%] |" in text
+    assert "| none | 0.5 | 0/10 | 0/10 | 0/10 | 0/5 |" in text
+    assert "prompts of k L - 9 tokens, plain text" in text
     assert "# sinks, 2x: not run\n" + left[("sinks", 2)]["shown"] in text
 
 
+def test_chat_form_passkey_cells():
+    """smollm2-chat: the same cells as smollm2-passkey, each prompt in the chat template
+    (--chat) and 21 tokens short of k L (room for a reply that restates the question)."""
+    cfg = ex.FULL["smollm2-chat"]
+    s = _study("passkey", "smollm2-chat", 8192, cfg["factors"], cfg["rows"], depths=cfg["depths"],
+               trials=cfg["trials"], at=cfg["at"], ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin",
+               chat=cfg["chat"])
+    ran = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where())}
+    assert set(ran) == {("none", k) for k in ex.SMOL_PASSKEY_FACTORS} | {("yarn", 2)}
+    assert ran[("none", 1)]["shown"].endswith("--ctx 8192 --lengths 8171 --depths 0,0.5,1 --trials 10 --json --chat")
+    assert ran[("yarn", 2)]["shown"].endswith("--lengths 16363 --depths 0,0.5,1 --trials 5 --json --chat "
+                                              "--rope-scaling yarn --rope-factor 2")
+    results = [dict(model=s.name, method=m, k=k, cells=[dict(depth=d, correct=1, trials=s.trials_at(k))
+                                                        for d in s.depths_at(k)], command=j["shown"])
+               for (m, k), j in ran.items()]
+    text = "\n".join(ex.passkey_table(s, ex.fill_same_as_none(results, [s])))
+    assert text.startswith("### smollm2-chat: passkey accuracy")
+    assert "prompts of k L - 21 tokens in the chat template (--chat)" in text
+    assert "| none | 2043 | 4075 | 8171 | 16363 |" not in text and "(2027)" in text  # 1/4x: 2048 - 21
+
+
 def test_ppl_cells_left_out_are_listed_with_their_commands():
-    cfg = ex.FULL["smollm2"]
-    s = _study(name="smollm2", L=8192, factors=cfg["factors"], rows=cfg["rows"], at=cfg["at"], note=cfg["note"],
-               text_recipe=["make the text"])
+    s = _study(name="smollm2", L=8192, factors=ex.SMOL_FACTORS[:4], rows=("none", "ntk", "yarn", "self-extend",
+                                                                          "sinks"),
+               at={2: dict(rows=("none", "ntk", "yarn"))}, note="a note on why", text_recipe=["make the text"])
     ran = {(j["method"], j["k"]) for j in ex.ppl_jobs(s, ex.Where())}
     left = {(j["method"], j["k"]): j for j in ex.ppl_jobs(s, ex.Where(), not_run=True)}
-    assert ran == {("none", k) for k in ex.SMOL_FACTORS} | {("ntk", 2), ("yarn", 2)}
+    assert ran == {("none", k) for k in ex.SMOL_FACTORS[:4]} | {("ntk", 2), ("yarn", 2)}
     assert set(left) == {("self-extend", 2), ("sinks", 2)}
     rows = [_ppl_row("smollm2", m, k, 8192, 20.0, 8 if k < 1 else 1) for m, k in sorted(ran)]
     rows += [dict(model="smollm2", method=m, k=k, ctx=16384, train_ctx=8192, flags="", command=j["shown"],
                   not_run=True) for (m, k), j in left.items()]
     text = "\n".join(ex.ppl_table(s, ex.fill_same_as_none(rows, [s])))
     assert "| self-extend | = none | = none | = none | not run |" in text
-    assert "\"not run\": left out to keep the study's time (when these results were made, Self-Extend and sinks" in text
+    assert "\"not run\": left out to keep the study's time (a note on why)" in text
     assert "# sinks, 2x: not run\n" + left[("sinks", 2)]["shown"] in text
 
 

@@ -10,7 +10,8 @@ Two measurements, each a set of `run` commands whose JSON this script collects:
   passkey     run MODEL -m passkey -f heldout.txt --ctx E --lengths E-9
               --depths 0,...,1 --trials T --json [method flags]
               (docs/passkey.md): a 5-digit key hidden at each depth of a prompt of
-              E - 9 tokens (room for the 9-token answer), T keys per cell.
+              E - 9 tokens (room for the 9-token answer), T keys per cell; with
+              --chat (smollm2-chat) the prompt in the chat template, E - 21 tokens.
 
 Studies (each skipped with a message when its files are absent):
   bundled      perplexity, models/model.bin (L = 256) on the held-out books, k = 1..16
@@ -18,12 +19,15 @@ Studies (each skipped with a message when its files are absent):
                validation text, k = 1..16
   retrieval    passkey, models/retrieval/model.bin (the bundled model's recipe trained
                with passkey samples, L = 256), k = 1..16, every method
-  smollm2      perplexity and passkey, models/smollm2/model-q8_0.bin (`make smollm2`;
-               SmolLM2-135M-Instruct, L = 8192), k = 1/4, 1/2, 1, 2, methods none,
-               ntk, yarn, self-extend, sinks; few windows and trials (it scores about
-               60-100 tokens/s on one core), which its tables say; at 2x Self-Extend
-               and sinks are left out (they went token by token when the results were
-               made, an hour or more a cell; both go in blocks now and take minutes)
+  smollm2      perplexity, models/smollm2/model-q8_0.bin (`make smollm2`;
+               SmolLM2-135M-Instruct, L = 8192) on 98,304 tokens of the held-out
+               books, k = 1/4, 1/2, 1, 2, 4, every method (4x: 3 windows of 32,768)
+  smollm2-passkey, smollm2-chat
+               passkey on SmolLM2 in both prompt forms: plain text, and the chat
+               form (-m passkey --chat, the checkpoint's template; prompts of
+               E - 21 tokens, room for a reply that restates the question);
+               k = 1/4 .. 1 with 10 keys per (length, depth), 2x with 5 keys for
+               none and yarn
 
 Methods at context E = k L (the literature's choices; at k <= 1 no scaling):
     none          plain RoPE
@@ -127,13 +131,14 @@ RUN = Path(os.environ.get("RUN") or ROOT / "run")
 sys.path.insert(0, str(ROOT / "tools"))
 
 FACTORS = (1, 2, 4, 8, 16)
-SMOL_FACTORS = (0.25, 0.5, 1, 2)
+SMOL_FACTORS = (0.25, 0.5, 1, 2, 4)
+SMOL_PASSKEY_FACTORS = (0.25, 0.5, 1, 2)
 METHODS = ("none", "linear", "ntk", "dynamic-hf", "dynamic-exact", "yarn", "llama3", "self-extend")
 ROWS = METHODS + ("sinks",)
-SMOL_ROWS = ("none", "ntk", "yarn", "self-extend", "sinks")
 SINKS = 4
 DEPTHS = (0, 0.25, 0.5, 0.75, 1)
 ANSWER_TOKENS = 5 + 4  # run -m passkey's default: 5-digit keys, answered in digits + 4 tokens
+CHAT_ANSWER_TOKENS = 5 + 16  # the chat form's (docs/passkey.md section 4): the reply may restate the question
 Z95 = 1.96
 
 # The studies: what each measures and how much. "tokens": the evaluation text's
@@ -143,32 +148,30 @@ FULL = {
     "bundled": dict(kind="ppl", factors=FACTORS, rows=ROWS, tokens=16384),
     "stories260K": dict(kind="ppl", factors=FACTORS, rows=ROWS, tokens=16384),
     "retrieval": dict(kind="passkey", factors=FACTORS, rows=ROWS, depths=DEPTHS, trials=5),
-    # Self-Extend and sinks went token by token through the pre-RoPE cache
-    # when these results were made; on SmolLM2 at 2x (one window of 16384
-    # tokens) each such cell was still running after 15 CPU-minutes: not run.
-    # Both go in blocks now (run.c, rope_stage): their 2x cells took 217 s and
-    # 94 s on 2 threads by hand (docs/long-context.md).
-    "smollm2": dict(kind="ppl", factors=SMOL_FACTORS, rows=SMOL_ROWS, tokens=16384,
-                    at={2: dict(rows=("none", "ntk", "yarn"))},
-                    note="when these results were made, Self-Extend and sinks scored SmolLM2 token by token through "
-                         "the pre-RoPE cache: at 2x a cell was still running after 15 CPU-minutes, about an hour or "
-                         "more; both go in blocks now (their 2x cells took 217 s and 94 s on 2 threads)"),
-    # A 16k-token prompt costs SmolLM2 5-6 CPU-minutes (none, yarn), and more
-    # than twice that through the pre-RoPE cache of sinks and Self-Extend
-    # when these results were made (both go in blocks now): at 2x one key, at
-    # depth 0 (the farthest), for none and yarn; the rest not run.
-    "smollm2-passkey": dict(kind="passkey", factors=SMOL_FACTORS, rows=SMOL_ROWS, depths=(0, 0.5, 1), trials=1,
-                            at={0.25: dict(trials=2), 0.5: dict(trials=2),
-                                2: dict(rows=("none", "yarn"), depths=(0,))},
-                            note="a prompt of 16k tokens takes SmolLM2 minutes on one core"),
+    # SmolLM2 (L = 8192): every method; 98,304 tokens of the held-out books, so
+    # that 4x has 3 windows of 32,768 tokens (2x: 6, 1x: 12). At k <= 1 the
+    # methods change nothing and only none runs.
+    "smollm2": dict(kind="ppl", factors=SMOL_FACTORS, rows=ROWS, tokens=3 * 4 * 8192),
+    # Passkey in both prompt forms (docs/passkey.md): plain text, and the
+    # chat form (--chat: the checkpoint's template, the question as one user
+    # turn). 10 keys per (length, depth) up to 1x; at 2x, 5 keys for none and
+    # yarn (a 16k-token prompt costs SmolLM2 about 3.5 CPU-minutes, so each
+    # such cell is about 50 CPU-minutes).
+    "smollm2-passkey": dict(kind="passkey", factors=SMOL_PASSKEY_FACTORS, rows=ROWS, depths=(0, 0.5, 1), trials=10,
+                            at={2: dict(trials=5, rows=("none", "yarn"))},
+                            note="a 16k-token prompt costs SmolLM2 about 3.5 CPU-minutes"),
+    "smollm2-chat": dict(kind="passkey", factors=SMOL_PASSKEY_FACTORS, rows=ROWS, depths=(0, 0.5, 1), trials=10,
+                         at={2: dict(trials=5, rows=("none", "yarn"))}, chat=True,
+                         note="a 16k-token prompt costs SmolLM2 about 3.5 CPU-minutes"),
 }
 # --quick: every kind of cell (every method, sinks, a passkey heatmap, SmolLM2's
 # "= none" cells) on little text, a few minutes on 2 cores.
 QUICK = {
     "bundled": dict(kind="ppl", factors=(1, 4), rows=ROWS, tokens=2048),
     "retrieval": dict(kind="passkey", factors=(1, 4), rows=ROWS, depths=(0, 0.5, 1), trials=1),
-    "smollm2": dict(kind="ppl", factors=(0.25,), rows=SMOL_ROWS, tokens=2048),
-    "smollm2-passkey": dict(kind="passkey", factors=(0.25,), rows=SMOL_ROWS, depths=(0.5,), trials=1),
+    "smollm2": dict(kind="ppl", factors=(0.25,), rows=ROWS, tokens=2048),
+    "smollm2-passkey": dict(kind="passkey", factors=(0.25,), rows=ROWS, depths=(0.5,), trials=1),
+    "smollm2-chat": dict(kind="passkey", factors=(0.25,), rows=ROWS, depths=(0.5,), trials=1, chat=True),
 }
 
 
@@ -307,10 +310,11 @@ def stream_cell_command(ckpt, tok, text, window, ctx):
     return cmd
 
 
-def passkey_command(ckpt, tok, filler, ctx, length, depths, trials, flags):
+def passkey_command(ckpt, tok, filler, ctx, length, depths, trials, flags, chat=False):
     return [RUN] + model_args(ckpt, tok) + [
         "-m", "passkey", "-f", Path(filler), "--ctx", str(ctx), "--lengths", str(length),
-        "--depths", ",".join(num(d) for d in depths), "--trials", str(trials), "--json"] + list(flags)
+        "--depths", ",".join(num(d) for d in depths), "--trials", str(trials), "--json"] + \
+        (["--chat"] if chat else []) + list(flags)
 
 
 def run_json(cmd, threads=1):
@@ -549,7 +553,7 @@ class Study:
     """One study: a model, its training context L, and the cells to measure."""
 
     def __init__(self, name, kind, ckpt, tok, L, factors, rows, data="", text=None, text_recipe=(),
-                 tokens=None, depths=(), trials=None, filler=None, at=None, note=""):
+                 tokens=None, depths=(), trials=None, filler=None, at=None, note="", chat=False):
         self.name, self.kind, self.ckpt, self.tok, self.L = name, kind, Path(ckpt), tok, L
         self.factors, self.rows, self.data = tuple(factors), tuple(rows), data
         self.text, self.text_recipe, self.tokens = text, list(text_recipe), tokens
@@ -557,6 +561,8 @@ class Study:
         self.at = at or {}  # k -> {"rows", "depths", "trials"}: what differs at that factor
         self.note = note  # why the plan differs by length, for the table
         self.title = name.replace("-passkey", "")  # smollm2-passkey is smollm2's passkey study
+        self.chat = chat  # passkey: the prompts in the checkpoint's chat template (run -m passkey --chat)
+        self.answer_tokens = CHAT_ANSWER_TOKENS if chat else ANSWER_TOKENS  # a prompt is k L - this
         # Up to the training context the methods change nothing; a study with
         # factors below 1 (SmolLM2) runs none alone at k <= 1.
         self.reuse_below_1 = min(self.factors) < 1
@@ -627,9 +633,10 @@ def passkey_jobs(study, where, not_run=False):
         ctx = study.L if m == "sinks" else E
         flags = method_flags(m, k, study.L)
         T, depths = study.trials_at(k), study.depths_at(k)
-        cmd = passkey_command(study.ckpt, study.tok, study.filler, ctx, E - ANSWER_TOKENS, depths, T, flags)
+        length = E - study.answer_tokens
+        cmd = passkey_command(study.ckpt, study.tok, study.filler, ctx, length, depths, T, flags, study.chat)
         jobs.append(dict(study=study, method=m, k=k, name=cell_name(study.name, m, k), ctx=ctx,
-                         length=E - ANSWER_TOKENS, shown=where.command(cmd),
+                         length=length, shown=where.command(cmd),
                          run=(lambda threads, c=cmd: run_json(c, threads)), flags=" ".join(flags),
                          cost=job_cost(study, m, E * T * len(depths), E)))
     return jobs
@@ -750,10 +757,12 @@ def passkey_table(study, results):
     if not rows:
         return []
     trials = sorted({c["trials"] for r in rows for c in r["cells"]})
-    head = "| method | " + " | ".join(f"{factor_label(k)} ({study.ctx(k) - ANSWER_TOKENS})"
+    head = "| method | " + " | ".join(f"{factor_label(k)} ({study.ctx(k) - study.answer_tokens})"
                                      for k in study.factors) + " |"
     lines = [f"### {study.title}: passkey accuracy ({Where().path(study.ckpt)}, L = {study.L}; filler: "
-             f"held-out books; 5-digit keys; prompts of k L - {ANSWER_TOKENS} tokens; "
+             f"held-out books; 5-digit keys; prompts of k L - {study.answer_tokens} tokens"
+             + (" in the chat template (--chat), the question one user turn" if study.chat else ", plain text")
+             + "; "
              f"{'/'.join(map(str, trials))} trial{'s' if trials != [1] else ''} per (length, depth))", ""]
     if study.at:
         def what(d):
@@ -1000,7 +1009,8 @@ def plot_passkey(study, passkey, out):
                             fontsize=7, color="white" if grid[di][j] < 0.6 else "black")
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(study.factors)))
-        ax.set_xticklabels([f"{factor_label(k)}\n{study.ctx(k) - ANSWER_TOKENS}" for k in study.factors], fontsize=7)
+        ax.set_xticklabels([f"{factor_label(k)}\n{study.ctx(k) - study.answer_tokens}" for k in study.factors],
+                           fontsize=7)
         ax.set_yticks(range(len(study.depths)))
         ax.set_yticklabels([num(d) for d in study.depths], fontsize=7)
         ax.set_title(m if m != "sinks" else f"sinks ({SINKS})", fontsize=9)
@@ -1058,12 +1068,18 @@ def cost_table(meta):
 
 def add_position_bins(ppl, studies):
     """position_bins() of the cells nll_vs_position.png draws (each perplexity
-    study's largest k), on those cells: results.json keeps them, not the
-    per-position values, so that --replot can draw the plot again."""
+    study's largest k), on those cells and no other: results.json keeps them,
+    not the per-position values, so that --replot can draw the plot again. A
+    cell file holds its bins already (run_cell); per-position values, where a
+    result still has them, are binned here."""
     for s in studies:
         kmax = max(s.factors)
         for r in ppl:
-            if s.kind == "ppl" and r["model"] == s.name and r["k"] == kmax and r.get("per_position"):
+            if s.kind != "ppl" or r["model"] != s.name:
+                continue
+            if r["k"] != kmax:
+                r.pop("position_bins", None)
+            elif r.get("per_position"):
                 r["position_bins"] = position_bins(r["per_position"])
 
 
@@ -1111,7 +1127,7 @@ def replot(out):
         if rows:
             depths = sorted({c["depth"] for r in rows for c in r.get("cells", [])})
             studies.append(Study(name, cfg["kind"], "", None, rows[0]["train_ctx"], sorted({r["k"] for r in rows}),
-                                 cfg["rows"], depths=depths, at=cfg.get("at")))
+                                 cfg["rows"], depths=depths, at=cfg.get("at"), chat=cfg.get("chat", False)))
     messages = []
     if not any(r.get("position_bins") for r in ppl):
         messages.append("results.json holds no position bins (it was made before the study saved them): "
@@ -1194,7 +1210,7 @@ def make_studies(config, work, tokens_override=None, passkey_ckpt=None):
                 continue
             studies.append(ppl_study(name, ckpt, None, heldout, "smollm2-books.txt", "heldout.txt", books_desc,
                                      cfg))
-        elif name in ("retrieval", "smollm2-passkey"):
+        elif name in ("retrieval", "smollm2-passkey", "smollm2-chat"):
             if name == "retrieval":
                 ckpt = Path(passkey_ckpt) if passkey_ckpt else ROOT / "models" / "retrieval" / "model.bin"
             else:
@@ -1204,6 +1220,7 @@ def make_studies(config, work, tokens_override=None, passkey_ckpt=None):
                 continue
             studies.append(Study(name, "passkey", ckpt, None, train_ctx(ckpt), cfg["factors"], cfg["rows"],
                                  depths=cfg["depths"], trials=cfg["trials"], at=cfg.get("at"), note=cfg.get("note", ""),
+                                 chat=cfg.get("chat", False),
                                  filler=work / "heldout.txt",
                                  text_recipe=[heldout_recipe], data="held-out books"))
         else:
@@ -1284,7 +1301,7 @@ def study_record(s):
                 factors=list(s.factors), rows=list(s.rows), data=s.data,
                 text=Path(s.text).name if s.text else None, text_recipe=s.text_recipe, tokens=s.tokens,
                 depths=list(s.depths), trials=s.trials, filler=Path(s.filler).name if s.filler else None,
-                at={num(k): d for k, d in s.at.items()}, note=s.note)
+                at={num(k): d for k, d in s.at.items()}, note=s.note, chat=s.chat)
 
 
 def study_from_record(d):
@@ -1301,7 +1318,7 @@ def study_from_record(d):
     return Study(d["name"], d["kind"], path(d["ckpt"]), path(d["tok"]), d["L"], [number(k) for k in d["factors"]],
                  d["rows"], data=d["data"], text=path(d["text"]), text_recipe=d["text_recipe"], tokens=d["tokens"],
                  depths=d["depths"], trials=d["trials"], filler=path(d["filler"]),
-                 at={number(k): v for k, v in d["at"].items()}, note=d["note"])
+                 at={number(k): v for k, v in d["at"].items()}, note=d["note"], chat=d.get("chat", False))
 
 
 def outcome(kind, result):
@@ -1320,10 +1337,12 @@ def run_cell(job, plan, threads, results):
     r = job["run"](threads)
     wall = time.time() - t0
     s = job["study"]
+    result = ppl_result(job, r) if s.kind == "ppl" else passkey_result(job, r)
+    if "per_position" in result:  # the file keeps the plot's bins, a few kB, not a value per position
+        result["position_bins"] = position_bins(result.pop("per_position"))
     rec = dict(format=CELL_FORMAT, cell=job["name"], plan=plan, study=study_record(s), threads=threads,
                wall_s=round(wall, 2), cpus=os.cpu_count(), load_before=round(load0, 2),
-               finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               result=ppl_result(job, r) if s.kind == "ppl" else passkey_result(job, r))
+               finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), result=result)
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"{job['name']}.json"
