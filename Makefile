@@ -299,13 +299,17 @@ test: build test-c sanitize fuzz-smoke test-py
 # folder. The cells run EXTRAPOLATION_JOBS at a time (default: one per core,
 # one thread each). Then the fine-tuned rows (tools/finetune_study.py): each
 # method fine-tuned at 4x for 25, 100 and 400 steps, scored by the same cells;
-# their models go to results/finetune/ (not committed).
+# their models go to results/finetune/ (not committed). Then the attention
+# statistics (tools/attention_study.py): entropy by position and mass by
+# distance for each method at 4x, on the bundled model; their cell files go to
+# docs/extrapolation/attention-cells/.
 EXTRAPOLATION_ARGS ?=
 EXTRAPOLATION_JOBS ?=
 EXTRAPOLATION_CELLS = $(if $(findstring --quick,$(EXTRAPOLATION_ARGS)),,--results docs/extrapolation/cells)
 extrapolation: build venv
 	$(PYTHON) tools/extrapolation.py $(EXTRAPOLATION_CELLS) $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) $(EXTRAPOLATION_ARGS)
 	$(PYTHON) tools/finetune_study.py $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) $(if $(findstring --quick,$(EXTRAPOLATION_ARGS)),--quick --results results/finetune-quick,--results results/finetune)
+	$(if $(findstring --quick,$(EXTRAPOLATION_ARGS)),,$(PYTHON) tools/attention_study.py $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) --results docs/extrapolation/attention-cells)
 
 # The benchmark (tools/bench.py): random checkpoints shaped like stories15M,
 # 42M and 110M and SmolLM2 (when models/smollm2 is there), f32 and q8_0, 1 and

@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+"""The extrapolation study's attention statistics: what the attention does past L,
+for each RoPE method, from `run -m ppl --attn-stats`.
+
+For a model with training context L, a cell is one (method, k): `run` scores a
+prefix of the held-out books (the text the perplexity study reads) in windows of
+kL tokens with the method's flags, and writes,
+per layer and head, the attention entropy H = -sum_j p_j ln p_j by query position
+bucket and the attention mass by query-key distance bucket (docs/long-context.md).
+The cells:
+
+  k = 1   none (every method is none's run up to L)
+  k = 4   none, linear, ntk, yarn, yarn-attn1 (YaRN with --rope-attn-factor 1: its
+          frequencies without its temperature), self-extend, sinks (streamed
+          through a rolling cache of L with 4 sinks, the text cut into segments of
+          4L tokens as the perplexity study cuts it; the mass on the sinks apart)
+
+The methods' settings are tools/extrapolation.py's (method_flags). Studies:
+
+  bundled   models/model.bin, L = 256: the perplexity study's 16,384 tokens, 16
+            windows at 4x (seconds a cell)
+  smollm2   models/smollm2/model-q8_0.bin (make smollm2), L = 8192: one window of
+            32,768 tokens; the statistics need the attention weights, which only
+            the one-query path keeps, so a cell goes token by token (hours of CPU
+            at 4x: listed for the fan-out, --studies smollm2)
+
+Outputs (in --out, default docs/extrapolation/):
+    attention.md     per study: the mean entropy (over layers and heads) by position
+                     bucket for each method at 4x beside none at 1x; the mass by
+                     distance bucket; the mass on the sinks; every cell's command
+    attention.json   every cell's statistics as run wrote them, and its command
+    attention.png    per study: entropy against query position, and mass against
+                     distance, at 1x and 4x
+
+Usage:
+    .venv/bin/python tools/attention_study.py [--studies bundled,smollm2] [--jobs J] [--results DIR] [--out DIR]
+    .venv/bin/python tools/attention_study.py --list [--studies ...] [--results DIR]
+    .venv/bin/python tools/attention_study.py --cell NAME [--results DIR]
+    .venv/bin/python tools/attention_study.py --collect DIR [DIR ...] [--out DIR]
+
+Each cell writes RESULTS/NAME.json (NAME: attn-STUDY_METHOD_Kx); the default
+--studies is bundled alone.
+"""
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import extrapolation as ex  # noqa: E402  (texts, method flags, commands, axes)
+
+CELL_FORMAT = "attention-cell/1"
+K_MAX = 4
+METHODS = ("none", "linear", "ntk", "yarn", "yarn-attn1", "self-extend", "sinks")
+STUDIES = ("bundled", "smollm2")
+TOKENS = dict(bundled=16384, smollm2=K_MAX * 8192 - 1)  # text tokens (smollm2: BOS + these = one 4x window)
+
+
+def cells_of(study):
+    return [(m, k) for k in (1, K_MAX) for m in METHODS if k == K_MAX or m == "none"]
+
+
+def cell_name(study, method, k):
+    return f"attn-{study}_{method}_{ex.num(k)}x"
+
+
+def parse_cell_name(name):
+    parts = name.split("_")
+    if len(parts) == 3 and parts[0].startswith("attn-") and parts[0][5:] in STUDIES:
+        for m, k in cells_of(parts[0][5:]):
+            if cell_name(parts[0][5:], m, k) == name:
+                return parts[0][5:], m, k
+    raise ValueError(f"cell {name!r}: expected attn-STUDY_METHOD_Kx, one of --list's names")
+
+
+def flags(method, k, L):
+    """The method's flags at k L (tools/extrapolation.py's), and YaRN without its temperature."""
+    if method == "yarn-attn1":
+        return ex.method_flags("yarn", k, L) + ["--rope-attn-factor", "1"]
+    return ex.method_flags(method, k, L)
+
+
+def make_text(study, work):
+    """The study's Study (tools/extrapolation.py) with its text of TOKENS[study] tokens."""
+    cfg = dict(ex.FULL[study], tokens=TOKENS[study])
+    made = ex.make_studies({study: cfg}, work)
+    if not made:
+        raise RuntimeError(f"study {study}: its model or ../shared/data/books is absent")
+    return made[0]
+
+
+def cell_command(study, text, method, k, stats_file):
+    """The run command of a cell (list, paths as Path): text in windows of k L, or
+    for sinks streamed through the rolling cache."""
+    base = [ex.RUN] + ex.model_args(study.ckpt, study.tok) + ["-m", "ppl", "-f", Path(text), "--json",
+                                                               "--attn-stats", stats_file]
+    if method == "sinks":
+        return base + ["--ctx", str(study.L), "--streaming"] + flags(method, k, study.L)
+    return base + ["--ctx", str(study.ctx(k))] + flags(method, k, study.L)
+
+
+def merge_stats(parts):
+    """The statistics of several runs (a sinks cell's segments) as one run's: entropy
+    per position bucket weighted by the bucket's queries, mass and sink mass by the
+    runs' queries (a bucket a run lacks holds none of its weight)."""
+    total = sum(p["queries"] for p in parts)
+    # a bucket is known by its start: a shorter run ends its last bucket sooner
+    pos = sorted({b["start"] for p in parts for b in p["position_buckets"]})
+    dist = sorted({b["start"] for p in parts for b in p["distance_buckets"]})
+    pos_end = {s: max(b["end"] for p in parts for b in p["position_buckets"] if b["start"] == s) for s in pos}
+    dist_end = {s: max(b["end"] for p in parts for b in p["distance_buckets"] if b["start"] == s) for s in dist}
+    layers, heads = parts[0]["layers"], parts[0]["heads"]
+    q_pos = {b: 0 for b in pos}
+    ent = [[[0.0] * len(pos) for _ in range(heads)] for _ in range(layers)]
+    mass = [[[0.0] * len(dist) for _ in range(heads)] for _ in range(layers)]
+    sink = [[0.0] * heads for _ in range(layers)]
+    for p in parts:
+        for i, b in enumerate(p["position_buckets"]):
+            j = pos.index(b["start"])
+            q_pos[pos[j]] += b["queries"]
+            for l in range(layers):
+                for h in range(heads):
+                    ent[l][h][j] += p["entropy"][l][h][i] * b["queries"]
+        for i, b in enumerate(p["distance_buckets"]):
+            j = dist.index(b["start"])
+            for l in range(layers):
+                for h in range(heads):
+                    mass[l][h][j] += p["mass"][l][h][i] * p["queries"] / total
+        for l in range(layers):
+            for h in range(heads):
+                sink[l][h] += (p.get("sink_mass") or [[0.0] * heads] * layers)[l][h] * p["queries"] / total
+    for j, b in enumerate(pos):
+        for l in range(layers):
+            for h in range(heads):
+                ent[l][h][j] = ent[l][h][j] / q_pos[b] if q_pos[b] else 0.0
+    out = dict(parts[0], queries=total, file=f"{len(parts)} segments",
+               position_buckets=[dict(start=s, end=pos_end[s], queries=q_pos[s]) for s in pos],
+               distance_buckets=[dict(start=s, end=dist_end[s]) for s in dist], entropy=ent, mass=mass)
+    if parts[0].get("sink_mass"):
+        out["sink_mass"] = sink
+    return out
+
+
+def run_cell(name, threads, results):
+    study_name, method, k = parse_cell_name(name)
+    results = Path(results)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as work:
+        study = make_text(study_name, work)
+        texts = [study.text]
+        if method == "sinks":  # segments of one 4x window each, as the perplexity study streams them
+            count = ex.TokenCounter(study.ckpt, study.tok, work)
+            segs = ex.split_segments(Path(study.text).read_text(encoding="utf-8"), study.ctx(k) - count.bos, count)
+            texts = []
+            for i, seg in enumerate(segs):
+                texts.append(Path(work) / f"segment-{i:04d}.txt")
+                texts[-1].write_text(seg, encoding="utf-8")
+        parts, ppls = [], []
+        for i, text in enumerate(texts):
+            stats_file = Path(work) / f"{name}.{i}.stats.json"
+            cmd = cell_command(study, text, method, k, stats_file)
+            ppls.append(ex.run_json(cmd, threads))
+            parts.append(json.loads(stats_file.read_text()))
+        stats = merge_stats(parts) if len(parts) > 1 else parts[0]
+        ppl = ex.combine_scores(ppls) if len(ppls) > 1 else ppls[0]
+        shown_text = "segment-NNNN.txt" if len(texts) > 1 else text
+        shown = ex.Where(work).command([shown_text if c == text else f"{name}.stats.json" if c == stats_file else c
+                                        for c in cmd])
+        recipe = study.text_recipe + ([f"segments of {study.ctx(k)} tokens: tools/extrapolation.py --stream-cell "
+                                       f"--segments DIR cuts them"] if len(texts) > 1 else [])
+    rec = dict(format=CELL_FORMAT, cell=name, study=study_name, method=method, k=k, L=study.L, ctx=study.ctx(k),
+               command=shown, text_recipe=recipe, threads=threads, wall_s=round(time.time() - t0, 1),
+               finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               ppl={key: ppl[key] for key in ("tokens", "nll", "ppl", "ppl_lo", "ppl_hi") if key in ppl},
+               stats=stats)
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{name}.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rec) + "\n")
+    os.replace(tmp, path)
+    print(f"attention_study: {name}: mean entropy {mean_entropy(stats):.3f} nats, ppl {ppl['ppl']:.2f} "
+          f"({rec['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+    return rec
+
+
+# --------------------------------------------------------------------------
+# Summaries of a cell's statistics: means over layers and heads
+
+def by_position(stats):
+    """[(start, end, queries, mean entropy over layers and heads)] per position bucket."""
+    out = []
+    for b, bucket in enumerate(stats["position_buckets"]):
+        vals = [head[b] for layer in stats["entropy"] for head in layer]
+        if bucket["queries"]:
+            out.append((bucket["start"], bucket["end"], bucket["queries"], sum(vals) / len(vals)))
+    return out
+
+
+def mean_entropy(stats):
+    """The mean entropy over every counted query, layer and head."""
+    rows = by_position(stats)
+    return sum(q * h for _, _, q, h in rows) / sum(q for _, _, q, _ in rows)
+
+
+def by_distance(stats):
+    """[(start, end, mean mass over layers and heads)] per distance bucket."""
+    out = []
+    for b, bucket in enumerate(stats["distance_buckets"]):
+        vals = [head[b] for layer in stats["mass"] for head in layer]
+        out.append((bucket["start"], bucket["end"], sum(vals) / len(vals)))
+    return out
+
+
+def sink_mass(stats):
+    if not stats.get("sink_mass"):
+        return None
+    vals = [h for layer in stats["sink_mass"] for h in layer]
+    return sum(vals) / len(vals)
+
+
+def buckets_by_start(pairs):
+    """[(start, end)] with one entry per start, its largest end (a run over a shorter
+    text ends its last bucket sooner)."""
+    ends = {}
+    for s, e in pairs:
+        ends[s] = max(e, ends.get(s, e))
+    return sorted(ends.items())
+
+
+def bucket_label(start, end):
+    return f"[{start}, {end})"
+
+
+# --------------------------------------------------------------------------
+# Collect
+
+def read_cells(folders):
+    cells = {}
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            raise ValueError(f"--collect {folder}: no such folder")
+        for f in sorted(folder.glob("attn-*.json")):
+            try:
+                rec = json.loads(f.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"{f}: expected an attention cell file (JSON), got unreadable JSON ({e})") from None
+            if not isinstance(rec, dict) or rec.get("format") != CELL_FORMAT:
+                raise ValueError(f"{f}: expected format {CELL_FORMAT!r}")
+            if rec["cell"] in cells:
+                raise ValueError(f"{f}: cell {rec['cell']} collected twice; keep one")
+            cells[rec["cell"]] = rec
+    if not cells:
+        raise ValueError(f"--collect {' '.join(map(str, folders))}: no attention cell files (attn-*.json) there")
+    return cells
+
+
+def study_tables(study, cells):
+    got = {(r["method"], r["k"]): r for r in cells.values() if r["study"] == study}
+    if not got:
+        return []
+    L = next(iter(got.values()))["L"]
+    ref = got.get(("none", 1))
+    four = [(m, got.get((m, K_MAX))) for m in METHODS]
+    pos_rows = [r for _, r in four if r] + ([ref] if ref else [])
+    buckets = buckets_by_start([(s, e) for r in pos_rows for s, e, _, _ in by_position(r["stats"])])
+    lines = [f"### {study}: attention entropy by query position (nats; mean over layers and heads; L = {L})", "",
+             "| method | " + " | ".join(bucket_label(s, e) for s, e in buckets) + " | all |",
+             "|---|" + "---:|" * (len(buckets) + 1)]
+
+    def entropy_row(label, r):
+        if r is None:
+            return f"| {label} | " + " | ".join("missing" for _ in buckets) + " | missing |"
+        vals = {s: h for s, e, _, h in by_position(r["stats"])}
+        return (f"| {label} | " + " | ".join(f"{vals[b[0]]:.3f}" if b[0] in vals else "" for b in buckets)
+                + f" | {mean_entropy(r['stats']):.3f} |")
+
+    lines.append(entropy_row("none, 1x", ref))
+    for m, r in four:
+        lines.append(entropy_row(f"{m}, {K_MAX}x", r))
+    dist = buckets_by_start([(s, e) for r in pos_rows for s, e, _ in by_distance(r["stats"])])
+    lines += ["", f"### {study}: attention mass by query-key distance (mean over layers and heads)", "",
+              "| method | " + " | ".join(bucket_label(s, e) for s, e in dist) + " | on the 4 sinks |",
+              "|---|" + "---:|" * (len(dist) + 1)]
+    for label, r in [("none, 1x", ref)] + [(f"{m}, {K_MAX}x", r) for m, r in four]:
+        if r is None:
+            lines.append(f"| {label} | " + " | ".join("missing" for _ in dist) + " | |")
+            continue
+        vals = {s: v for s, e, v in by_distance(r["stats"])}
+        sm = sink_mass(r["stats"])
+        lines.append(f"| {label} | " + " | ".join(f"{vals[b[0]]:.3f}" if b[0] in vals else "" for b in dist)
+                     + f" | {'' if sm is None else f'{sm:.3f}'} |")
+    lines += ["", "Commands (the text: " + "; ".join(f"`{c}`" for c in next(iter(got.values()))["text_recipe"])
+              + "):", ""]
+    for m, k in cells_of(study):
+        r = got.get((m, k))
+        lines.append(f"- {m}, {ex.factor_label(k)}: " + (f"`{r['command']}` ({r['wall_s']:.0f} s, "
+                                                         f"{r['threads']} thread{'s' if r['threads'] > 1 else ''})"
+                                                         if r else "missing"))
+    return lines + [""]
+
+
+def plot(cells, studies, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    studies = [s for s in studies if any(r["study"] == s for r in cells.values())]
+    if not studies:
+        return None
+    fig, axes = plt.subplots(len(studies), 2, figsize=(13, 4.6 * len(studies)), squeeze=False)
+    for (ax_h, ax_m), study in zip(axes, studies):
+        got = {(r["method"], r["k"]): r for r in cells.values() if r["study"] == study}
+        L = next(iter(got.values()))["L"]
+        ref = got.get(("none", 1))
+        series = ([("none, 1x", ref, "black", ":")] if ref else []) + \
+            [(f"{m}, {K_MAX}x", got[(m, K_MAX)], f"C{i}", "--" if m == "sinks" else "-")
+             for i, m in enumerate(METHODS) if (m, K_MAX) in got]
+        for label, r, color, ls in series:
+            pb = by_position(r["stats"])
+            ax_h.plot([math.sqrt(max(1, s) * e) for s, e, _, _ in pb], [h for *_, h in pb], marker="o", ms=3,
+                      color=color, ls=ls, label=label)
+            db = [(s, e, v) for s, e, v in by_distance(r["stats"]) if v > 0]
+            ax_m.plot([math.sqrt(max(1, s) * e) for s, e, _ in db], [v for *_, v in db], marker="o", ms=3,
+                      color=color, ls=ls, label=label + (f" (sinks {sink_mass(r['stats']):.2f})"
+                                                         if sink_mass(r["stats"]) is not None else ""))
+        ticks = [L // 2 ** i for i in range(3, -1, -1)] + [L * 2 ** i for i in range(1, 1 + round(math.log2(K_MAX)))]
+        ex.finish_axes(ax_h, L, "query position in the window (tokens; bucket midpoints)",
+                       "attention entropy (nats), mean over layers and heads",
+                       f"{study}: entropy against position, at 1x and {K_MAX}x", ticks)
+        ex.finish_axes(ax_m, L, "query-key distance (tokens; bucket midpoints)",
+                       "attention mass in the bucket, mean over layers and heads",
+                       f"{study}: where the attention goes, at 1x and {K_MAX}x", ticks)
+    fig.tight_layout()
+    fig.savefig(out / "attention.png", dpi=110)
+    plt.close(fig)
+    return "attention.png"
+
+
+def collect(folders, out, studies):
+    cells = read_cells(folders)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    studies = [s for s in studies if any(r["study"] == s for r in cells.values())]
+    expected = [cell_name(s, m, k) for s in studies for m, k in cells_of(s)]
+    missing = [n for n in expected if n not in cells]
+    lines = ["# Extrapolation study: attention statistics", "",
+             "Made by `.venv/bin/python tools/attention_study.py` (its docstring says what a cell is): "
+             "`run -m ppl --attn-stats` on one window of 4L tokens of the held-out books, each method at 4x "
+             "beside plain RoPE at 1x. Entropy in nats of the attention weights per query, mean over the "
+             "queries of a position bucket, then over layers and heads; mass: the share of the weights on keys "
+             "at each distance bucket, mean over queries, layers and heads."
+             + (f" Missing: {', '.join(missing)}." if missing else ""), ""]
+    for s in studies:
+        lines += study_tables(s, cells)
+    (out / "attention.md").write_text("\n".join(lines))
+    (out / "attention.json").write_text(json.dumps(dict(cells=[cells[n] for n in sorted(cells)], missing=missing))
+                                        + "\n")
+    files = ["attention.md", "attention.json"]
+    name = plot(cells, studies, out)
+    return files + ([name] if name else []), missing
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--studies", default="bundled", help=f"comma-separated subset of {', '.join(STUDIES)}")
+    ap.add_argument("--list", action="store_true", help="print every cell's command")
+    ap.add_argument("--cell", metavar="NAME", help="run one cell (a name from --list)")
+    ap.add_argument("--collect", nargs="+", type=Path, metavar="DIR", help="tables and plot from these folders")
+    ap.add_argument("--results", type=Path, help="cell files (default: results)")
+    ap.add_argument("--out", type=Path, help="output folder (default docs/extrapolation)")
+    ap.add_argument("--jobs", type=int, help="cells at a time (default: one per core)")
+    ap.add_argument("--threads", type=int, default=1, help="threads per cell (default 1)")
+    args = ap.parse_args(argv)
+    studies = args.studies.split(",")
+    bad = [s for s in studies if s not in STUDIES]
+    if bad:
+        sys.exit(f"attention_study: --studies {bad[0]}: expected some of {', '.join(STUDIES)}")
+    for flag, v in (("--jobs", args.jobs), ("--threads", args.threads)):
+        if v is not None and v < 1:
+            sys.exit(f"attention_study: {flag} {v}: expected at least 1")
+    results = args.results or Path("results")
+    out = args.out or ROOT / "docs" / "extrapolation"
+    try:
+        if args.collect:
+            files, missing = collect(args.collect, out, STUDIES)
+            print(f"attention_study: wrote {', '.join(files)} in {out}"
+                  + (f"; missing {', '.join(missing)}" if missing else ""), file=sys.stderr)
+            return
+        if not ex.RUN.is_file():
+            sys.exit("attention_study: run not found; build it with `make`")
+        names = [cell_name(s, m, k) for s in studies for m, k in cells_of(s)]
+        if args.list:
+            for n in names:
+                print(" ".join(shlex.quote(a) for a in [".venv/bin/python", "tools/attention_study.py", "--cell", n,
+                                                        "--threads", str(args.threads), "--results", str(results)]))
+            return
+        if args.cell:
+            try:
+                parse_cell_name(args.cell)
+            except ValueError as e:
+                sys.exit(f"attention_study: --cell {e}")
+            run_cell(args.cell, args.threads, results)
+            return
+        jobs = args.jobs or max(1, (os.cpu_count() or 1) // args.threads)
+        todo = [n for n in names if not (results / f"{n}.json").is_file()]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            for f in concurrent.futures.as_completed([pool.submit(run_cell, n, args.threads, results) for n in todo]):
+                f.result()
+        files, missing = collect([results], out, studies)
+        print(f"attention_study: wrote {', '.join(files)} in {out}", file=sys.stderr)
+    except (RuntimeError, ValueError) as e:
+        sys.exit(f"attention_study: {e}")
+
+
+if __name__ == "__main__":
+    main()
