@@ -50,6 +50,7 @@ import json
 import math
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -165,11 +166,13 @@ def run_cell(name, plan, threads, results):
     else:
         print(f"finetune_study: {name}: " + " ".join(cmd), file=sys.stderr, flush=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        import subprocess
-        p = subprocess.run(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+        last = ""
+        with subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) as p:
+            for line in p.stderr:  # its progress, each line named by the cell (cells run side by side)
+                last = line.strip() or last
+                print(f"{name}: {line.rstrip()}", file=sys.stderr, flush=True)
         if p.returncode != 0:
-            err = p.stderr.strip().splitlines()
-            raise RuntimeError(f"{name}: tools/finetune.py exit {p.returncode}: {err[-1] if err else 'no message'}")
+            raise RuntimeError(f"{name}: tools/finetune.py exit {p.returncode}: {last or 'no message'}")
     summary = json.loads(summary_file.read_text())
     with tempfile.TemporaryDirectory() as work:
         study = eval_study(base, plan, work)
