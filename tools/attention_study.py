@@ -41,7 +41,6 @@ Usage:
 Each cell writes RESULTS/NAME.json (NAME: attn-STUDY_METHOD_Kx); the default
 --studies is bundled alone.
 """
-import argparse
 import concurrent.futures
 import json
 import math
@@ -180,11 +179,7 @@ def run_cell(name, threads, results):
                finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                ppl={key: ppl[key] for key in ("tokens", "nll", "ppl", "ppl_lo", "ppl_hi") if key in ppl},
                stats=stats)
-    results.mkdir(parents=True, exist_ok=True)
-    path = results / f"{name}.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rec) + "\n")
-    os.replace(tmp, path)
+    ex.write_cell_file(results / f"{name}.json", rec)
     print(f"attention_study: {name}: mean entropy {mean_entropy(stats):.3f} nats, ppl {ppl['ppl']:.2f} "
           f"({rec['wall_s']:.0f} s)", file=sys.stderr, flush=True)
     return rec
@@ -242,23 +237,8 @@ def bucket_label(start, end):
 # Collect
 
 def read_cells(folders):
-    cells = {}
-    for folder in map(Path, folders):
-        if not folder.is_dir():
-            raise ValueError(f"--collect {folder}: no such folder")
-        for f in sorted(folder.glob("attn-*.json")):
-            try:
-                rec = json.loads(f.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ValueError(f"{f}: expected an attention cell file (JSON), got unreadable JSON ({e})") from None
-            if not isinstance(rec, dict) or rec.get("format") != CELL_FORMAT:
-                raise ValueError(f"{f}: expected format {CELL_FORMAT!r}")
-            if rec["cell"] in cells:
-                raise ValueError(f"{f}: cell {rec['cell']} collected twice; keep one")
-            cells[rec["cell"]] = rec
-    if not cells:
-        raise ValueError(f"--collect {' '.join(map(str, folders))}: no attention cell files (attn-*.json) there")
-    return cells
+    """{name: record} of the cell files in the folders; ValueError naming a bad file."""
+    return ex.read_cell_files(folders, "attn-*.json", CELL_FORMAT, "an attention")
 
 
 def study_tables(study, cells):
@@ -367,23 +347,14 @@ def collect(folders, out, studies):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ex.fanout_parser(__doc__, "cell files (default: results)", "output folder (default docs/extrapolation)")
     ap.add_argument("--studies", default="bundled", help=f"comma-separated subset of {', '.join(STUDIES)}")
-    ap.add_argument("--list", action="store_true", help="print every cell's command")
-    ap.add_argument("--cell", metavar="NAME", help="run one cell (a name from --list)")
-    ap.add_argument("--collect", nargs="+", type=Path, metavar="DIR", help="tables and plot from these folders")
-    ap.add_argument("--results", type=Path, help="cell files (default: results)")
-    ap.add_argument("--out", type=Path, help="output folder (default docs/extrapolation)")
-    ap.add_argument("--jobs", type=int, help="cells at a time (default: one per core)")
-    ap.add_argument("--threads", type=int, default=1, help="threads per cell (default 1)")
     args = ap.parse_args(argv)
+    ex.check_fanout_args(args, "attention_study")
     studies = args.studies.split(",")
     bad = [s for s in studies if s not in STUDIES]
     if bad:
         sys.exit(f"attention_study: --studies {bad[0]}: expected some of {', '.join(STUDIES)}")
-    for flag, v in (("--jobs", args.jobs), ("--threads", args.threads)):
-        if v is not None and v < 1:
-            sys.exit(f"attention_study: {flag} {v}: expected at least 1")
     results = args.results or Path("results")
     out = args.out or ROOT / "docs" / "extrapolation"
     try:

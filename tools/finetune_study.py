@@ -44,7 +44,6 @@ anywhere with the same checkout, models and ../shared, in any order; --collect r
 them from any number of folders (a cell missing is shown as missing). The training-
 free rows come from --out's results.json (tools/extrapolation.py).
 """
-import argparse
 import concurrent.futures
 import json
 import math
@@ -195,10 +194,7 @@ def run_cell(name, plan, threads, results):
                finetune_wall_s=round(summary["train_wall_s"], 1), threads=threads, reused_finetune=done,
                wall_s=round(time.time() - t0, 1), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                budgets=budgets)
-    path = results / f"{name}.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rec, indent=1) + "\n")
-    os.replace(tmp, path)
+    ex.write_cell_file(results / f"{name}.json", rec)
     return rec
 
 
@@ -216,23 +212,8 @@ def cell_command(name, quick, results):
 # Collecting: tables and plot
 
 def read_cells(folders):
-    """{name: record} of the cell files in the folders; ValueError naming a bad file."""
-    cells = {}
-    for folder in map(Path, folders):
-        if not folder.is_dir():
-            raise ValueError(f"--collect {folder}: no such folder")
-        for f in sorted(folder.glob("ft-*.json")):
-            try:
-                rec = json.loads(f.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ValueError(f"{f}: expected a fine-tune cell file (JSON), got unreadable JSON ({e})") from None
-            if not isinstance(rec, dict) or rec.get("format") != CELL_FORMAT:
-                raise ValueError(f"{f}: expected format {CELL_FORMAT!r}")
-            if rec["cell"] in cells:
-                raise ValueError(f"{f}: cell {rec['cell']} collected twice; keep one")
-            cells[rec["cell"]] = rec
-    if not cells:
-        raise ValueError(f"--collect {' '.join(map(str, folders))}: no fine-tune cell files (ft-*.json) there")
+    """{name: record} of the cell files in the folders, all of one plan; ValueError naming a bad file."""
+    cells = ex.read_cell_files(folders, "ft-*.json", CELL_FORMAT, "a fine-tune")
     plans = {json.dumps(r["plan"], sort_keys=True) for r in cells.values()}
     if len(plans) > 1:
         raise ValueError("the cell files come from different plans (--quick and the full study?); collect one")
@@ -422,21 +403,11 @@ def collect(folders, out, free_from=None):
 # --------------------------------------------------------------------------
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ex.fanout_parser(__doc__, "cell files and fine-tuned models (default: results)",
+                          "output folder (default docs/extrapolation; --quick: a temporary one)")
     ap.add_argument("--quick", action="store_true", help="1 and 2 steps of 1 window of one book, bundled only, 1x and 4x")
-    ap.add_argument("--list", action="store_true", help="print every cell's command")
-    ap.add_argument("--cell", metavar="NAME", help="run one cell (a name from --list)")
-    ap.add_argument("--collect", nargs="+", type=Path, metavar="DIR", help="tables and plot from these folders")
-    ap.add_argument("--results", type=Path, help="cell files and fine-tuned models (default: results)")
-    ap.add_argument("--out", type=Path, help="output folder (default docs/extrapolation; --quick: a temporary one)")
-    ap.add_argument("--jobs", type=int, help="cells at a time (default: one per core)")
-    ap.add_argument("--threads", type=int, default=1, help="threads per cell (default 1)")
     args = ap.parse_args(argv)
-    if sum(bool(x) for x in (args.list, args.cell, args.collect)) > 1:
-        sys.exit("finetune_study: expected at most one of --list, --cell, --collect")
-    for flag, v in (("--jobs", args.jobs), ("--threads", args.threads)):
-        if v is not None and v < 1:
-            sys.exit(f"finetune_study: {flag} {v}: expected at least 1")
+    ex.check_fanout_args(args, "finetune_study")
     plan = dict(QUICK if args.quick else FULL)
     out = args.out or (Path(tempfile.mkdtemp(prefix="finetune-quick-")) if args.quick
                        else ROOT / "docs" / "extrapolation")
