@@ -147,7 +147,7 @@ def run_cell(name, plan, threads, results):
     """Fine-tune (unless RESULTS/checkpoints/NAME holds this command's models), score every
     budget at every factor, write RESULTS/NAME.json (through a temporary name)."""
     base, method = parse_cell_name(name)
-    results = Path(results)
+    results = Path(results).resolve()  # finetune.py runs from the repository root, wherever we are
     out = results / "checkpoints" / name
     cmd = finetune_command(base, method, plan, out, threads)
     t0 = time.time()
