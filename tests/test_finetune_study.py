@@ -23,7 +23,7 @@ import pytest
 from conftest import HANG_GUARD_S, ROOT, SHARED, run_ok
 
 TOOL = [sys.executable, str(ROOT / "tools" / "finetune_study.py")]
-CELLS = ["ft-bundled_linear_4x", "ft-bundled_ntk_4x", "ft-bundled_yarn_4x"]
+CELLS = ["ft-bundled_linear_4x", "ft-bundled_ntk_4x", "ft-bundled_yarn_4x", "ft-bundled_continued_1x"]
 
 
 def need_books():
@@ -63,12 +63,18 @@ def test_cells_and_their_scores(quick, tmp_path):
         rec = json.loads((results / f"{name}.json").read_text())
         assert [b["steps"] for b in rec["budgets"]] == [1, 2]
         assert (results / "checkpoints" / name / "step-1" / "model.bin").is_file()
+        control = rec["method"] == "continued"
+        assert rec["E"] == (256 if control else 1024)
         for b in rec["budgets"]:
             assert [r["k"] for r in b["rows"]] == [1, 4] and [r["ctx"] for r in b["rows"]] == [256, 1024]
-            for r in b["rows"]:
+            assert ("rows_yarn" in b) == control
+            for r in b["rows"] + b.get("rows_yarn", []):
                 again = rerun(r["command"], results, tmp_path)
                 assert again["ppl"] == r["ppl"] and again["tokens"] == r["tokens"], (name, r["command"])
-                assert r["scaling"] == rec["method"]
+            assert all(r["scaling"] == ("none" if control else rec["method"]) for r in b["rows"])
+            assert all(r["scaling"] == "yarn" and "--rope-factor 4" in r["command"] for r in b.get("rows_yarn", []))
+    summary = json.loads((results / "checkpoints" / CELLS[3] / "summary.json").read_text())
+    assert (summary["seq_len"], summary["batch_size"], summary["rope"]["scaling"]) == (256, 4, "none")
     rope = json.loads(run_ok(results / "checkpoints" / "ft-bundled_linear_4x" / "step-1" / "model.bin",
                              "-m", "rope", "--json").stdout)
     assert (rope["scaling"], rope["factor"]) == ("linear", 4)
@@ -99,13 +105,14 @@ def test_collected_outputs(quick):
     tmp, _ = quick
     out = tmp / "out"
     table = (out / "finetune.md").read_text()
+    assert "| control | continued at L, 2 steps, then training-free YaRN factor 4 |" in table
     for m in ("linear", "ntk", "yarn"):
         assert f"| {m} | training-free (factor k) |" in table
         for steps in (1, 2):
             assert f"| {m} | {'fine-tuned 1 step' if steps == 1 else 'fine-tuned 2 steps'} (factor 4) |" in table
     assert "missing" not in table.split("### Costs")[0]
     saved = json.loads((out / "finetune.json").read_text())
-    assert sorted(c["cell"] for c in saved["cells"]) == CELLS and saved["missing"] == []
+    assert sorted(c["cell"] for c in saved["cells"]) == sorted(CELLS) and saved["missing"] == []
     assert (out / "finetune.png").stat().st_size > 10000
 
 
@@ -116,7 +123,7 @@ def test_collect_marks_a_missing_cell(quick, tmp_path):
     (part / f"{CELLS[1]}.json").write_text((tmp / "results" / f"{CELLS[1]}.json").read_text())
     p = tool("--collect", str(part), "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
-    assert "missing ft-bundled_linear_4x, ft-bundled_yarn_4x" in p.stderr
+    assert "missing ft-bundled_linear_4x, ft-bundled_yarn_4x, ft-bundled_continued_1x" in p.stderr
     assert "| linear | fine-tuned 1 step (factor 4) | missing | missing |" in (tmp_path / "out" / "finetune.md").read_text()
 
 
@@ -124,7 +131,8 @@ def test_list_and_bad_cell():
     p = tool("--list", "--results", "R")
     assert p.returncode == 0
     lines = p.stdout.splitlines()
-    assert len(lines) == 6 and all(" --cell ft-" in x and x.endswith("--results R") for x in lines)
+    assert len(lines) == 8 and all(" --cell ft-" in x and x.endswith("--results R") for x in lines)
+    assert sum("_continued_1x" in x for x in lines) == 2
     p = tool("--cell", "ft-bundled_dynamic_4x")
     err = p.stderr.strip().splitlines()
     assert p.returncode == 1 and len(err) == 1 and "expected ft-BASE_METHOD_4x" in err[0], err

@@ -20,6 +20,11 @@ exactly a 25-step fine-tune's (tests/test_finetune.py checks that equality), and
 run per cell gives the three budgets. Methods: linear (position interpolation), ntk
 and yarn.
 
+The control, ft-BASE_continued_1x: the same steps and tokens at L = 256 (16 windows
+of 256 tokens a step) with plain RoPE. It is scored as it is and with training-free
+YaRN at factor 4 on top, so that what a fine-tune at 4x owes to its longer windows
+is told apart from what it owes to more training.
+
 Outputs (in --out, default docs/extrapolation/):
     finetune.json   every cell: the fine-tune's command, steps, tokens and CPU time,
                     each budget's scores, and the training-free rows compared
@@ -62,6 +67,12 @@ import extrapolation as ex  # noqa: E402  (the study's texts, commands, interval
 CELL_FORMAT = "finetune-cell/1"
 K_FT = 4  # the fine-tuning context, E = K_FT * L
 METHODS = ("linear", "ntk", "yarn")
+# The control: the same steps and tokens at L (windows of L, K_FT times as many a
+# step) with plain RoPE, so that what a fine-tune at 4x gains from its longer
+# windows is told apart from what any further training gains. Scored as it is
+# (plain RoPE) and with training-free YaRN at factor K_FT on top.
+CONTROL = "continued"
+CONTROL_FLAGS = ["--rope-scaling", "yarn", "--rope-factor", str(K_FT)]
 BASES = {
     "bundled": dict(ckpt="models/model.bin", kind="ppl", extra=[]),
     "retrieval": dict(ckpt="models/retrieval/model.bin", kind="passkey",
@@ -75,25 +86,35 @@ QUICK = dict(steps=(1, 2), batch=1, factors=(1, 4), bases=("bundled",), books=("
 
 
 def cell_name(base, method):
-    return f"ft-{base}_{method}_{K_FT}x"
+    """ft-bundled_yarn_4x; the control ft-bundled_continued_1x."""
+    return f"ft-{base}_{method}_{1 if method == CONTROL else K_FT}x"
 
 
 def parse_cell_name(name):
     """(base, method) of a cell name; ValueError if it is not one."""
-    parts = name.split("_")
-    if len(parts) != 3 or not parts[0].startswith("ft-") or parts[0][3:] not in BASES or parts[1] not in METHODS \
-            or parts[2] != f"{K_FT}x":
-        raise ValueError(f"cell {name!r}: expected ft-BASE_METHOD_{K_FT}x with BASE one of {', '.join(BASES)} and "
-                         f"METHOD one of {', '.join(METHODS)}")
-    return parts[0][3:], parts[1]
+    for base in BASES:
+        for method in METHODS + (CONTROL,):
+            if name == cell_name(base, method):
+                return base, method
+    raise ValueError(f"cell {name!r}: expected ft-BASE_METHOD_{K_FT}x with BASE one of {', '.join(BASES)} and "
+                     f"METHOD one of {', '.join(METHODS)}, or ft-BASE_{CONTROL}_1x")
+
+
+def fine_tune_shape(method, plan):
+    """(seq_len, scaling, windows per step) of a cell's fine-tune: the method at K_FT L,
+    or the control at L with K_FT times the windows (the same tokens a step)."""
+    if method == CONTROL:
+        return 256, "none", plan["batch"] * K_FT
+    return K_FT * 256, method, plan["batch"]
 
 
 def finetune_command(base, method, plan, out, threads):
     """tools/finetune.py's command line for one cell (run from the repository root)."""
     b = BASES[base]
     steps = plan["steps"]
+    seq_len, scaling, batch = fine_tune_shape(method, plan)
     cmd = [".venv/bin/python", "tools/finetune.py", b["ckpt"]] + b["extra"] + [
-        "--seq-len", str(K_FT * 256), "--rope-scaling", method, "--batch-size", str(plan["batch"]),
+        "--seq-len", str(seq_len), "--rope-scaling", scaling, "--batch-size", str(batch),
         "--max-steps", str(steps[-1])]
     if len(steps) > 1:
         cmd += ["--save-at"] + [str(s) for s in steps[:-1]]
@@ -124,17 +145,18 @@ def eval_study(base, plan, work):
     return studies[0]
 
 
-def score(ckpt, shown_ckpt, study, k, threads, where):
-    """One context's score of a fine-tuned model, run with its header's scaling; the
-    command as shown names the model shown_ckpt."""
+def score(ckpt, shown_ckpt, study, k, threads, where, flags=()):
+    """One context's score of a fine-tuned model, run with its header's scaling (or
+    flags); the command as shown names the model shown_ckpt."""
     E = study.ctx(k)
     if study.kind == "ppl":
-        cmd = ex.ppl_command(ckpt, None, study.text, E, [])
+        cmd = ex.ppl_command(ckpt, None, study.text, E, flags)
         r = ex.run_json(cmd, threads)
         keep = ("tokens", "windows", "nll", "nll_se", "nll_se_windows", "ppl", "ppl_lo", "ppl_hi", "scaling")
         r = {key: r[key] for key in keep if key in r}
     else:
-        cmd = ex.passkey_command(ckpt, None, study.filler, E, E - study.answer_tokens, study.depths, study.trials, [])
+        cmd = ex.passkey_command(ckpt, None, study.filler, E, E - study.answer_tokens, study.depths, study.trials,
+                                 flags)
         r = ex.run_json(cmd, threads)
         r = dict(cells=[dict(depth=c["depth"], correct=c["correct"], trials=len(c["trials"])) for c in r["cells"]])
         r["correct"] = sum(c["correct"] for c in r["cells"])
@@ -155,7 +177,8 @@ def run_cell(name, plan, threads, results):
     done = summary_file.is_file() and all(snapshot(out, s, plan).is_file() for s in plan["steps"])
     if done:
         have = json.loads(summary_file.read_text())
-        want = dict(steps=plan["steps"][-1], batch_size=plan["batch"], seq_len=K_FT * 256, scaling=method)
+        seq_len, scaling, batch = fine_tune_shape(method, plan)
+        want = dict(steps=plan["steps"][-1], batch_size=batch, seq_len=seq_len, scaling=scaling)
         got = dict(steps=have["steps"], batch_size=have["batch_size"], seq_len=have["seq_len"],
                    scaling=have["rope"]["scaling"])
         if got != want:
@@ -183,12 +206,15 @@ def run_cell(name, plan, threads, results):
             rows = [score(ckpt, shown_ckpt, study, k, threads, where) for k in plan["factors"]]
             budgets.append(dict(steps=steps, tokens=steps * plan["batch"] * K_FT * study.L,
                                 checkpoint=str(ckpt.relative_to(results)), rows=rows))
+            if method == CONTROL:  # and with training-free YaRN at factor K_FT (from 1x on, as a fine-tune's factor)
+                budgets[-1]["rows_yarn"] = [score(ckpt, shown_ckpt, study, k, threads, where, CONTROL_FLAGS)
+                                            for k in plan["factors"]]
             shown = ", ".join(f"{ex.factor_label(r['k'])} " + (f"{r['ppl']:.2f}" if "ppl" in r else
                                                               f"{r['correct']}/{r['trials']}") for r in rows)
             print(f"finetune_study: {name}, {steps} steps: {shown}", file=sys.stderr, flush=True)
     shown_cmd = " ".join(shlex.quote(str(a)) for a in cmd).replace(str(results), "RESULTS")
     rec = dict(format=CELL_FORMAT, cell=name, plan=plan, base=base, method=method, kind=BASES[base]["kind"],
-               L=study.L, E=K_FT * study.L, text=study.text.name if study.text else None,
+               L=study.L, E=fine_tune_shape(method, plan)[0], text=study.text.name if study.text else None,
                depths=list(study.depths), trials=study.trials,
                finetune_command=shown_cmd, finetune_cpu_s=round(summary["train_cpu_s"], 1),
                finetune_wall_s=round(summary["train_wall_s"], 1), threads=threads, reused_finetune=done,
@@ -199,7 +225,7 @@ def run_cell(name, plan, threads, results):
 
 
 def all_cells(plan):
-    return [cell_name(b, m) for b in plan["bases"] for m in METHODS]
+    return [cell_name(b, m) for b in plan["bases"] for m in METHODS + (CONTROL,)]
 
 
 def cell_command(name, quick, results):
@@ -272,9 +298,22 @@ def tables(cells, plan, free):
                 by_k = {r["k"]: r for r in b["rows"]}
                 lines.append(f"| {m} | {budget_label(steps)} | "
                              + " | ".join(cell_text(by_k.get(k), kind) for k in factors) + " |")
+        rec = cells.get(cell_name(base, CONTROL))
+        for key, what in (("rows", "plain RoPE"), ("rows_yarn", f"then training-free YaRN factor {K_FT}")):
+            for steps in plan["steps"]:
+                label = f"{CONTROL} at L, {steps} step{'s' if steps != 1 else ''}, {what}"
+                if rec is None:
+                    lines.append(f"| control | {label} | " + " | ".join("missing" for _ in factors) + " |")
+                    continue
+                b = next(b for b in rec["budgets"] if b["steps"] == steps)
+                by_k = {r["k"]: r for r in b[key]}
+                lines.append(f"| control | {label} | " + " | ".join(cell_text(by_k.get(k), kind) for k in factors)
+                             + " |")
         base_1x = free.get((base, "none", 1))
+        lines += ["", f"The control continues training at L = 256 with plain RoPE for the same steps and tokens "
+                      f"({K_FT} times the windows of a step, each a quarter as long)."]
         if base_1x is not None:
-            lines += ["", f"The base model at 1x: {cell_text(base_1x, kind)}."]
+            lines += [f"The base model at 1x: {cell_text(base_1x, kind)}."]
         lines.append("")
     lines += ["### Costs", "", "| cell | steps | tokens | fine-tune CPU time | threads | scoring and all, wall |",
               "|---|---:|---:|---:|---:|---:|"]
@@ -334,6 +373,15 @@ def plot(cells, plan, free, out):
                 ax_ctx.errorbar([256 * p[0] for p in pr], [p[1] for p in pr],
                                 yerr=[[p[1] - p[2] for p in pr], [p[3] - p[1] for p in pr]], color=color,
                                 marker="o", ms=4, capsize=3, label=f"{m}, {budget_label(last['steps'])}")
+        ctrl = cells.get(cell_name(base, CONTROL))
+        if ctrl:  # the control with YaRN factor K_FT on top, at K_FT x, against its steps
+            pts = [(0,) + value(free[(base, "yarn", K_FT)], kind)] if (base, "yarn", K_FT) in free else []
+            pts += [(b["steps"],) + value(next(r for r in b["rows_yarn"] if r["k"] == K_FT), kind)
+                    for b in ctrl["budgets"]]
+            ax_steps.errorbar([xs_steps.index(p[0]) + 0.06 for p in pts], [p[1] for p in pts],
+                              yerr=[[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]], marker="s", ms=4,
+                              capsize=3, color="grey", ls="--",
+                              label=f"control: trained on at L, then yarn factor {K_FT} training-free")
         r1 = free.get((base, "none", 1))
         ylabel = "perplexity (bars: 95% interval)" if kind == "ppl" else "passkey accuracy (bars: 95% Wilson)"
         if r1 is not None:
