@@ -433,7 +433,9 @@ def collect(folders, out, free_from=None):
              f"{plan['batch']} window{'s' if plan['batch'] > 1 else ''} of {K_FT * 256} tokens, a constant rate "
              f"2e-4 after a {warmup(plan)}-step warmup; the "
              f"fine-tuned models run with the factor they were trained with ({K_FT}; ntk alpha {2 * K_FT}) at "
-             "every context, the training-free rows with factor k (results.json). Intervals: 95%, as in table.md."
+             "every context, the training-free rows with factor k (results.json). Intervals: 95%, as in table.md; "
+             "the rows of a column score the same tokens (or keys), so their differences are more certain than "
+             "either interval."
              + (f" Missing: {', '.join(missing)}." if missing else ""), ""]
     if not free:
         lines += [f"(No results.json in {ex.shown_folder(free_from or out)}: the training-free rows are empty.)", ""]
