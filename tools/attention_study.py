@@ -63,6 +63,7 @@ TOKENS = dict(bundled=16384, smollm2=K_MAX * 8192 - 1)  # text tokens (smollm2: 
 
 
 def cells_of(study):
+    """(method, k) of a study's cells, the same for every study: none at 1x, every method at K_MAX."""
     return [(m, k) for k in (1, K_MAX) for m in METHODS if k == K_MAX or m == "none"]
 
 
@@ -169,8 +170,10 @@ def run_cell(name, threads, results):
             parts.append(json.loads(stats_file.read_text()))
         stats = merge_stats(parts) if len(parts) > 1 else parts[0]
         ppl = ex.combine_scores(ppls) if len(ppls) > 1 else ppls[0]
-        shown_text = "segment-NNNN.txt" if len(texts) > 1 else text
-        shown = ex.Where(work).command([shown_text if c == text else f"{name}.stats.json" if c == stats_file else c
+        shown_text = "segment-NNNN.txt" if len(texts) > 1 else Path(study.text).name
+        if len(texts) == 1:
+            stats["file"] = shown_text  # run wrote the temporary folder's path
+        shown = ex.Where(work).command([shown_text if c in texts else f"{name}.stats.json" if c == stats_file else c
                                         for c in cmd])
         recipe = study.text_recipe + ([f"segments of {study.ctx(k)} tokens: tools/extrapolation.py --stream-cell "
                                        f"--segments DIR cuts them"] if len(texts) > 1 else [])
@@ -331,8 +334,8 @@ def collect(folders, out, studies):
     missing = [n for n in expected if n not in cells]
     lines = ["# Extrapolation study: attention statistics", "",
              "Made by `.venv/bin/python tools/attention_study.py` (its docstring says what a cell is): "
-             "`run -m ppl --attn-stats` on one window of 4L tokens of the held-out books, each method at 4x "
-             "beside plain RoPE at 1x. Entropy in nats of the attention weights per query, mean over the "
+             "`run -m ppl --attn-stats` on a prefix of the held-out books (bundled: the perplexity study's "
+             "16,383 tokens; SmolLM2: one window of 4L), each method at 4x beside plain RoPE at 1x. Entropy in nats of the attention weights per query, mean over the "
              "queries of a position bucket, then over layers and heads; mass: the share of the weights on keys "
              "at each distance bucket, mean over queries, layers and heads."
              + (f" Missing: {', '.join(missing)}." if missing else ""), ""]
