@@ -951,3 +951,13 @@ def test_listed_command_runs_one_cell_and_collect_shows_the_rest_missing(tmp_pat
     table = (out / "table.md").read_text()
     assert f"| yarn | missing | {ex.fmt(rec['result']['ppl'])} [" in table
     assert len(_json.loads((out / "results.json").read_text())["meta"]["missing"]) == 17
+    # the file keeps the NLL curve's bins, not a value per position
+    assert "per_position" not in rec["result"] and rec["result"]["position_bins"][0]["first"] == 1
+    # a cell made with other settings of its study is refused before anything runs
+    rec["study"]["tokens"] = 999
+    (tmp_path / "cells" / "bundled_yarn_4x.json").write_text(_json.dumps(rec))
+    with pytest.raises(SystemExit) as e:
+        ex.main(["--quick", "--studies", "bundled", "--tokens", "64", "--results", str(tmp_path / "cells"),
+                 "--out", str(tmp_path / "out2")])
+    assert "made with other settings of study bundled" in str(e.value)
+    assert not (tmp_path / "out2").exists() and len(list((tmp_path / "cells").glob("*.json"))) == 1

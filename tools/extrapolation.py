@@ -1688,10 +1688,14 @@ def study_main(plan, out, n_jobs, threads, results):
             have, where = read_cells([results]) if results.is_dir() and any(results.glob("*.json")) else ({}, {})
         except ValueError as e:
             sys.exit(f"extrapolation: {e}")
+        records = {s.name: json.loads(json.dumps(study_record(s))) for s in studies}
         for name, rec in have.items():
             if rec["plan"] != plan:
                 sys.exit(f"extrapolation: {where[name]}: made by another plan ({' '.join(plan_args(rec['plan']))})"
                          f"; give another --results folder")
+            if rec["study"]["name"] in records and rec["study"] != records[rec["study"]["name"]]:
+                sys.exit(f"extrapolation: {where[name]}: made with other settings of study {rec['study']['name']} "
+                         "(its text, tokens, methods or factors changed since); move it away to run it again")
         todo = [j for j in jobs if j["name"] not in have]
         print(f"extrapolation: {len(jobs)} cells, {n_jobs} at a time, {threads} thread{'s' if threads != 1 else ''} "
               f"each" + (f"; {len(jobs) - len(todo)} already in {results}" if len(todo) < len(jobs) else ""),
