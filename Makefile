@@ -305,11 +305,16 @@ test: build test-c sanitize fuzz-smoke test-py
 # docs/extrapolation/attention-cells/.
 EXTRAPOLATION_ARGS ?=
 EXTRAPOLATION_JOBS ?=
-EXTRAPOLATION_CELLS = $(if $(findstring --quick,$(EXTRAPOLATION_ARGS)),,--results docs/extrapolation/cells)
+# A mode of extrapolation.py alone (--replot, --list, --collect, --cell,
+# --studies ...) runs neither of the other two tools.
+EXTRAPOLATION_QUICK = $(findstring --quick,$(EXTRAPOLATION_ARGS))
+EXTRAPOLATION_ALONE = $(filter --replot --list --collect --cell --studies --stream-cell --tokens --passkey-model --out,$(EXTRAPOLATION_ARGS))
+EXTRAPOLATION_CELLS = $(if $(EXTRAPOLATION_QUICK)$(EXTRAPOLATION_ALONE),,--results docs/extrapolation/cells)
+EXTRAPOLATION_J = $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS))
 extrapolation: build venv
-	$(PYTHON) tools/extrapolation.py $(EXTRAPOLATION_CELLS) $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) $(EXTRAPOLATION_ARGS)
-	$(PYTHON) tools/finetune_study.py $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) $(if $(findstring --quick,$(EXTRAPOLATION_ARGS)),--quick --results results/finetune-quick,--results results/finetune)
-	$(if $(findstring --quick,$(EXTRAPOLATION_ARGS)),,$(PYTHON) tools/attention_study.py $(if $(EXTRAPOLATION_JOBS),--jobs $(EXTRAPOLATION_JOBS)) --results docs/extrapolation/attention-cells)
+	$(PYTHON) tools/extrapolation.py $(EXTRAPOLATION_CELLS) $(EXTRAPOLATION_J) $(EXTRAPOLATION_ARGS)
+	$(if $(EXTRAPOLATION_ALONE),,$(PYTHON) tools/finetune_study.py $(EXTRAPOLATION_J) $(if $(EXTRAPOLATION_QUICK),--quick --results results/finetune-quick,--results results/finetune))
+	$(if $(EXTRAPOLATION_ALONE)$(EXTRAPOLATION_QUICK),,$(PYTHON) tools/attention_study.py $(EXTRAPOLATION_J) --results docs/extrapolation/attention-cells)
 
 # The benchmark (tools/bench.py): random checkpoints shaped like stories15M,
 # 42M and 110M and SmolLM2 (when models/smollm2 is there), f32 and q8_0, 1 and
