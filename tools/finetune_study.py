@@ -47,7 +47,7 @@ RESULTS/checkpoints/NAME/ (model.bin after the largest budget, step-N/model.bin
 after N steps); a cell whose fine-tune is already there only scores it. Cells run
 anywhere with the same checkout, models and ../shared, in any order; --collect reads
 them from any number of folders (a cell missing is shown as missing). The training-
-free rows come from --out's results.json (tools/extrapolation.py).
+free rows come from docs/extrapolation/results.json (tools/extrapolation.py).
 """
 import concurrent.futures
 import json
@@ -196,6 +196,9 @@ def run_cell(name, plan, threads, results):
         if p.returncode != 0:
             raise RuntimeError(f"{name}: tools/finetune.py exit {p.returncode}: {last or 'no message'}")
     summary = json.loads(summary_file.read_text())
+    answer_nll = None  # the passkey answer tokens' training loss at the end (the last log record's EMA)
+    for line in (out / "log.jsonl").read_text().splitlines():
+        answer_nll = json.loads(line).get("answer_nll_ema", answer_nll)
     with tempfile.TemporaryDirectory() as work:
         study = eval_study(base, plan, work)
         where = ex.Where(work)
@@ -218,6 +221,7 @@ def run_cell(name, plan, threads, results):
                depths=list(study.depths), trials=study.trials,
                finetune_command=shown_cmd, finetune_cpu_s=round(summary["train_cpu_s"], 1),
                finetune_wall_s=round(summary["train_wall_s"], 1), threads=threads, reused_finetune=done,
+               final_answer_nll=answer_nll,
                wall_s=round(time.time() - t0, 1), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                budgets=budgets)
     ex.write_cell_file(results / f"{name}.json", rec)
@@ -228,9 +232,9 @@ def all_cells(plan):
     return [cell_name(b, m) for b in plan["bases"] for m in METHODS + (CONTROL,)]
 
 
-def cell_command(name, quick, results):
+def cell_command(name, quick, threads, results):
     args = [".venv/bin/python", "tools/finetune_study.py", "--cell", name] + (["--quick"] if quick else []) + \
-        ["--results", str(results)]
+        ["--threads", str(threads), "--results", str(results)]
     return " ".join(shlex.quote(a) for a in args)
 
 
@@ -315,17 +319,19 @@ def tables(cells, plan, free):
         if base_1x is not None:
             lines += [f"The base model at 1x: {cell_text(base_1x, kind)}."]
         lines.append("")
-    lines += ["### Costs", "", "| cell | steps | tokens | fine-tune CPU time | threads | scoring and all, wall |",
-              "|---|---:|---:|---:|---:|---:|"]
+    lines += ["### Costs", "", "| cell | steps | tokens | fine-tune CPU time | threads | scoring and all, wall | "
+              "answer tokens' training loss at the end |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name in all_cells(plan):
         rec = cells.get(name)
         if rec is None:
-            lines.append(f"| {name} | missing | | | | |")
+            lines.append(f"| {name} | missing | | | | | |")
             continue
         last = rec["budgets"][-1]
         lines.append(f"| {name} | {last['steps']} | {last['tokens']:,} | {rec['finetune_cpu_s'] / 60:.1f} min | "
                      f"{rec['threads']} | {rec['wall_s'] / 60:.1f} min"
-                     + (" (fine-tune reused)" if rec["reused_finetune"] else "") + " |")
+                     + (" (fine-tune reused)" if rec["reused_finetune"] else "") + " | "
+                     + (f"{rec['final_answer_nll']:.3f} nats" if rec.get("final_answer_nll") is not None else "")
+                     + " |")
     lines += ["", "Commands (from the repository root; each cell's file and models go to RESULTS):", ""]
     for name in all_cells(plan):
         rec = cells.get(name)
@@ -473,7 +479,7 @@ def main(argv=None):
             sys.exit("finetune_study: run not found; build it with `make`")
         if args.list:
             for name in all_cells(plan):
-                print(cell_command(name, args.quick, results))
+                print(cell_command(name, args.quick, args.threads, results))
             return
         if args.cell:
             try:
@@ -485,7 +491,14 @@ def main(argv=None):
             run_cell(args.cell, plan, args.threads, results)
             print(f"finetune_study: wrote {results / (args.cell + '.json')}", file=sys.stderr)
             return
-        names = all_cells(plan)
+        names = []
+        for n in all_cells(plan):  # a cell whose file is there, of this plan, is not run again
+            f = results / f"{n}.json"
+            if f.is_file():
+                if json.loads(f.read_text()).get("plan") != json.loads(json.dumps(plan)):
+                    sys.exit(f"finetune_study: {f}: made by another plan; give another --results folder")
+                continue
+            names.append(n)
         jobs = args.jobs or max(1, (os.cpu_count() or 1) // args.threads)
         t0 = time.time()
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
