@@ -41,7 +41,6 @@ Usage:
 Each cell writes RESULTS/NAME.json (NAME: attn-STUDY_METHOD_Kx); the default
 --studies is bundled alone.
 """
-import concurrent.futures
 import json
 import math
 import os
@@ -363,8 +362,7 @@ def main(argv=None):
     try:
         if args.collect:
             files, missing = collect(args.collect, out, STUDIES)
-            print(f"attention_study: wrote {', '.join(files)} in {out}"
-                  + (f"; missing {', '.join(missing)}" if missing else ""), file=sys.stderr)
+            ex.report_written("attention_study", files, out, missing)
             return
         if not ex.RUN.is_file():
             sys.exit("attention_study: run not found; build it with `make`")
@@ -383,11 +381,9 @@ def main(argv=None):
             return
         jobs = args.jobs or max(1, (os.cpu_count() or 1) // args.threads)
         todo = [n for n in names if not (results / f"{n}.json").is_file()]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            for f in concurrent.futures.as_completed([pool.submit(run_cell, n, args.threads, results) for n in todo]):
-                f.result()
+        ex.run_pool("attention_study", todo, lambda n: run_cell(n, args.threads, results), jobs)
         files, missing = collect([results], out, studies)
-        print(f"attention_study: wrote {', '.join(files)} in {out}", file=sys.stderr)
+        ex.report_written("attention_study", files, out, missing)
     except (RuntimeError, ValueError) as e:
         sys.exit(f"attention_study: {e}")
 

@@ -1403,6 +1403,25 @@ def check_fanout_args(args, tool):
         if v is not None and v < 1:
             sys.exit(f"{tool}: {flag} {v}: expected at least 1")
 
+def run_pool(tool, names, run, jobs):
+    """run(name) for every name, `jobs` at a time, a progress line per cell done
+    (the fine-tune and attention studies; this study's own cells go through
+    run_cells, which also estimates the time left)."""
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run, n): n for n in names}
+        for i, f in enumerate(concurrent.futures.as_completed(futures), 1):
+            f.result()
+            print(f"{tool}: [{i}/{len(names)}] {futures[f]} done, {clock(time.time() - t0)} elapsed",
+                  file=sys.stderr, flush=True)
+
+
+def report_written(tool, files, out, missing=()):
+    """The closing line of a collect: the files written, and the cells missing."""
+    print(f"{tool}: wrote {', '.join(files)} in {out}" + (f"; missing {', '.join(missing)}" if missing else ""),
+          file=sys.stderr)
+
+
 def clock(seconds):
     """42 s, 3.5 min, 1.2 h."""
     if seconds < 90:

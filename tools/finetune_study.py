@@ -49,7 +49,6 @@ anywhere with the same checkout, models and ../shared, in any order; --collect r
 them from any number of folders (a cell missing is shown as missing). The training-
 free rows come from docs/extrapolation/results.json (tools/extrapolation.py).
 """
-import concurrent.futures
 import json
 import math
 import os
@@ -472,8 +471,7 @@ def main(argv=None):
     try:
         if args.collect:
             files, missing = collect(args.collect, out, free_from)
-            print(f"finetune_study: wrote {', '.join(files)} in {out}"
-                  + (f"; missing {', '.join(missing)}" if missing else ""), file=sys.stderr)
+            ex.report_written("finetune_study", files, out, missing)
             return
         if not ex.RUN.is_file():
             sys.exit("finetune_study: run not found; build it with `make`")
@@ -500,15 +498,9 @@ def main(argv=None):
                 continue
             names.append(n)
         jobs = args.jobs or max(1, (os.cpu_count() or 1) // args.threads)
-        t0 = time.time()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(run_cell, n, plan, args.threads, results): n for n in names}
-            for i, f in enumerate(concurrent.futures.as_completed(futures), 1):
-                f.result()
-                print(f"finetune_study: [{i}/{len(names)}] {futures[f]} done, {ex.clock(time.time() - t0)} elapsed",
-                      file=sys.stderr, flush=True)
+        ex.run_pool("finetune_study", names, lambda n: run_cell(n, plan, args.threads, results), jobs)
         files, missing = collect([results], out, free_from)
-        print(f"finetune_study: wrote {', '.join(files)} in {out}", file=sys.stderr)
+        ex.report_written("finetune_study", files, out, missing)
     except (RuntimeError, ValueError) as e:
         sys.exit(f"finetune_study: {e}")
 
