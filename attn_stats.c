@@ -5,10 +5,12 @@
  * JSON layout.
  *
  * The flow: ppl.c builds the statistics, hangs them on the run state
- * (RunState.attn_stats, which makes block_limit 1), and before each token
- * says whether its query is scored (attn_stats_count); forward_block calls
- * attn_stats_add after each layer's attention with the one query's weights;
- * ppl.c writes the JSON at the end (attn_stats_write).
+ * (RunState.attn_stats), and before each window says from which position its
+ * queries are scored (attn_stats_count); attention hands attention_block the
+ * tally (attn_stats_tally), and forward_block calls attn_stats_add after
+ * each layer's attention, which sums each counted query's row (made from the
+ * one query's weights when B = 1); ppl.c writes the JSON at the end
+ * (attn_stats_write).
  */
 #define _POSIX_C_SOURCE 200809L /* model.h's read_file: fdopen */
 #include <math.h>
@@ -23,30 +25,36 @@ AttnStats *attn_stats_new(const Transformer *t, int n_positions) {
     AttnStats *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->t = t;
-    s->counting = 1;
     s->n_pos = ppl_buckets(s->pos, t->rope.orig_ctx, n_positions);
     s->n_dist = ppl_buckets(s->dist, t->rope.orig_ctx, t->n_ctx); // a key is at most n_ctx - 1 tokens back
-    s->key_bucket = malloc((size_t)t->n_ctx * sizeof(int));
+    s->dist_bucket = malloc((size_t)t->n_ctx * sizeof(int));
+    s->tally = (AttnTally){s->dist_bucket, t->n_ctx, s->n_dist,
+                           malloc((size_t)FORWARD_BLOCK * c->n_heads * (s->n_dist + 2) * sizeof(double))};
     s->entropy = calloc(heads * s->n_pos, sizeof(double));
     s->mass = calloc(heads * s->n_dist, sizeof(double));
     s->sink_mass = calloc(heads, sizeof(double));
-    if (!s->key_bucket || !s->entropy || !s->mass || !s->sink_mass) {
+    if (!s->dist_bucket || !s->tally.out || !s->entropy || !s->mass || !s->sink_mass) {
         attn_stats_free(s);
         return NULL;
     }
+    for (int k = 0; k < s->n_dist; k++)
+        for (int d = s->dist[k].start; d < s->dist[k].end; d++) s->dist_bucket[d] = k;
     return s;
 }
 
 void attn_stats_free(AttnStats *s) {
     if (!s) return;
-    free(s->key_bucket);
+    free(s->dist_bucket);
+    free(s->tally.out);
     free(s->entropy);
     free(s->mass);
     free(s->sink_mass);
     free(s);
 }
 
-void attn_stats_count(AttnStats *s, int counting) { s->counting = counting; }
+void attn_stats_count(AttnStats *s, int first) { s->count_from = first; }
+
+const AttnTally *attn_stats_tally(const AttnStats *s) { return &s->tally; }
 
 /* The bucket of buckets[0..n) that holds x; -1 when none does. */
 static int bucket_of(const Bucket *buckets, int n, int x) {
@@ -55,45 +63,56 @@ static int bucket_of(const Bucket *buckets, int n, int x) {
     return -1;
 }
 
-/* Start the query at position pos: count it in its position bucket, and give
- * every cache slot it reads its distance bucket. A key's distance is q - j,
- * its position's distance from the query's in tokens; the cache's places
- * (cache_place) give it for every key strategy: slot j's place is j, except
- * in the rolling cache of sinks, where a key's place is as far from the
- * newest place as its token is from the query's. The sinks themselves (slots
- * below n_sinks) are marked -1. Both bucket lists cover every position and
- * distance the run reaches (attn_stats_new), so each lookup finds one. */
-static void start_query(AttnStats *s, int pos) {
+/* One query's tally rows (B = 1), from its weights: p, rows of n_ctx floats
+ * per head over the cache slots it reads, 0..place. A key's distance is
+ * q - j, its position's distance from the query's in tokens; the cache's
+ * places (cache_place) give it for every key strategy: slot j's place is j,
+ * except in the rolling cache of sinks, where a key's place is as far from
+ * the newest place as its token is from the query's. The sinks themselves
+ * (slots below n_sinks) go to the sinks' slot. */
+static void rows_from_weights(AttnStats *s, int pos, const float *weights) {
     const Transformer *t = s->t;
-    int slot = cache_slot(t, pos), place = cache_place(t, slot, pos);
+    const Config *c = &t->config;
+    int slot = cache_slot(t, pos), place = cache_place(t, slot, pos), step = s->n_dist + 2, h;
     int n_sinks = t->keys == KEYS_SINKS ? t->pos.n_sinks : 0;
-    s->n_keys = place + 1;
-    s->query_bucket = bucket_of(s->pos, s->n_pos, pos);
-    s->pos[s->query_bucket].tokens++;
-    s->n_queries++;
-    for (int j = 0; j < s->n_keys; j++)
-        s->key_bucket[j] = j < n_sinks ? -1 : bucket_of(s->dist, s->n_dist, place - cache_place(t, j, pos));
+    // one head per thread, each writing only its own row; a log per key
+#pragma omp parallel for private(h) if ((long)c->n_heads * (place + 1) >= PARALLEL_MIN_WORK)
+    for (h = 0; h < c->n_heads; h++) {
+        const float *p = weights + (size_t)h * t->n_ctx;
+        double *row = s->tally.out + (size_t)h * step;
+        double sum_plogp = 0, sum_p = 0, sinks = 0;
+        for (int k = 1; k <= s->n_dist; k++) row[k] = 0.0;
+        for (int j = 0; j <= place; j++) {
+            if (p[j] <= 0.0f) continue; // a key the window leaves out, or a weight that underflowed: 0 ln 0 = 0
+            sum_plogp += p[j] * log((double)p[j]);
+            sum_p += p[j];
+            if (j < n_sinks) sinks += p[j];
+            else row[1 + s->dist_bucket[place - cache_place(t, j, pos)]] += p[j];
+        }
+        // the weights renormalized in double (softmax's float sum over thousands of keys is off by
+        // about 1e-6): with P = p / sum_p, H = -sum P ln P = ln sum_p - sum p ln p / sum_p
+        row[0] = log(sum_p) - sum_plogp / sum_p;
+        for (int k = 1; k <= s->n_dist; k++) row[k] /= sum_p;
+        row[1 + s->n_dist] = sinks / sum_p;
+    }
 }
 
-void attn_stats_add(AttnStats *s, int layer, int pos, const float *weights) {
-    if (!s->counting) return;
-    if (layer == 0) start_query(s, pos);
+void attn_stats_add(AttnStats *s, int layer, int pos0, int B, const float *weights) {
     const Config *c = &s->t->config;
-    int n_ctx = s->t->n_ctx, h;
-    // one head per thread, each writing only its own sums; a log per key
-#pragma omp parallel for private(h) if ((long)c->n_heads * s->n_keys >= PARALLEL_MIN_WORK)
-    for (h = 0; h < c->n_heads; h++) {
-        size_t lh = (size_t)layer * c->n_heads + h; // this layer's head h
-        const float *p = weights + (size_t)h * n_ctx;
-        double H = 0, sinks = 0, *mass = s->mass + lh * s->n_dist;
-        for (int j = 0; j < s->n_keys; j++) {
-            if (p[j] <= 0.0f) continue; // a key the window leaves out, or a weight that underflowed: 0 ln 0 = 0
-            H -= p[j] * log((double)p[j]);
-            if (s->key_bucket[j] < 0) sinks += p[j];
-            else mass[s->key_bucket[j]] += p[j];
+    int step = s->n_dist + 2;
+    if (pos0 + B <= s->count_from) return; // no query of the block is counted
+    if (B == 1) rows_from_weights(s, pos0, weights);
+    for (int b = 0; b < B; b++) {
+        int pos = pos0 + b, k = bucket_of(s->pos, s->n_pos, pos);
+        if (pos < s->count_from) continue;
+        if (layer == 0) s->pos[k].tokens++, s->n_queries++;
+        for (int h = 0; h < c->n_heads; h++) {
+            size_t lh = (size_t)layer * c->n_heads + h; // this layer's head h
+            const double *row = s->tally.out + ((size_t)b * c->n_heads + h) * step;
+            s->entropy[lh * s->n_pos + k] += row[0];
+            for (int d = 0; d < s->n_dist; d++) s->mass[lh * s->n_dist + d] += row[1 + d];
+            s->sink_mass[lh] += row[1 + s->n_dist];
         }
-        s->entropy[lh * s->n_pos + s->query_bucket] += H;
-        s->sink_mass[lh] += sinks;
     }
 }
 

@@ -6,9 +6,11 @@
  *   - the attention mass by query-key distance q - j, in the same buckets,
  *     averaged over the queries; with attention sinks the mass on the sink
  *     keys apart.
- * The weights come from run.c's one-query attention path, the only one that
- * keeps them (st->scores after the softmax), so a run that collects them goes
- * one token at a time (block_limit is 1 while RunState.attn_stats is set).
+ * A block's statistics are tallied inside attention_block's online softmax
+ * (kernels.h's AttnTally: the weights are never stored), one query's (B = 1,
+ * and every query in `make reference`) from the one-query path's weights
+ * (st->scores after the softmax); both give each query and head one row of
+ * the same numbers, summed here.
  */
 #ifndef ATTN_STATS_H
 #define ATTN_STATS_H
@@ -20,14 +22,13 @@
 
 struct AttnStats {
     const Transformer *t; // the model whose attention is measured (shapes, key strategy, cache places)
-    int counting;         // 1: the queries that come next are scored and counted (attn_stats_count)
+    int count_from;       // queries at positions >= count_from are counted (attn_stats_count)
     Bucket pos[64];       // query position buckets (start, end; tokens = queries counted there)
     int n_pos;
     Bucket dist[64];      // query-key distance buckets (start, end)
     int n_dist;
-    int query_bucket;     // the current query's position bucket
-    int n_keys;           // the current query's keys: cache slots 0..n_keys-1
-    int *key_bucket;      // (n_ctx) the distance bucket of each slot for the current query; -1 = a sink
+    int *dist_bucket;     // (n_ctx) the distance bucket of each query-key distance
+    AttnTally tally;      // per query and head of a block: H, the mass by distance bucket, the sinks' mass
     double *entropy;      // (n_layers, n_heads, n_pos) entropy summed over the queries counted
     double *mass;         // (n_layers, n_heads, n_dist) weight summed over the queries counted
     double *sink_mass;    // (n_layers, n_heads) weight on the sink keys summed over the queries counted
@@ -39,15 +40,19 @@ struct AttnStats {
  * out. */
 AttnStats *attn_stats_new(const Transformer *t, int n_positions);
 void attn_stats_free(AttnStats *s);
-/* Whether the queries forward_block runs next are counted (scored tokens:
- * 1; the context-only start of an overlapping window: 0). */
-void attn_stats_count(AttnStats *s, int counting);
-/* forward_block's hook, after layer `layer`'s attention for the one query at
- * position pos (in the window; with sinks, in the text): weights holds each
- * head's softmax weights over the cache slots, rows of n_ctx floats
- * (RunState.scores). Called for layers 0, 1, ... in order: layer 0 starts a
- * query. */
-void attn_stats_add(AttnStats *s, int layer, int pos, const float *weights);
+/* Which queries forward_block runs next are counted: those at positions
+ * from `first` on (scored tokens; the context-only start of an overlapping
+ * window is not). */
+void attn_stats_count(AttnStats *s, int first);
+/* The tally attention_block fills for a block (kernels.h). */
+const AttnTally *attn_stats_tally(const AttnStats *s);
+/* forward_block's hook, after layer `layer`'s attention for the B queries at
+ * positions pos0 .. pos0+B-1 (in the window; with sinks, in the text): with
+ * B > 1 attention_block's tally holds their statistics; with B = 1 weights
+ * holds each head's softmax weights over the cache slots, rows of n_ctx
+ * floats (RunState.scores). Called for layers 0, 1, ... in order: layer 0
+ * counts the queries. */
+void attn_stats_add(AttnStats *s, int layer, int pos0, int B, const float *weights);
 /* Write the statistics as one JSON object (docs/long-context.md gives the
  * layout); `text` names the scored file, `stride` the windows' stride (0:
  * streaming). Returns 0, or -1 when a write failed. */

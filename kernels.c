@@ -761,9 +761,12 @@ static void cols_product(float *out, int ldo, const float *w, size_t w_row, size
  * alpha[j] = exp(m_j - m'_j), the factor for the output so far (1 for a query
  * that has seen no key yet). tile_max, shift: scratch, the tile's maximum
  * score and the value subtracted before exp (m', or 0 while m' is -inf:
- * every s is -inf then, and exp gives 0). */
+ * every s is -inf then, and exp gives 0). With statistics (tile_u not NULL;
+ * kernels.h's AttnTally), per query: tile_u[j] = the tile's sum of
+ * e (s - m'), and dm[j] = m - m' (0 before the first key seen). */
 static void online_softmax_tile(float *s, int nk, int nq, int k0, int pos, int window, int n_sinks, float scale,
-                                float *m, float *l, float *alpha, float *tile_max, float *shift) {
+                                float *m, float *l, float *alpha, float *tile_max, float *shift, float *tile_u,
+                                float *dm) {
     for (int j = 0; j < nq; j++) tile_max[j] = -INFINITY;
     // masking is needed on the diagonal tile(s) and at a window's edge only (never on a tile of sinks)
     int masked = k0 + nk - 1 > pos || (window > 0 && k0 < pos + nq - window && k0 >= n_sinks);
@@ -787,8 +790,22 @@ static void online_softmax_tile(float *s, int nk, int nq, int k0, int pos, int w
         float m_new = tile_max[j] > m[j] ? tile_max[j] : m[j];
         alpha[j] = m_new == -INFINITY ? 1.0f : exp_fast(m[j] - m_new); // 0 on the first tile seen
         shift[j] = m_new == -INFINITY ? 0.0f : m_new;
+        if (tile_u) dm[j] = l[j] > 0.0f ? m[j] - m_new : 0.0f, tile_u[j] = 0.0f;
         m[j] = m_new;
         l[j] *= alpha[j];
+    }
+    if (tile_u) { // the same, adding up each weight's e (s - m') (a key not seen: e = 0, s - m' = -inf)
+        for (int c = 0; c < nk; c++) {
+            float *row = s + (size_t)c * ATT_QUERIES;
+#pragma omp simd simdlen(SIMD_FLOATS)
+            for (int j = 0; j < nq; j++) {
+                float x = row[j] - shift[j], e = exp_fast(x);
+                row[j] = e;
+                l[j] += e;
+                tile_u[j] += e > 0.0f ? e * x : 0.0f;
+            }
+        }
+        return;
     }
     for (int c = 0; c < nk; c++) {
         float *row = s + (size_t)c * ATT_QUERIES;
@@ -863,6 +880,52 @@ static void frame_scores(float *s, const QueryFrames *f, int b0, int nq, int pos
     }
 }
 
+/* The statistics' step for a tile (kernels.h's AttnTally), after
+ * online_softmax_tile: rows[j * step ..] is query j's tally row, in which
+ * [0] holds U so far and [1 + k] bucket k's mass so far (then the sinks'),
+ * and sum_l[j] the sum of its weights so far, all before the division by l
+ * and in double (a window's thousands of float terms would lose the 1e-6 the
+ * tests hold). They move to the new maximum (alpha[j], dm[j] = m - m'), and
+ * each weight e = s[c * ATT_QUERIES + j] of the tile (keys k0 .. k0+nk-1,
+ * queries at pos .. pos+nq-1) goes to the bucket of its distance
+ * pos + j - k0 - c, or for rows below n_sinks to the sinks' slot (a tile of
+ * sinks holds only sinks). Most tiles lie in one bucket for all their pairs:
+ * summed in lanes. */
+static void tally_tile(double *rows, int step, double *sum_l, const AttnTally *tally, const float *s,
+                       const float *alpha, const float *dm, const float *tile_u, int nk, int nq, int k0, int pos,
+                       int n_sinks) {
+    int nb = tally->n_buckets;
+    for (int j = 0; j < nq; j++) { // to the new maximum: U' = alpha (U + l (m - m')), each mass and l times alpha
+        double *row = rows + (size_t)j * step, a = alpha[j];
+        row[0] = a * (row[0] + sum_l[j] * dm[j]) + tile_u[j];
+        sum_l[j] *= a;
+        if (a != 1.0)
+            for (int k = 1; k <= nb + 1; k++) row[k] *= a;
+    }
+    // the tile's distances; those below 0 or from n_distances on are keys no query sees (weight 0)
+    int d_lo = pos - (k0 + nk - 1), d_hi = pos + nq - 1 - k0, n_d = tally->n_distances;
+    d_lo = d_lo > 0 ? d_lo : 0, d_hi = d_hi < n_d ? d_hi : n_d - 1;
+    int one = k0 + nk <= n_sinks ? nb : d_hi < d_lo ? -1
+            : tally->bucket[d_lo] == tally->bucket[d_hi] ? tally->bucket[d_hi] : -2;
+    if (one == -1) return; // every key after every query: no weight
+    if (one >= 0) { // one bucket (or the sinks): each query's weights summed, then added
+        float sum[ATT_QUERIES] = {0};
+        for (int c = 0; c < nk; c++) {
+            const float *row = s + (size_t)c * ATT_QUERIES;
+#pragma omp simd simdlen(SIMD_FLOATS)
+            for (int j = 0; j < nq; j++) sum[j] += row[j];
+        }
+        for (int j = 0; j < nq; j++) rows[(size_t)j * step + 1 + one] += sum[j], sum_l[j] += sum[j];
+        return;
+    }
+    for (int c = 0; c < nk; c++)
+        for (int j = 0; j < nq; j++) {
+            int d = pos + j - (k0 + c);
+            float e = s[(size_t)c * ATT_QUERIES + j];
+            if (d >= 0 && d < n_d) rows[(size_t)j * step + 1 + tally->bucket[d]] += e, sum_l[j] += e;
+        }
+}
+
 /* One head, nq <= ATT_QUERIES queries at positions pos .. pos+nq-1
  * (q_j = q + j * ldq, out_j = out + j * ldo; block indices b0 + j), against
  * the keys and values of the head's slice of the caches (from `offset` in
@@ -875,11 +938,13 @@ static void frame_scores(float *s, const QueryFrames *f, int b0, int nq, int pos
  * query and second key t when Self-Extend's pos + j - t >= far, or t is a
  * sink: a tile wholly on that side computes those scores alone, a tile across
  * the line both, and takes each score from its side. With frames the scores
- * come from frame_scores, tiles at multiples of ATT_KEYS. */
+ * come from frame_scores, tiles at multiples of ATT_KEYS. With a tally,
+ * query j's statistics go to tally_rows + j * tally_step (AttnTally's row). */
 static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq, int pos, int window,
                            const void *keys, int key_type, const void *values, int value_type, const float *q2,
                            const SecondQueries *second, const QueryFrames *frames, int b0, size_t offset, int kv_dim,
-                           int head_size, float *scratch) {
+                           int head_size, const AttnTally *tally, double *tally_rows, int tally_step,
+                           float *scratch) {
     size_t hs = (size_t)head_size, Q = ATT_QUERIES;
     float *q_t = scratch, *s = q_t + hs * Q, *pv = s + ATT_KEYS * Q, *o = pv + hs * Q, *k_buf = o + hs * Q;
     float *v_buf = k_buf + ATT_KEYS * hs, *m = v_buf + ATT_KEYS * hs, *l = m + Q, *alpha = l + Q, *tile_max = alpha + Q;
@@ -892,6 +957,13 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
     memset(o, 0, hs * Q * sizeof(float));
     memset(s, 0, ATT_KEYS * Q * sizeof(float)); // the columns past nq stay zero
     for (int j = 0; j < ATT_QUERIES; j++) m[j] = -INFINITY, l[j] = 0.0f;
+    float tile_u[ATT_QUERIES], dm[ATT_QUERIES]; // with a tally: online_softmax_tile's, and the weights'
+    double sum_l[ATT_QUERIES];                  // sum so far (tally_tile)
+    if (tally)
+        for (int j = 0; j < nq; j++) {
+            sum_l[j] = 0.0;
+            memset(tally_rows + (size_t)j * tally_step, 0, (size_t)(tally->n_buckets + 2) * sizeof(double));
+        }
     // query j (position pos + j) sees keys lo_j .. pos + j, lo_j = pos + j + 1 - window (at least 0) with a window
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0, end = pos + nq;
     if (frames) first -= first % ATT_KEYS; // each tile from a multiple of ATT_KEYS: fine rows 0..
@@ -916,7 +988,9 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
                     for (int j = 0; j < nq; j++)
                         if (pos + j - (k0 + c) >= far) s[(size_t)c * Q + j] = s_g[(size_t)c * Q + j];
         }
-        online_softmax_tile(s, nk, nq, k0, pos, window, n_sinks, scale, m, l, alpha, tile_max, shift); // s -> p
+        online_softmax_tile(s, nk, nq, k0, pos, window, n_sinks, scale, m, l, alpha, tile_max, shift, // s -> p
+                            tally ? tile_u : NULL, dm);
+        if (tally) tally_tile(tally_rows, tally_step, sum_l, tally, s, alpha, dm, tile_u, nk, nq, k0, pos, n_sinks);
         cols_product(pv, ATT_QUERIES, v, 1, (size_t)ldv, head_size, nk, s, ATT_QUERIES, nq);             // pv = V^T p
         for (size_t i = 0; i < hs; i++) { // o = o * alpha + pv
             float *oi = o + i * Q;
@@ -929,14 +1003,20 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
     }
     for (int j = 0; j < nq; j++) // out = o / l, back to one row per query
         for (size_t i = 0; i < hs; i++) out[(size_t)j * ldo + i] = o[i * Q + j] / l[j];
+    if (tally) // H = ln l - U / l; each mass / l
+        for (int j = 0; j < nq; j++) {
+            double *row = tally_rows + (size_t)j * tally_step;
+            row[0] = log(sum_l[j]) - row[0] / sum_l[j];
+            for (int k = 1; k < tally->n_buckets + 2; k++) row[k] /= sum_l[j];
+        }
 }
 
 /* kernels.h: every head's tiles of ATT_QUERIES queries are independent work
  * items, split over the threads; each one's result is the same whatever
  * thread computes it. */
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
-                     const SecondQueries *second, const QueryFrames *frames, int B, int pos0, int window, int n_heads,
-                     int n_kv_heads, int head_size, float *scratch, int threads) {
+                     const SecondQueries *second, const QueryFrames *frames, const AttnTally *tally, int B, int pos0,
+                     int window, int n_heads, int n_kv_heads, int head_size, float *scratch, int threads) {
     int dim = n_heads * head_size, kv_dim = n_kv_heads * head_size, kv_mul = n_heads / n_kv_heads;
     int n_tiles = (B + ATT_QUERIES - 1) / ATT_QUERIES, item;
     size_t per_thread = attention_block_floats(head_size);
@@ -954,9 +1034,11 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
 #endif
         size_t at = (size_t)b0 * dim + (size_t)h * head_size; // query b0's head h in q and out
         const float *q2 = second && second->q ? second->q + at : NULL;
+        int step = tally ? tally->n_buckets + 2 : 0; // a tally row; query b0's head h at (b0 n_heads + h) step
+        double *rows = tally ? tally->out + ((size_t)b0 * n_heads + h) * step : NULL;
         attention_tile(out + at, dim, q + at, dim, nq, pos0 + b0, window, keys, key_type, values, value_type, q2,
-                       second, frames, b0, (size_t)(h / kv_mul) * head_size, kv_dim, head_size,
-                       scratch + (size_t)thread * per_thread);
+                       second, frames, b0, (size_t)(h / kv_mul) * head_size, kv_dim, head_size, tally, rows,
+                       n_heads * step, scratch + (size_t)thread * per_thread);
     }
 }
 

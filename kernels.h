@@ -202,9 +202,26 @@ typedef struct {
     int rot_dim, layout;                  // rotated dims per head (partial rotary: the rest pass);
                                           // ROPE_INTERLEAVED | ROPE_NEOX
 } QueryFrames;
+/* Attention statistics of a block (ppl's --attn-stats, attn_stats.h), tallied
+ * inside the online softmax, so that the weights are never stored. Per query
+ * and head, with p_t = exp(s_t - m) / l its weights over the keys it sees:
+ *   entropy  H = -sum_t p_t ln p_t = ln l - U / l,   U = sum_t exp(s_t - m) (s_t - m)
+ *   mass     M_k = sum of p_t over the keys t at a distance (row of the
+ *            query - row of the key) in bucket k; the sinks' rows apart
+ * U and each M_k (before the division by l) follow m as l does: when the
+ * running maximum moves from m to m', every term so far is multiplied by
+ * alpha = exp(m - m'), and U also gains l (m - m') (each s_t - m becomes
+ * s_t - m' = (s_t - m) + (m - m')). The rows of the cache view keep every
+ * key's distance to the query for every key strategy (run.c's rope_stage). */
+typedef struct {
+    const int *bucket; // (n_distances) the distance bucket of each query-key distance 0..n_distances-1
+    int n_distances;   // distances a query sees (n_ctx); the pairs farther apart have weight 0
+    int n_buckets;     // distance buckets
+    double *out;       // (B, n_heads, n_buckets + 2) per query and head: H, M_0 .. M_{n_buckets-1}, the sinks' mass
+} AttnTally;
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
-                     const SecondQueries *second, const QueryFrames *frames, int B, int pos0, int window, int n_heads,
-                     int n_kv_heads, int head_size, float *scratch, int threads);
+                     const SecondQueries *second, const QueryFrames *frames, const AttnTally *tally, int B, int pos0,
+                     int window, int n_heads, int n_kv_heads, int head_size, float *scratch, int threads);
 
 /* ------------------------------------------------------------------------
  * Weight matrices (model.h's Matrix: float32 or q8_0) and matmul

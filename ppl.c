@@ -159,10 +159,10 @@ int ppl_score(Transformer *t, const int *ids, int n_ids, int add_bos, int stride
         int n_in = end - start - 1 + bos;
         if (bos) input[0] = t->config.bos_id;
         memcpy(input + bos, ids + start, (size_t)(n_in - bos) * sizeof(int));
+        if (t->state.attn_stats) // count the queries whose tokens are scored: input positions from
+            attn_stats_count(t->state.attn_stats, scored_upto - start - 1 + bos); // j >= scored_upto
         for (int p0 = 0; p0 < n_in && rc == 0; p0 += max_block) {
             int B = n_in - p0 < max_block ? n_in - p0 : max_block;
-            if (t->state.attn_stats) // B = 1 (block_limit): count the query if its token is scored
-                attn_stats_count(t->state.attn_stats, start + p0 + 1 - bos >= scored_upto);
             int status = forward_block(t, input + p0, B, p0, LOGITS_ALL); // logits (B, vocab_size)
             if (status == FORWARD_NOT_FINITE) {
                 rc = fail(err, err_len, "ppl: the logits of window %d are NaN or infinite (a NaN or infinite weight, "
@@ -686,7 +686,6 @@ void ppl_mode(const ModeInput *in) {
     PplHooks hooks = {save_path ? &saver : NULL, kl_path ? &kl : NULL};
     TokenHook hook = {ppl_hooks, &hooks};
     fputs(summary, stderr);
-    if (o->attn_stats) fprintf(stderr, "ppl: --attn-stats: one token at a time through the one-query attention\n");
     PplScore score;
     char err[512];
     double start_time = now_seconds();

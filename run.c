@@ -952,13 +952,11 @@ static CacheView rope_stage(Transformer *t, void *key_cache, void *value_cache, 
  * than L, whose table rows past L each have frequencies of their own, so that
  * a key's score is no function of its distance to the query (sinks_block
  * needs one). `make reference` takes exact dynamic NTK and sinks one token at
- * a time too: their token path, which the tests compare with the blocks.
- * Attention statistics read each query's weights, which only the one-query
- * attention keeps: 1 by 1 too. */
+ * a time too: their token path, which the tests compare with the blocks,
+ * and so do attention statistics (from the one-query path's weights). */
 int block_limit(const Transformer *t) {
-    if (t->state.attn_stats) return 1;
 #ifdef REFERENCE
-    if (t->keys == KEYS_PER_LENGTH || t->keys == KEYS_SINKS) return 1;
+    if (t->keys == KEYS_PER_LENGTH || t->keys == KEYS_SINKS || t->state.attn_stats) return 1;
 #endif
     if (t->keys == KEYS_SINKS && rope_length_dependent(&t->rope) && t->n_ctx > t->rope.orig_ctx) return 1;
     return FORWARD_BLOCK;
@@ -1275,8 +1273,9 @@ void attention(float *out, const float *q, const CacheView *view, int B, Transfo
     }
 #endif
     if (B > 1 || view->frames || second->n_sinks) {
+        const AttnTally *tally = t->state.attn_stats ? attn_stats_tally(t->state.attn_stats) : NULL;
         attention_block(out, q, view->keys, view->key_type, view->values, view->value_type,
-                        second->q ? second : NULL, view->frames, B, view->pos0, view->window, n_heads,
+                        second->q ? second : NULL, view->frames, tally, B, view->pos0, view->window, n_heads,
                         c->n_kv_heads, head_size, t->state.attn_tiles, t->state.mm.threads);
         return;
     }
@@ -1382,7 +1381,7 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
         project(st, st->v, st->xb, w->wv, w->bv, l, B, dim, kv_dim);       // v (B, n_kv_heads, head_size)
         CacheView view = rope_stage(t, key_cache, value_cache, B, pos0, layer_window(t, l)); // q rotated; k, v
         attention(st->xb, st->q, &view, B, t);                             // (B, dim)    into the cache
-        if (st->attn_stats) attn_stats_add(st->attn_stats, l, pos0, st->scores); // B = 1: its weights, per head
+        if (st->attn_stats) attn_stats_add(st->attn_stats, l, pos0, B, st->scores); // ppl --attn-stats
         project(st, st->xb2, st->xb, w->wo, w->bo, l, B, dim, dim);        // (B, dim)
         residual_add(st->x, st->xb2, B * dim);
 

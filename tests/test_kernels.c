@@ -314,10 +314,14 @@ void test_attention_block_self_extend(void) {
  * softmax over both. With frames (f not NULL) q and the keys come unrotated:
  * query b and key t are rotated, in double, at angles p * inv_freq and
  * t * inv_freq of query b's own frequencies freq[b] (pairs of `layout`, the
- * first rot dims), each times mscale[b]. */
+ * first rot dims), each times mscale[b]. With stats (not NULL), each query
+ * and head's row of kernels.h's AttnTally from the weights p_t: the entropy
+ * -sum p_t ln p_t, the mass of each distance bucket (bucket[p - t], nb of
+ * them) and the sinks' mass. */
 static void attention_ref2(double *out, const float *q, const float *q2, const float *keys, const float *keys2,
                            const float *values, int B, int pos0, int nh, int nkv, int hs, int window, int n_sinks,
-                           const double *freq, const double *mscale, int rot, int layout) {
+                           const double *freq, const double *mscale, int rot, int layout, double *stats,
+                           const int *bucket, int nb) {
     int kv_dim = nkv * hs, np = rot / 2;
     double *w = malloc(sizeof(double) * (pos0 + B)), *qr = malloc(sizeof(double) * hs);
     double *kr = malloc(sizeof(double) * hs);
@@ -353,6 +357,14 @@ static void attention_ref2(double *out, const float *q, const float *q2, const f
                     if (t < n_sinks || t >= lo) o += w[t] / sum * values[(size_t)t * kv_dim + kv * hs + i];
                 out[((size_t)b * nh + h) * hs + i] = o;
             }
+            double *row = stats ? stats + ((size_t)b * nh + h) * (nb + 2) : NULL;
+            for (int k = 0; row && k < nb + 2; k++) row[k] = 0;
+            for (int t = 0; row && t <= p; t++)
+                if (t < n_sinks || t >= lo) {
+                    double pt = w[t] / sum;
+                    row[0] -= pt > 0 ? pt * log(pt) : 0;
+                    row[t < n_sinks ? 1 + nb : 1 + bucket[p - t]] += pt;
+                }
         }
     free(w), free(qr), free(kr);
 }
@@ -372,7 +384,11 @@ static void attention_ref2(double *out, const float *q, const float *q2, const f
  * inside one), GQA. Tolerance: the 2e-5 of the plain block test (the frames
  * add a rotation in float of each query and key: a few ulp of unit-scale
  * products); measured (AVX-512 build) 6.7e-7 with sinks, 8.4e-7 with
- * frames. */
+ * frames.
+ * Every case also tallies the statistics (kernels.h's AttnTally; distance
+ * buckets [0, 16), [16, 64), [64, 300)) against attention_ref2's from the
+ * double weights: the entropy (at most ln 300 = 5.7 nats) and each mass, the
+ * sinks' too, within 2e-5 like the output (measured 8.5e-7 and 2.1e-7 in each of the four builds). */
 void test_attention_block_sinks_and_frames(void) {
     // sinks, window, pos0, B, threads
     int sink_cases[][5] = {{4, 20, 23, 30, 1}, {4, 20, 0, 30, 2}, {4, 20, 40, 9, 1}, {60, 50, 130, 140, 2}};
@@ -390,6 +406,11 @@ void test_attention_block_sinks_and_frames(void) {
     float *q2 = malloc(sizeof(float) * 140 * dim), *out = malloc(sizeof(float) * 140 * dim);
     float *tiles = malloc(sizeof(float) * 2 * attention_block_floats(hs));
     double *ref = malloc(sizeof(double) * 140 * dim);
+    int bucket[300], nb = 3; // distance buckets [0, 16), [16, 64), [64, 300)
+    for (int d = 0; d < n_ctx; d++) bucket[d] = d < 16 ? 0 : d < 64 ? 1 : 2;
+    size_t stats_n = (size_t)140 * nh * (nb + 2); // a tally row per query and head
+    double *stats = malloc(sizeof(double) * stats_n), *stats_ref = malloc(sizeof(double) * stats_n);
+    double worst_stats[2] = {0, 0}; // entropy, mass
     for (int c = 0; c < 4 + 4; c++) {
         int frames = c >= 4, *sc = sink_cases[frames ? 0 : c], *fc = frame_cases[frames ? c - 4 : 0];
         int n_sinks = frames ? 0 : sc[0], window = frames ? fc[2] : sc[1], pos0 = frames ? fc[1] : sc[2];
@@ -418,7 +439,7 @@ void test_attention_block_sinks_and_frames(void) {
             }
         }
         attention_ref2(ref, q, q2, keys, keys2, values, B, pos0, nh, nkv, hs, window, n_sinks, frames ? freq : NULL,
-                       mscale, rot, layout);
+                       mscale, rot, layout, stats_ref, bucket, nb);
         int first = window > 0 && pos0 + 1 > window ? pos0 + 1 - window : 0;
         for (size_t e = (size_t)n_sinks * kv_dim; !frames && e < (size_t)first * kv_dim; e++) // unseen: NaN
             keys[e] = keys2[e] = values[e] = NAN;
@@ -428,9 +449,14 @@ void test_attention_block_sinks_and_frames(void) {
 #ifdef _OPENMP
             omp_set_num_threads(threads);
 #endif
-            attention_block(out, q, keys, KV_F32, values, KV_F32, frames ? NULL : &second, frames ? &f : NULL, B,
-                            pos0, window, nh, nkv, hs, tiles, threads);
+            AttnTally tally = {bucket, n_ctx, nb, stats};
+            attention_block(out, q, keys, KV_F32, values, KV_F32, frames ? NULL : &second, frames ? &f : NULL,
+                            &tally, B, pos0, window, nh, nkv, hs, tiles, threads);
             for (int e = 0; e < B * dim; e++) worst[frames] = fmax(worst[frames], abs_err(out[e], ref[e]));
+            for (int e = 0; e < B * nh * (nb + 2); e++) {
+                int k = e % (nb + 2);
+                worst_stats[k > 0] = fmax(worst_stats[k > 0], fabs(stats[e] - stats_ref[e]));
+            }
         }
         use_simd = HAVE_SIMD;
         free(freq), free(rows);
@@ -441,6 +467,10 @@ void test_attention_block_sinks_and_frames(void) {
     CHECK(worst[0] < 2e-5 && worst[1] < 2e-5,
           "attention block vs double: sinks' second queries %.3g, per-query frames %.3g (expected < 2e-5)", worst[0],
           worst[1]);
+    CHECK(worst_stats[0] < 2e-5 && worst_stats[1] < 2e-5,
+          "attention block's tally vs double: entropy %.3g, mass %.3g (expected < 2e-5)", worst_stats[0],
+          worst_stats[1]);
+    free(stats), free(stats_ref);
     free(keys), free(keys2), free(values), free(q), free(q2), free(out), free(tiles), free(ref);
 }
 
