@@ -101,7 +101,7 @@ void attn_stats_add(AttnStats *s, int layer, int pos0, int B, const float *weigh
     const Config *c = &s->t->config;
     int step = s->n_dist + 2;
     if (pos0 + B <= s->count_from) return; // no query of the block is counted
-    if (B == 1) rows_from_weights(s, pos0, weights);
+    if (weights) rows_from_weights(s, pos0, weights);
     for (int b = 0; b < B; b++) {
         int pos = pos0 + b, k = bucket_of(s->pos, s->n_pos, pos);
         if (pos < s->count_from) continue;

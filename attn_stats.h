@@ -47,11 +47,11 @@ void attn_stats_count(AttnStats *s, int first);
 /* The tally attention_block fills for a block (kernels.h). */
 const AttnTally *attn_stats_tally(const AttnStats *s);
 /* forward_block's hook, after layer `layer`'s attention for the B queries at
- * positions pos0 .. pos0+B-1 (in the window; with sinks, in the text): with
- * B > 1 attention_block's tally holds their statistics; with B = 1 weights
- * holds each head's softmax weights over the cache slots, rows of n_ctx
- * floats (RunState.scores). Called for layers 0, 1, ... in order: layer 0
- * counts the queries. */
+ * positions pos0 .. pos0+B-1 (in the window; with sinks, in the text):
+ * weights is NULL when attention_block ran, whose tally holds their
+ * statistics; else the one query's softmax weights over the cache slots, a
+ * row of n_ctx floats per head (RunState.scores). Called for layers 0, 1,
+ * ... in order: layer 0 counts the queries. */
 void attn_stats_add(AttnStats *s, int layer, int pos0, int B, const float *weights);
 /* Write the statistics as one JSON object (docs/long-context.md gives the
  * layout); `text` names the scored file, `stride` the windows' stride (0:

@@ -122,7 +122,7 @@ static const Flag FLAGS[] = {
     {"--attn-stats", NULL, PPL, TEXT, 0, 0, FIELD(attn_stats), NULL, "<file>",
      "write attention statistics as JSON: per layer and head, the entropy by\n"
      "query position and the mass by query-key distance (NLL buckets), over\n"
-     "every scored query; the run goes one token at a time (slower)"},
+     "every scored query (tallied inside the attention's blocks)"},
     {"--lengths", NULL, PASS, TEXT, 0, 0, FIELD(lengths), NULL, "<list>",
      "prompt lengths in tokens, comma-separated; default the training\n"
      "context less the answer's tokens"},

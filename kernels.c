@@ -907,7 +907,7 @@ static void tally_tile(double *rows, int step, double *sum_l, const AttnTally *t
     d_lo = d_lo > 0 ? d_lo : 0, d_hi = d_hi < n_d ? d_hi : n_d - 1;
     int one = k0 + nk <= n_sinks ? nb : d_hi < d_lo ? -1
             : tally->bucket[d_lo] == tally->bucket[d_hi] ? tally->bucket[d_hi] : -2;
-    if (one == -1) return; // every key after every query: no weight
+    if (one == -1) return; // no pair at a distance some query sees: no weight
     if (one >= 0) { // one bucket (or the sinks): each query's weights summed, then added
         float sum[ATT_QUERIES] = {0};
         for (int c = 0; c < nk; c++) {

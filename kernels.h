@@ -219,6 +219,7 @@ typedef struct {
     int n_buckets;     // distance buckets
     double *out;       // (B, n_heads, n_buckets + 2) per query and head: H, M_0 .. M_{n_buckets-1}, the sinks' mass
 } AttnTally;
+/* tally: NULL (no statistics), or one with room for the B queries' rows. */
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
                      const SecondQueries *second, const QueryFrames *frames, const AttnTally *tally, int B, int pos0,
                      int window, int n_heads, int n_kv_heads, int head_size, float *scratch, int threads);

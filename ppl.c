@@ -608,8 +608,8 @@ static int ppl_hooks(void *ctx, const float *logits, int vocab, int target, char
 
 /* --attn-stats PATH: open its temporary file and hang fresh statistics on
  * the run state, for queries at positions below n_positions (exits with a
- * message naming the flag when it cannot). From here on the model runs one
- * token at a time (block_limit). */
+ * message naming the flag when it cannot). From here on attention tallies
+ * them (run.c's attention, attn_stats_add). */
 static OutputFile start_attn_stats(Transformer *t, const char *path, int n_positions, const char *const inputs[],
                                    int n_inputs) {
     OutputFile out = open_output_file("--attn-stats", path, inputs, n_inputs);

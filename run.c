@@ -1229,6 +1229,13 @@ static void attention_weights(float *row, int lo, int n, int width, int head_siz
  * sliding window (window > 0), else 0. */
 static int window_start(int n, int window) { return window > 0 && n > window ? n - window : 0; }
 
+/* Whether attention takes B queries one at a time, keeping the weights in
+ * st->scores (one query without frames or sinks' second queries), or in
+ * blocks (attention_block). */
+static int one_query_path(const CacheView *view, int B) {
+    return B == 1 && !view->frames && !view->second.n_sinks;
+}
+
 /* Causal multi-head attention for B tokens, whose queries sit at rows
  * p_b = view.pos0 + b of the view of the cache (CacheView: the rows as the
  * RoPE stage laid them out, their positions; with sinks, their places); row b
@@ -1272,7 +1279,7 @@ void attention(float *out, const float *q, const CacheView *view, int B, Transfo
         return;
     }
 #endif
-    if (B > 1 || view->frames || second->n_sinks) {
+    if (!one_query_path(view, B)) {
         const AttnTally *tally = t->state.attn_stats ? attn_stats_tally(t->state.attn_stats) : NULL;
         attention_block(out, q, view->keys, view->key_type, view->values, view->value_type,
                         second->q ? second : NULL, view->frames, tally, B, view->pos0, view->window, n_heads,
@@ -1381,7 +1388,8 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
         project(st, st->v, st->xb, w->wv, w->bv, l, B, dim, kv_dim);       // v (B, n_kv_heads, head_size)
         CacheView view = rope_stage(t, key_cache, value_cache, B, pos0, layer_window(t, l)); // q rotated; k, v
         attention(st->xb, st->q, &view, B, t);                             // (B, dim)    into the cache
-        if (st->attn_stats) attn_stats_add(st->attn_stats, l, pos0, B, st->scores); // ppl --attn-stats
+        if (st->attn_stats) // ppl --attn-stats: the block's tally, or one query's weights
+            attn_stats_add(st->attn_stats, l, pos0, B, one_query_path(&view, B) ? st->scores : NULL);
         project(st, st->xb2, st->xb, w->wo, w->bo, l, B, dim, dim);        // (B, dim)
         residual_add(st->x, st->xb2, B * dim);
 

@@ -133,7 +133,7 @@ typedef struct {
     float *frame_rows;  // exact dynamic NTK, a block: (B, 2 (ATT_KEYS + n_coarse), n_pairs) each query's rows
     QueryFrames frames; //   of its own table, and `frames` points into them (kernels.h)
     double *frame_freq; // (B, n_pairs) the frames' inverse frequencies, one set per query
-    AttnStats *attn_stats; // ppl --attn-stats: each query's weights go there (owned by ppl.c); NULL = none
+    AttnStats *attn_stats; // ppl --attn-stats: each query's statistics go there (owned by ppl.c); NULL = none
 } RunState;
 
 typedef struct {

@@ -348,12 +348,22 @@ def collect(folders, out, studies):
     return files + ([name] if name else []), missing
 
 
+def present(study):
+    """Whether a study's model is there (a default run skips the others, saying so)."""
+    ckpt = {"bundled": ROOT / "models" / "model.bin", "smollm2": ROOT / "models" / "smollm2" / "model-q8_0.bin"}[study]
+    if not ckpt.is_file():
+        print(f"attention_study: skipping {study} ({ckpt.relative_to(ROOT)} absent"
+              f"{'; make smollm2' if study == 'smollm2' else ''})", file=sys.stderr)
+    return ckpt.is_file()
+
+
 def main(argv=None):
     ap = ex.fanout_parser(__doc__, "cell files (default: results)", "output folder (default docs/extrapolation)")
-    ap.add_argument("--studies", default="bundled", help=f"comma-separated subset of {', '.join(STUDIES)}")
+    ap.add_argument("--studies", help=f"comma-separated subset of {', '.join(STUDIES)} (default: each whose model "
+                    "is there)")
     args = ap.parse_args(argv)
     ex.check_fanout_args(args, "attention_study")
-    studies = args.studies.split(",")
+    studies = args.studies.split(",") if args.studies else [s for s in STUDIES if present(s)]
     bad = [s for s in studies if s not in STUDIES]
     if bad:
         sys.exit(f"attention_study: --studies {bad[0]}: expected some of {', '.join(STUDIES)}")
