@@ -8,6 +8,9 @@
   segments): none's statistics are what its command, as the cell file shows it,
   writes when run again; sinks' hold the mass on the sinks; --collect writes the
   tables (every method's row, "missing" for the cells not run) and the plot;
+- sinks at 1x, the baseline for the sinks' mass, evicts nothing: on a text shorter
+  than L its entropy and loss are plain RoPE's, and the weight on the first 4
+  tokens is counted apart;
 - a bad cell name is one line, exit 1.
 
 The real cells need the books of ../shared; skipped with a message without them.
@@ -90,12 +93,37 @@ def test_collect(two_cells):
     p = subprocess.run(TOOL + ["--collect", str(two_cells / "cells"), "--out", str(out)], capture_output=True,
                        text=True, cwd=ROOT, timeout=HANG_GUARD_S)
     assert p.returncode == 0, p.stderr
-    assert "missing attn-bundled_none_4x" in p.stderr
+    assert "attn-bundled_none_4x" in p.stderr.split("; missing ")[1]
     table = (out / "attention.md").read_text()
     assert "| none, 1x | " in table and "| sinks, 4x | " in table
-    assert "| yarn, 4x | missing |" in table and "| yarn-attn1, 4x | missing |" in table
+    assert "| sinks, 1x | missing |" in table and "| yarn, 4x | missing |" in table and "| yarn-attn1, 4x | missing |" in table
     assert (out / "attention.png").stat().st_size > 10000
     assert len(json.loads((out / "attention.json").read_text())["cells"]) == 2
+
+
+def test_sinks_at_1x_is_none(tmp_path):
+    """The sinks-at-1x cell's claim: with nothing evicted, --streaming --sinks 4 is plain
+    RoPE, the first 4 tokens' weight counted apart. Tolerance 1e-5 nats: the same
+    float32 scores, summed in another order by the sinks' block path."""
+    if not (SHARED / "data" / "books").is_dir():
+        pytest.skip(f"{SHARED / 'data' / 'books'} not found (set SHARED_DIR to the shared folder)")
+    at.make_text("bundled", tmp_path)
+    short = tmp_path / "short.txt"  # under 256 tokens: one window, nothing evicted
+    short.write_text((tmp_path / "books.txt").read_text(encoding="utf-8")[:350], encoding="utf-8")
+    runs = {}
+    for name, extra in (("none", []), ("sinks", ["--streaming", "--sinks", "4"])):
+        ppl = json.loads(run_ok("models/model.bin", "-m", "ppl", "-f", str(short), "--json", "--ctx", "256",
+                                "--attn-stats", str(tmp_path / f"{name}.json"), *extra).stdout)
+        runs[name] = ppl, json.loads((tmp_path / f"{name}.json").read_text())
+    (p_none, s_none), (p_sinks, s_sinks) = runs["none"], runs["sinks"]
+    assert 100 < p_none["tokens"] < 255 and p_sinks["tokens"] == p_none["tokens"]
+    assert p_sinks["nll"] == pytest.approx(p_none["nll"], abs=1e-6)
+    for l in range(s_none["layers"]):
+        for h in range(s_none["heads"]):
+            assert s_sinks["entropy"][l][h] == pytest.approx(s_none["entropy"][l][h], abs=1e-5)
+            assert sum(s_sinks["mass"][l][h]) + s_sinks["sink_mass"][l][h] == pytest.approx(1, abs=1e-6)
+    assert "sink_mass" not in s_none or not s_none["sink_mass"]
+    assert 0 < at.sink_mass(s_sinks) < 1
 
 
 def test_bad_cell_name():

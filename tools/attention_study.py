@@ -9,7 +9,9 @@ per layer and head, the attention entropy H = -sum_j p_j ln p_j by query positio
 bucket and the attention mass by query-key distance bucket (docs/long-context.md).
 The cells:
 
-  k = 1   none (every method is none's run up to L)
+  k = 1   none (every method is none's run up to L), and sinks (nothing evicted, so
+          it is none with the weight on the text's first 4 tokens counted apart:
+          how much of the sinks' mass at 4x the model puts there anyway)
   k = 4   none, linear, ntk, yarn, yarn-attn1 (YaRN with --rope-attn-factor 1: its
           frequencies without its temperature), self-extend, sinks (streamed
           through a rolling cache of L with 4 sinks, the text cut into segments of
@@ -20,9 +22,8 @@ The methods' settings are tools/extrapolation.py's (method_flags). Studies:
   bundled   models/model.bin, L = 256: the perplexity study's 16,384 tokens, 16
             windows at 4x (seconds a cell)
   smollm2   models/smollm2/model-q8_0.bin (make smollm2), L = 8192: one window of
-            32,768 tokens; the statistics need the attention weights, which only
-            the one-query path keeps, so a cell goes token by token (hours of CPU
-            at 4x: listed for the fan-out, --studies smollm2)
+            32,768 tokens at 4x (5-14 min a cell on one thread; 82 CPU-minutes
+            for its eight cells)
 
 Outputs (in --out, default docs/extrapolation/):
     attention.md     per study: the mean entropy (over layers and heads) by position
@@ -39,7 +40,8 @@ Usage:
     .venv/bin/python tools/attention_study.py --collect DIR [DIR ...] [--out DIR]
 
 Each cell writes RESULTS/NAME.json (NAME: attn-STUDY_METHOD_Kx); the default
---studies is bundled alone.
+--studies is every study whose model is present (a study without one is skipped
+with a message).
 """
 import json
 import math
@@ -62,8 +64,11 @@ TOKENS = dict(bundled=16384, smollm2=K_MAX * 8192 - 1)  # text tokens (smollm2: 
 
 
 def cells_of(study):
-    """(method, k) of a study's cells, the same for every study: none at 1x, every method at K_MAX."""
-    return [(m, k) for k in (1, K_MAX) for m in METHODS if k == K_MAX or m == "none"]
+    """(method, k) of a study's cells, the same for every study: none and sinks at 1x,
+    every method at K_MAX. Sinks at 1x evicts nothing (segments of L through a cache
+    of L), so it is none at 1x with the weight on the first 4 tokens counted apart:
+    the baseline for the sinks' mass at K_MAX."""
+    return [(m, k) for k in (1, K_MAX) for m in METHODS if k == K_MAX or m in ("none", "sinks")]
 
 
 def cell_name(study, method, k):
@@ -248,9 +253,10 @@ def study_tables(study, cells):
     if not got:
         return []
     L = next(iter(got.values()))["L"]
-    ref = got.get(("none", 1))
+    ref, sinks1 = got.get(("none", 1)), got.get(("sinks", 1))
     four = [(m, got.get((m, K_MAX))) for m in METHODS]
-    pos_rows = [r for _, r in four if r] + ([ref] if ref else [])
+    ones = [("none, 1x", ref), ("sinks, 1x", sinks1)]
+    pos_rows = [r for _, r in four + ones if r]
     buckets = buckets_by_start([(s, e) for r in pos_rows for s, e, _, _ in by_position(r["stats"])])
     lines = [f"### {study}: attention entropy by query position (nats; mean over layers and heads; L = {L})", "",
              "| method | " + " | ".join(bucket_label(s, e) for s, e in buckets) + " | all |",
@@ -263,14 +269,15 @@ def study_tables(study, cells):
         return (f"| {label} | " + " | ".join(f"{vals[b[0]]:.3f}" if b[0] in vals else "" for b in buckets)
                 + f" | {mean_entropy(r['stats']):.3f} |")
 
-    lines.append(entropy_row("none, 1x", ref))
+    for label, r in ones:
+        lines.append(entropy_row(label, r))
     for m, r in four:
         lines.append(entropy_row(f"{m}, {K_MAX}x", r))
     dist = buckets_by_start([(s, e) for r in pos_rows for s, e, _ in by_distance(r["stats"])])
     lines += ["", f"### {study}: attention mass by query-key distance (mean over layers and heads)", "",
               "| method | " + " | ".join(bucket_label(s, e) for s, e in dist) + " | on the 4 sinks |",
               "|---|" + "---:|" * (len(dist) + 1)]
-    for label, r in [("none, 1x", ref)] + [(f"{m}, {K_MAX}x", r) for m, r in four]:
+    for label, r in ones + [(f"{m}, {K_MAX}x", r) for m, r in four]:
         if r is None:
             lines.append(f"| {label} | " + " | ".join("missing" for _ in dist) + " | |")
             continue
@@ -308,9 +315,11 @@ def plot(cells, studies, out):
             ax_h.plot([math.sqrt(max(1, s) * e) for s, e, _, _ in pb], [h for *_, h in pb], marker="o", ms=3,
                       color=color, ls=ls, label=label)
             db = [(s, e, v) for s, e, v in by_distance(r["stats"]) if v > 0]
+            sm, first4 = sink_mass(r["stats"]), got.get(("sinks", 1))
+            note = "" if sm is None else f" (sinks {sm:.2f}" + ("" if first4 is None else
+                                                              f"; first 4 tokens at 1x {sink_mass(first4['stats']):.2f}") + ")"
             ax_m.plot([math.sqrt(max(1, s) * e) for s, e, _ in db], [v for *_, v in db], marker="o", ms=3,
-                      color=color, ls=ls, label=label + (f" (sinks {sink_mass(r['stats']):.2f})"
-                                                         if sink_mass(r["stats"]) is not None else ""))
+                      color=color, ls=ls, label=label + note)
         ticks = [L // 2 ** i for i in range(3, -1, -1)] + [L * 2 ** i for i in range(1, 1 + round(math.log2(K_MAX)))]
         ex.finish_axes(ax_h, L, "query position in the window (tokens; bucket midpoints)",
                        "attention entropy (nats), mean over layers and heads",
@@ -334,9 +343,12 @@ def collect(folders, out, studies):
     lines = ["# Extrapolation study: attention statistics", "",
              "Made by `.venv/bin/python tools/attention_study.py` (its docstring says what a cell is): "
              "`run -m ppl --attn-stats` on a prefix of the held-out books (bundled: the perplexity study's "
-             "16,383 tokens; SmolLM2: one window of 4L), each method at 4x beside plain RoPE at 1x. Entropy in nats of the attention weights per query, mean over the "
-             "queries of a position bucket, then over layers and heads; mass: the share of the weights on keys "
-             "at each distance bucket, mean over queries, layers and heads."
+             "16,383 tokens; SmolLM2: one window of 4L), each method at 4x beside plain RoPE at 1x. Entropy in nats of the attention weights per query, mean over "
+             "the queries of a position bucket, then over layers and heads; mass: the share of the weights on keys "
+             "at each distance bucket, mean over queries, layers and heads. Sinks at 1x evicts nothing: it is "
+             "plain RoPE at 1x with the weight on each segment's first 4 tokens counted apart (its \"on the 4 "
+             "sinks\" column), the share the model gives those tokens with no sinks at all; sinks at 4x streams "
+             "the text through a rolling cache of L, the first 4 tokens kept."
              + (f" Missing: {', '.join(missing)}." if missing else ""), ""]
     for s in studies:
         lines += study_tables(s, cells)
