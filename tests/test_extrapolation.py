@@ -961,3 +961,16 @@ def test_listed_command_runs_one_cell_and_collect_shows_the_rest_missing(tmp_pat
                  "--out", str(tmp_path / "out2")])
     assert "made with other settings of study bundled" in str(e.value)
     assert not (tmp_path / "out2").exists() and len(list((tmp_path / "cells").glob("*.json"))) == 1
+
+
+def test_shown_paths_keep_a_linked_model_folder(tmp_path, monkeypatch):
+    """models/smollm2 may be a link to a folder outside the checkout: commands still
+    name it models/smollm2/..., as a reader's checkout has it (not the file's bare name)."""
+    root, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    (root / "models").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "model-q8_0.bin").write_bytes(b"")
+    (root / "models" / "smollm2").symlink_to(elsewhere)
+    monkeypatch.setattr(ex, "ROOT", root)
+    assert ex.Where().path(root / "models" / "smollm2" / "model-q8_0.bin") == "models/smollm2/model-q8_0.bin"
+    assert ex.Where().path(elsewhere / "model-q8_0.bin") == "model-q8_0.bin"  # truly outside: its name

@@ -272,8 +272,9 @@ class Where:
         rp = p.resolve()
         if self.work and rp.is_relative_to(self.work):
             return str(rp.relative_to(self.work))
-        if rp.is_relative_to(ROOT):
-            return str(rp.relative_to(ROOT))
+        for q in (Path(os.path.abspath(p)), rp):  # models/smollm2 may be a link to elsewhere
+            if q.is_relative_to(ROOT):
+                return str(q.relative_to(ROOT))
         if rp.is_relative_to(SHARED.resolve()):
             return "../shared/" + str(rp.relative_to(SHARED.resolve()))
         return p.name
