@@ -301,8 +301,8 @@ test: build test-c sanitize fuzz-smoke test-py
 # method fine-tuned at 4x for 25, 100 and 400 steps, scored by the same cells;
 # their models go to results/finetune/ (not committed). Then the attention
 # statistics (tools/attention_study.py): entropy by position and mass by
-# distance for each method at 4x, on the bundled model; their cell files go to
-# docs/extrapolation/attention-cells/.
+# distance for each method at 4x, on the bundled model and on SmolLM2 when it
+# is there; their cell files go to docs/extrapolation/attention-cells/.
 EXTRAPOLATION_ARGS ?=
 EXTRAPOLATION_JOBS ?=
 # A mode of extrapolation.py alone (--replot, --list, --collect, --cell,
