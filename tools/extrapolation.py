@@ -44,7 +44,7 @@ Methods at context E = k L (the literature's choices; at k <= 1 no scaling):
     sinks         attention sinks (StreamingLLM): a rolling cache of L tokens, the
                   first 4 kept (--sinks 4); no RoPE scaling. Perplexity: the text is cut
                   into segments of one window each (E tokens with BOS, at white space),
-                  and each segment is streamed token by token through the cache
+                  and each segment is streamed through the cache, every token scored
                   (run -m ppl --streaming --ctx L --sinks 4); so the column compares the
                   same text, read as documents of E tokens, with every other method's
                   window; past L tokens each token sees the 4 sinks and the last L - 4.
@@ -845,7 +845,7 @@ PREAMBLE = [
     "At k <= 1 no method scales.",
     f"- sinks ({SINKS}): StreamingLLM's rolling cache of L tokens, the first {SINKS} kept and the oldest of the rest "
     "evicted, positions by place in the cache, no RoPE scaling. The text is cut at white space into segments of one "
-    "window (at most E tokens with BOS), and each segment is streamed token by token (`-m ppl --streaming --sinks "
+    "window (at most E tokens with BOS), and each segment is streamed through the cache, every token scored (`-m ppl --streaming --sinks "
     f"{SINKS} --ctx L`): the same text, read as documents of E tokens, as in the other rows; past L tokens a token "
     f"sees the {SINKS} sinks and the last L - {SINKS}. At 1x the cache never fills, so the cell differs from none's "
     "only by where its segments start (at white space rather than every L - 1 tokens).",
