@@ -32,7 +32,7 @@ AttnStats *attn_stats_new(const Transformer *t, int n_positions) {
                            malloc((size_t)FORWARD_BLOCK * c->n_heads * (s->n_dist + 2) * sizeof(double))};
     s->entropy = calloc(heads * s->n_pos, sizeof(double));
     s->mass = calloc(heads * s->n_dist, sizeof(double));
-    s->sink_mass = calloc(heads, sizeof(double));
+    s->sink_mass = calloc(heads * s->n_pos, sizeof(double));
     if (!s->dist_bucket || !s->tally.out || !s->entropy || !s->mass || !s->sink_mass) {
         attn_stats_free(s);
         return NULL;
@@ -111,7 +111,7 @@ void attn_stats_add(AttnStats *s, int layer, int pos0, int B, const float *weigh
             const double *row = s->tally.out + ((size_t)b * c->n_heads + h) * step;
             s->entropy[lh * s->n_pos + k] += row[0];
             for (int d = 0; d < s->n_dist; d++) s->mass[lh * s->n_dist + d] += row[1 + d];
-            s->sink_mass[lh] += row[1 + s->n_dist];
+            s->sink_mass[lh * s->n_pos + k] += row[1 + s->n_dist];
         }
     }
 }
@@ -160,15 +160,19 @@ static void json_per_head(FILE *f, const AttnStats *s, const double *sum, int n,
     fputc(']', f);
 }
 
-/* The mass on the sink keys, per query, as [[head...] per layer]. */
+/* The mass on the sink keys, per query, as [[head...] per layer]: the sums
+ * of every position bucket over all the queries counted. */
 static void json_sink_mass(FILE *f, const AttnStats *s) {
     const Config *c = &s->t->config;
     fputc('[', f);
     for (int l = 0; l < c->n_layers; l++) {
         fputs(l ? ", [" : "[", f);
         for (int h = 0; h < c->n_heads; h++) {
+            const double *by_pos = s->sink_mass + ((size_t)l * c->n_heads + h) * s->n_pos;
+            double sum = 0;
+            for (int k = 0; k < s->n_pos; k++) sum += by_pos[k];
             if (h) fputs(", ", f);
-            json_number(f, s->sink_mass[(size_t)l * c->n_heads + h] / s->n_queries);
+            json_number(f, sum / s->n_queries);
         }
         fputc(']', f);
     }
@@ -213,6 +217,8 @@ int attn_stats_write(const AttnStats *s, FILE *f, const char *text, int stride) 
     if (t->keys == KEYS_SINKS) {
         fputs(", \"sink_mass\": ", f);
         json_sink_mass(f, s);
+        fputs(", \"sink_mass_by_position\": ", f);
+        json_per_head(f, s, s->sink_mass, s->n_pos, s->pos, 0);
     }
     fputs("}\n", f);
     return ferror(f) ? -1 : 0;

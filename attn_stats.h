@@ -5,7 +5,7 @@
  *     ...);
  *   - the attention mass by query-key distance q - j, in the same buckets,
  *     averaged over the queries; with attention sinks the mass on the sink
- *     keys apart.
+ *     keys apart, over all the queries and by position bucket.
  * A block's statistics are tallied inside attention_block's online softmax
  * (kernels.h's AttnTally: the weights are never stored), one query's (B = 1,
  * and every query in `make reference`) from the one-query path's weights
@@ -31,7 +31,7 @@ struct AttnStats {
     AttnTally tally;      // per query and head of a block: H, the mass by distance bucket, the sinks' mass
     double *entropy;      // (n_layers, n_heads, n_pos) entropy summed over the queries counted
     double *mass;         // (n_layers, n_heads, n_dist) weight summed over the queries counted
-    double *sink_mass;    // (n_layers, n_heads) weight on the sink keys summed over the queries counted
+    double *sink_mass;    // (n_layers, n_heads, n_pos) weight on the sink keys summed over the queries counted
     long n_queries;       // queries counted
 };
 

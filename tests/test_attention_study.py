@@ -19,6 +19,7 @@ import json
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,7 @@ from conftest import HANG_GUARD_S, ROOT, SHARED, run_ok
 
 sys.path.insert(0, str(ROOT / "tools"))
 import attention_study as at  # noqa: E402
+import extrapolation as ex  # noqa: E402
 
 TOOL = [sys.executable, str(ROOT / "tools" / "attention_study.py")]
 
@@ -102,27 +104,32 @@ def test_collect(two_cells):
 
 
 def test_sinks_at_1x_is_none(tmp_path):
-    """The sinks-at-1x cell's claim: with nothing evicted, --streaming --sinks 4 is plain
-    RoPE, the first 4 tokens' weight counted apart. Tolerance 1e-5 nats: the same
-    float32 scores, summed in another order by the sinks' block path."""
+    """The sinks-at-1x cell's claim: its segments (cut as run_cell cuts them) fit the
+    cache, so nothing is evicted and --streaming --sinks 4 is plain RoPE, the first 4
+    tokens' weight counted apart. Tolerance 1e-5 nats: the same float32 scores,
+    summed in another order by the sinks' block path."""
     if not (SHARED / "data" / "books").is_dir():
         pytest.skip(f"{SHARED / 'data' / 'books'} not found (set SHARED_DIR to the shared folder)")
-    at.make_text("bundled", tmp_path)
-    short = tmp_path / "short.txt"  # under 256 tokens: one window, nothing evicted
-    short.write_text((tmp_path / "books.txt").read_text(encoding="utf-8")[:350], encoding="utf-8")
+    study = at.make_text("bundled", tmp_path)
+    count = ex.TokenCounter(study.ckpt, study.tok, tmp_path)
+    seg = at.sinks_segments(study, 1, tmp_path)[0]
+    assert study.ctx(1) - 12 <= count(seg) + count.bos <= study.ctx(1)  # nearly a full cache, none evicted
+    (tmp_path / "segment.txt").write_text(seg, encoding="utf-8")
     runs = {}
-    for name, extra in (("none", []), ("sinks", ["--streaming", "--sinks", "4"])):
-        ppl = json.loads(run_ok("models/model.bin", "-m", "ppl", "-f", str(short), "--json", "--ctx", "256",
-                                "--attn-stats", str(tmp_path / f"{name}.json"), *extra).stdout)
-        runs[name] = ppl, json.loads((tmp_path / f"{name}.json").read_text())
+    for method in ("none", "sinks"):
+        cmd = at.cell_command(study, tmp_path / "segment.txt", method, 1, tmp_path / f"{method}.json")
+        runs[method] = ex.run_json(cmd, 1), json.loads((tmp_path / f"{method}.json").read_text())
     (p_none, s_none), (p_sinks, s_sinks) = runs["none"], runs["sinks"]
-    assert 100 < p_none["tokens"] < 255 and p_sinks["tokens"] == p_none["tokens"]
+    assert s_sinks["streaming"] and s_sinks["sinks"] == 4 and s_sinks["ctx"] == study.L
+    assert p_sinks["tokens"] == p_none["tokens"] == count(seg) + count.bos - 1
     assert p_sinks["nll"] == pytest.approx(p_none["nll"], abs=1e-6)
     for l in range(s_none["layers"]):
         for h in range(s_none["heads"]):
             assert s_sinks["entropy"][l][h] == pytest.approx(s_none["entropy"][l][h], abs=1e-5)
             assert sum(s_sinks["mass"][l][h]) + s_sinks["sink_mass"][l][h] == pytest.approx(1, abs=1e-6)
-    assert "sink_mass" not in s_none or not s_none["sink_mass"]
+            # the sinks' weight is taken from the distance buckets, never added
+            assert all(a >= b - 1e-6 for a, b in zip(s_none["mass"][l][h], s_sinks["mass"][l][h]))
+    assert not s_none.get("sink_mass")
     assert 0 < at.sink_mass(s_sinks) < 1
 
 

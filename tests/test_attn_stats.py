@@ -106,6 +106,7 @@ def reference_stats(records, n_positions, ctx, shift=0):
     queries = np.zeros(len(pos_b), dtype=np.int64)
     mass = np.zeros((n_layers, n_heads, len(dist_b)))
     sink_mass = np.zeros((n_layers, n_heads))
+    sink_by_position = np.zeros((n_layers, n_heads, len(pos_b)))
     for r in records:
         p = r["weights"]
         k = next(i for i, (a, b) in enumerate(pos_b) if a <= r["pos"] < b)
@@ -116,13 +117,15 @@ def reference_stats(records, n_positions, ctx, shift=0):
         for i, (a, b) in enumerate(dist_b):
             mass[:, :, i] += p[:, :, ~r["sink"] & (dist >= a) & (dist < b)].sum(-1)
         sink_mass += p[:, :, r["sink"]].sum(-1)
+        sink_by_position[:, :, k] += p[:, :, r["sink"]].sum(-1)
     kept = queries > 0
     return {"queries": len(records),
             "position_buckets": [{"start": a, "end": b, "queries": int(n)}
                                  for (a, b), n in zip(pos_b, queries) if n],
             "distance_buckets": [{"start": a, "end": b} for a, b in dist_b],
             "entropy": entropy[:, :, kept] / queries[kept], "mass": mass / len(records),
-            "sink_mass": sink_mass / len(records)}
+            "sink_mass": sink_mass / len(records),
+            "sink_mass_by_position": sink_by_position[:, :, kept] / queries[kept]}
 
 
 def uniform_entropy(records, n_positions):
@@ -184,6 +187,9 @@ def check_against_reference(got, ppl, want, nlls, records, n_positions, f16, ent
     if "sink_mass" in want and got.get("sinks") is not None:
         sink_mass = np.array(got["sink_mass"])
         assert np.max(np.abs(sink_mass - want["sink_mass"])) < mass_tol
+        by_position = np.array(got["sink_mass_by_position"])
+        assert by_position.shape == want["sink_mass_by_position"].shape
+        assert np.max(np.abs(by_position - want["sink_mass_by_position"])) < mass_tol
     # not trivial: far from uniform attention, and a distance off by one shows
     assert np.max(np.abs(want["entropy"] - uniform_entropy(records, n_positions))) > 100 * entropy_tol
     shifted = reference_stats(records, n_positions, got["ctx"], shift=1)

@@ -112,8 +112,8 @@ def cell_command(study, text, method, k, stats_file):
 
 def merge_stats(parts):
     """The statistics of several runs (a sinks cell's segments) as one run's: entropy
-    per position bucket weighted by the bucket's queries, mass and sink mass by the
-    runs' queries (a bucket a run lacks holds none of its weight)."""
+    and sink mass by position per position bucket weighted by the bucket's queries,
+    mass and sink mass by the runs' queries (a bucket a run lacks holds none of its weight)."""
     total = sum(p["queries"] for p in parts)
     # a bucket is known by its start: a shorter run ends its last bucket sooner
     pos = sorted({b["start"] for p in parts for b in p["position_buckets"]})
@@ -125,6 +125,7 @@ def merge_stats(parts):
     ent = [[[0.0] * len(pos) for _ in range(heads)] for _ in range(layers)]
     mass = [[[0.0] * len(dist) for _ in range(heads)] for _ in range(layers)]
     sink = [[0.0] * heads for _ in range(layers)]
+    sink_pos = [[[0.0] * len(pos) for _ in range(heads)] for _ in range(layers)]
     for p in parts:
         for i, b in enumerate(p["position_buckets"]):
             j = pos.index(b["start"])
@@ -132,6 +133,8 @@ def merge_stats(parts):
             for l in range(layers):
                 for h in range(heads):
                     ent[l][h][j] += p["entropy"][l][h][i] * b["queries"]
+                    if p.get("sink_mass_by_position"):
+                        sink_pos[l][h][j] += p["sink_mass_by_position"][l][h][i] * b["queries"]
         for i, b in enumerate(p["distance_buckets"]):
             j = dist.index(b["start"])
             for l in range(layers):
@@ -144,12 +147,22 @@ def merge_stats(parts):
         for l in range(layers):
             for h in range(heads):
                 ent[l][h][j] = ent[l][h][j] / q_pos[b] if q_pos[b] else 0.0
+                sink_pos[l][h][j] = sink_pos[l][h][j] / q_pos[b] if q_pos[b] else 0.0
     out = dict(parts[0], queries=total, file=f"{len(parts)} segments",
                position_buckets=[dict(start=s, end=pos_end[s], queries=q_pos[s]) for s in pos],
                distance_buckets=[dict(start=s, end=dist_end[s]) for s in dist], entropy=ent, mass=mass)
     if parts[0].get("sink_mass"):
         out["sink_mass"] = sink
+    if parts[0].get("sink_mass_by_position"):
+        out["sink_mass_by_position"] = sink_pos
     return out
+
+
+def sinks_segments(study, k, work):
+    """A sinks cell's text cut at white space into segments of one window of k L
+    tokens each (BOS included), as the perplexity study streams them."""
+    count = ex.TokenCounter(study.ckpt, study.tok, work)
+    return ex.split_segments(Path(study.text).read_text(encoding="utf-8"), study.ctx(k) - count.bos, count)
 
 
 def run_cell(name, threads, results):
@@ -159,9 +172,8 @@ def run_cell(name, threads, results):
     with tempfile.TemporaryDirectory() as work:
         study = make_text(study_name, work)
         texts = [study.text]
-        if method == "sinks":  # segments of one 4x window each, as the perplexity study streams them
-            count = ex.TokenCounter(study.ckpt, study.tok, work)
-            segs = ex.split_segments(Path(study.text).read_text(encoding="utf-8"), study.ctx(k) - count.bos, count)
+        if method == "sinks":
+            segs = sinks_segments(study, k, work)
             texts = []
             for i, seg in enumerate(segs):
                 texts.append(Path(work) / f"segment-{i:04d}.txt")
@@ -218,6 +230,27 @@ def by_distance(stats):
         vals = [head[b] for layer in stats["mass"] for head in layer]
         out.append((bucket["start"], bucket["end"], sum(vals) / len(vals)))
     return out
+
+
+def sinks_by_position(stats):
+    """{start: mean weight on the sinks over layers and heads} per position bucket."""
+    if not stats.get("sink_mass_by_position"):
+        return {}
+    out = {}
+    for b, bucket in enumerate(stats["position_buckets"]):
+        vals = [head[b] for layer in stats["sink_mass_by_position"] for head in layer]
+        out[bucket["start"]] = sum(vals) / len(vals)
+    return out
+
+
+def sinks_share(stats, lo, hi):
+    """The mean weight on the sinks of the queries at positions lo..hi-1 (whole
+    buckets), over layers and heads; None without the by-position statistics."""
+    vals, counts = sinks_by_position(stats), {b["start"]: b["queries"] for b in stats["position_buckets"]}
+    kept = [s for s in vals if lo <= s < hi]
+    if not kept:
+        return None
+    return sum(vals[s] * counts[s] for s in kept) / sum(counts[s] for s in kept)
 
 
 def sink_mass(stats):
@@ -285,6 +318,17 @@ def study_tables(study, cells):
         sm = sink_mass(r["stats"])
         lines.append(f"| {label} | " + " | ".join(f"{vals[b[0]]:.3f}" if b[0] in vals else "" for b in dist)
                      + f" | {'' if sm is None else f'{sm:.3f}'} |")
+    sink_rows = [(label, r) for label, r in ones[1:] + [(f"sinks, {K_MAX}x", got.get(("sinks", K_MAX)))]
+                 if r and sinks_by_position(r["stats"])]
+    if sink_rows:
+        lines += ["", f"### {study}: weight on the 4 sinks by query position (mean over layers and heads)", "",
+                  "At 1x nothing is evicted: the weight each segment's first 4 tokens get with no sinks at all.", "",
+                  "| method | " + " | ".join(bucket_label(s, e) for s, e in buckets) + " |",
+                  "|---|" + "---:|" * len(buckets)]
+        for label, r in sink_rows:
+            vals = sinks_by_position(r["stats"])
+            lines.append(f"| {label} | " + " | ".join(f"{vals[b[0]]:.3f}" if b[0] in vals else "" for b in buckets)
+                         + " |")
     lines += ["", "Commands (the text: " + "; ".join(f"`{c}`" for c in next(iter(got.values()))["text_recipe"])
               + "):", ""]
     for m, k in cells_of(study):
@@ -315,9 +359,10 @@ def plot(cells, studies, out):
             ax_h.plot([math.sqrt(max(1, s) * e) for s, e, _, _ in pb], [h for *_, h in pb], marker="o", ms=3,
                       color=color, ls=ls, label=label)
             db = [(s, e, v) for s, e, v in by_distance(r["stats"]) if v > 0]
-            sm, first4 = sink_mass(r["stats"]), got.get(("sinks", 1))
-            note = "" if sm is None else f" (sinks {sm:.2f}" + ("" if first4 is None else
-                                                              f"; first 4 tokens at 1x {sink_mass(first4['stats']):.2f}") + ")"
+            past, first4 = sinks_share(r["stats"], L, 1 << 62), got.get(("sinks", 1))
+            base = sinks_share(first4["stats"], L // 2, L) if first4 else None
+            note = "" if past is None else f" (on the sinks past L {past:.2f}" + (
+                "" if base is None else f"; first 4 tokens at 1x, queries in [L/2, L): {base:.2f}") + ")"
             ax_m.plot([math.sqrt(max(1, s) * e) for s, e, _ in db], [v for *_, v in db], marker="o", ms=3,
                       color=color, ls=ls, label=label + note)
         ticks = [L // 2 ** i for i in range(3, -1, -1)] + [L * 2 ** i for i in range(1, 1 + round(math.log2(K_MAX)))]
@@ -375,7 +420,8 @@ def main(argv=None):
                     "is there)")
     args = ap.parse_args(argv)
     ex.check_fanout_args(args, "attention_study")
-    studies = args.studies.split(",") if args.studies else [s for s in STUDIES if present(s)]
+    studies = (args.studies.split(",") if args.studies else
+               list(STUDIES) if args.collect or args.cell else [s for s in STUDIES if present(s)])
     bad = [s for s in studies if s not in STUDIES]
     if bad:
         sys.exit(f"attention_study: --studies {bad[0]}: expected some of {', '.join(STUDIES)}")
@@ -404,7 +450,8 @@ def main(argv=None):
         jobs = args.jobs or max(1, (os.cpu_count() or 1) // args.threads)
         todo = [n for n in names if not (results / f"{n}.json").is_file()]
         ex.run_pool("attention_study", todo, lambda n: run_cell(n, args.threads, results), jobs)
-        files, missing = collect([results], out, studies)
+        # every study with cells in the folder, also one whose model is absent here
+        files, missing = collect([results], out, STUDIES)
         ex.report_written("attention_study", files, out, missing)
     except (RuntimeError, ValueError) as e:
         sys.exit(f"attention_study: {e}")

@@ -595,12 +595,13 @@ class Study:
 
 def job_cost(study, method, tokens, E):
     """A rough relative cost, only to start the longest runs first: tokens fed,
-    times the attention span, times the model's size (SmolLM2 ~100x the
-    small models), times ~4 for the methods run one token at a time (the
-    pre-RoPE cache of exact dynamic NTK and sinks)."""
+    times the attention span (sinks: the cache of L), times the model's size
+    (SmolLM2 ~100x the small models), times ~4 for exact dynamic NTK, whose
+    keys are rotated per query inside attention (kernels.h's QueryFrames);
+    sinks cost what none does (SmolLM2 at 2x: 22 and 20 min on one thread)."""
     size = 100 if "smollm2" in study.name else 1
-    one_at_a_time = method in ("dynamic-exact", "sinks")
-    return tokens * (1 + E / 2048) * size * (4 if one_at_a_time else 1)
+    span = study.L if method == "sinks" else E
+    return tokens * (1 + span / 2048) * size * (4 if method == "dynamic-exact" else 1)
 
 
 def ppl_jobs(study, where, not_run=False):
