@@ -22,8 +22,8 @@ The methods' settings are tools/extrapolation.py's (method_flags). Studies:
   bundled   models/model.bin, L = 256: the perplexity study's 16,384 tokens, 16
             windows at 4x (seconds a cell)
   smollm2   models/smollm2/model-q8_0.bin (make smollm2), L = 8192: one window of
-            32,768 tokens at 4x (5-14 min a cell on one thread; 82 CPU-minutes
-            for its eight cells)
+            32,768 tokens at 4x (5-14 min a cell on one thread; 92 CPU-minutes
+            for its nine cells)
 
 Outputs (in --out, default docs/extrapolation/):
     attention.md     per study: the mean entropy (over layers and heads) by position
