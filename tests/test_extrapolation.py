@@ -974,3 +974,17 @@ def test_shown_paths_keep_a_linked_model_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(ex, "ROOT", root)
     assert ex.Where().path(root / "models" / "smollm2" / "model-q8_0.bin") == "models/smollm2/model-q8_0.bin"
     assert ex.Where().path(elsewhere / "model-q8_0.bin") == "model-q8_0.bin"  # truly outside: its name
+
+
+def test_position_plot_takes_the_largest_factor_with_cells():
+    """nll_vs_position.png draws a study at its largest k that has results: with
+    every 4x cell missing, the 2x cells (their bins kept in results.json)."""
+    s = _study(factors=(1, 2, 4))
+    rows = [dict(model="bundled", method="none", k=k, missing=(k == 4)) for k in (1, 2, 4)]
+    assert ex.plotted_factor(s, rows) == 2
+    rows[2]["missing"] = False
+    assert ex.plotted_factor(s, rows) == 4
+    rows = [dict(model="bundled", method="none", k=k, position_bins=[1], per_position=None) for k in (1, 2)]
+    rows.append(dict(model="bundled", method="none", k=4, missing=True))
+    ex.add_position_bins(rows, [s])
+    assert [("position_bins" in r) for r in rows] == [False, True, False]

@@ -953,7 +953,8 @@ def plot_ppl(ppl, studies, out):
 
     fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.8), squeeze=False)
     for ax, s in zip(axes[0], studies):
-        kmax = max(s.factors)
+        kmax = plotted_factor(s, ppl)
+        later = [factor_label(k) for k in s.factors if k > kmax]  # the larger factors, still missing
         for m in s.rows:
             hit = [r for r in ppl if r["model"] == s.name and r["method"] == m and r["k"] == kmax
                    and r.get("position_bins")]
@@ -969,7 +970,8 @@ def plot_ppl(ppl, studies, out):
                             color=line.get_color(), alpha=0.15, lw=0)
         finish_axes(ax, s.L, "position in the window (tokens)",
                     "NLL (nats): mean per quarter octave, 95% bootstrap band",
-                    f"{s.name}: NLL by position at {factor_label(kmax)} (ctx {s.ctx(kmax)})",
+                    f"{s.name}: NLL by position at {factor_label(kmax)} (ctx {s.ctx(kmax)})"
+                    + (f"; {', '.join(later)} missing" if later else ""),
                     [4 ** i for i in range(1 + round(math.log(s.ctx(kmax), 4)))])
     fig.tight_layout()
     fig.savefig(out / "nll_vs_position.png", dpi=110)
@@ -1068,14 +1070,23 @@ def cost_table(meta):
     return lines
 
 
+def plotted_factor(study, ppl):
+    """The k whose cells nll_vs_position.png draws for a perplexity study: the
+    largest with a result (a study still missing its largest k shows the next)."""
+    have = {r["k"] for r in ppl if r["model"] == study.name and measured(r)}
+    done = [k for k in study.factors if k in have]
+    return max(done) if done else max(study.factors)
+
+
 def add_position_bins(ppl, studies):
     """position_bins() of the cells nll_vs_position.png draws (each perplexity
-    study's largest k), on those cells and no other: results.json keeps them,
+    study's largest k with results: plotted_factor), on those cells and no
+    other: results.json keeps them,
     not the per-position values, so that --replot can draw the plot again. A
     cell file holds its bins already (run_cell); per-position values, where a
     result still has them, are binned here."""
     for s in studies:
-        kmax = max(s.factors)
+        kmax = plotted_factor(s, ppl) if s.kind == "ppl" else None
         for r in ppl:
             if s.kind != "ppl" or r["model"] != s.name:
                 continue
