@@ -294,7 +294,7 @@ test: build test-c sanitize fuzz-smoke test-py
 # run again, so the study resumes where it stopped and takes cells made on
 # other machines (`tools/extrapolation.py --list` prints every cell as a
 # command; docs/extrapolation/README.md). SmolLM2's cells are most of its
-# CPU time: one window of 16,384 tokens took 3.4-4.0 CPU-minutes here.
+# CPU time: one window of 16,384 tokens took 3-4 CPU-minutes here.
 # EXTRAPOLATION_ARGS=--quick runs a subset in a few minutes into a temporary
 # folder. The cells run EXTRAPOLATION_JOBS at a time (default: one per core,
 # one thread each). Then the fine-tuned rows (tools/finetune_study.py): each

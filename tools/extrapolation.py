@@ -719,7 +719,8 @@ def ppl_table(study, results):
     for k in study.factors:
         ws = [r["nll_se_windows"] for r in rows if r["k"] == k and r.get("nll_se_windows") is not None
               and not r.get("same_as")]
-        half.append(f"±{Z95 * max(ws):.3f}" if ws else "n/a (1 window)")
+        ran = any(r["k"] == k and measured(r) for r in rows)
+        half.append(f"±{Z95 * max(ws):.3f}" if ws else "n/a (1 window)" if ran else "missing")
     lines.append("| windows-based 95% half-width, nats (largest in column) | " + " | ".join(half) + " |")
     few = [factor_label(k) for k in study.factors if k in none and none[k]["windows"] < 4]
     lines += ["", "Cells: perplexity [95% interval with the tokens as independent draws: run's ppl_lo, ppl_hi]. "
