@@ -1010,6 +1010,20 @@ SUMMARY = re.compile(rb"\[(stopped by Ctrl-C: )?(\d+) tokens(?:, [0-9.]+ tok/s)?
                      rb"context (\d+) of (\d+) tokens used\]")
 
 
+def _terminal_session():
+    """In the child: the pty becomes its controlling terminal, and the signals a
+    terminal sends get their default actions, as a shell gives a foreground job.
+    The suite may itself run with them ignored (under nohup, or as a background
+    job of a script, where SIGINT is ignored), which the child would inherit:
+    then run rightly leaves them ignored, and Ctrl-C would do nothing."""
+    import fcntl
+    import signal
+    import termios
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 class Terminal:
     """./run with stdin, stderr and (unless pipe_stdout) stdout on a
     pseudo-terminal of 120 columns that is its controlling terminal (TERM=xterm),
@@ -1029,7 +1043,7 @@ class Terminal:
         self.proc = subprocess.Popen(
             [str(run_bin())] + [str(a) for a in args], stdin=self.slave, stderr=self.slave,
             stdout=subprocess.PIPE if pipe_stdout else self.slave, env=env, start_new_session=True,
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+            preexec_fn=_terminal_session)
         self.screen = b""  # everything the terminal got
         self.mark = 0      # how far read_until has looked
         self.piped = b""   # pipe_stdout: what stdout got, read by a thread (a full pipe would block run)
