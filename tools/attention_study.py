@@ -207,11 +207,12 @@ def run_cell(name, threads, results):
 # --------------------------------------------------------------------------
 # Summaries of a cell's statistics: means over layers and heads
 
-def by_position(stats):
-    """[(start, end, queries, mean entropy over layers and heads)] per position bucket."""
+def by_position(stats, key="entropy"):
+    """[(start, end, queries, mean of stats[key] over layers and heads)] per position
+    bucket: the entropy, or the weight on the sinks (sink_mass_by_position)."""
     out = []
     for b, bucket in enumerate(stats["position_buckets"]):
-        vals = [head[b] for layer in stats["entropy"] for head in layer]
+        vals = [head[b] for layer in stats[key] for head in layer]
         if bucket["queries"]:
             out.append((bucket["start"], bucket["end"], bucket["queries"], sum(vals) / len(vals)))
     return out
@@ -236,21 +237,16 @@ def sinks_by_position(stats):
     """{start: mean weight on the sinks over layers and heads} per position bucket."""
     if not stats.get("sink_mass_by_position"):
         return {}
-    out = {}
-    for b, bucket in enumerate(stats["position_buckets"]):
-        vals = [head[b] for layer in stats["sink_mass_by_position"] for head in layer]
-        out[bucket["start"]] = sum(vals) / len(vals)
-    return out
+    return {start: v for start, _, _, v in by_position(stats, "sink_mass_by_position")}
 
 
 def sinks_share(stats, lo, hi):
     """The mean weight on the sinks of the queries at positions lo..hi-1 (whole
     buckets), over layers and heads; None without the by-position statistics."""
-    vals, counts = sinks_by_position(stats), {b["start"]: b["queries"] for b in stats["position_buckets"]}
-    kept = [s for s in vals if lo <= s < hi]
-    if not kept:
+    if not stats.get("sink_mass_by_position"):
         return None
-    return sum(vals[s] * counts[s] for s in kept) / sum(counts[s] for s in kept)
+    kept = [(q, v) for start, _, q, v in by_position(stats, "sink_mass_by_position") if lo <= start < hi]
+    return sum(q * v for q, v in kept) / sum(q for q, _ in kept) if kept else None
 
 
 def sink_mass(stats):
@@ -318,7 +314,7 @@ def study_tables(study, cells):
         sm = sink_mass(r["stats"])
         lines.append(f"| {label} | " + " | ".join(f"{vals[b[0]]:.3f}" if b[0] in vals else "" for b in dist)
                      + f" | {'' if sm is None else f'{sm:.3f}'} |")
-    sink_rows = [(label, r) for label, r in ones[1:] + [(f"sinks, {K_MAX}x", got.get(("sinks", K_MAX)))]
+    sink_rows = [(label, r) for label, r in [("sinks, 1x", sinks1), (f"sinks, {K_MAX}x", got.get(("sinks", K_MAX)))]
                  if r and sinks_by_position(r["stats"])]
     if sink_rows:
         lines += ["", f"### {study}: weight on the 4 sinks by query position (mean over layers and heads)", "",
@@ -351,6 +347,8 @@ def plot(cells, studies, out):
         got = {(r["method"], r["k"]): r for r in cells.values() if r["study"] == study}
         L = next(iter(got.values()))["L"]
         ref = got.get(("none", 1))
+        first4 = got.get(("sinks", 1))  # the first 4 tokens' weight late in L at 1x, beside the sinks' past L
+        base = sinks_share(first4["stats"], L // 2, L) if first4 else None
         series = ([("none, 1x", ref, "black", ":")] if ref else []) + \
             [(f"{m}, {K_MAX}x", got[(m, K_MAX)], f"C{i}", "--" if m == "sinks" else "-")
              for i, m in enumerate(METHODS) if (m, K_MAX) in got]
@@ -359,8 +357,7 @@ def plot(cells, studies, out):
             ax_h.plot([math.sqrt(max(1, s) * e) for s, e, _, _ in pb], [h for *_, h in pb], marker="o", ms=3,
                       color=color, ls=ls, label=label)
             db = [(s, e, v) for s, e, v in by_distance(r["stats"]) if v > 0]
-            past, first4 = sinks_share(r["stats"], L, 1 << 62), got.get(("sinks", 1))
-            base = sinks_share(first4["stats"], L // 2, L) if first4 else None
+            past = sinks_share(r["stats"], L, 1 << 62)
             note = "" if past is None else f" (on the sinks past L {past:.2f}" + (
                 "" if base is None else f"; first 4 tokens at 1x, queries in [L/2, L): {base:.2f}") + ")"
             ax_m.plot([math.sqrt(max(1, s) * e) for s, e, _ in db], [v for *_, v in db], marker="o", ms=3,

@@ -1082,14 +1082,16 @@ def plotted_factor(study, ppl):
 def add_position_bins(ppl, studies):
     """position_bins() of the cells nll_vs_position.png draws (each perplexity
     study's largest k with results: plotted_factor), on those cells and no
-    other: results.json keeps them,
-    not the per-position values, so that --replot can draw the plot again. A
-    cell file holds its bins already (run_cell); per-position values, where a
-    result still has them, are binned here."""
+    other: results.json keeps them, not the per-position values, so that
+    --replot can draw the plot again. A cell file holds its bins already
+    (run_cell); per-position values, where a result still has them, are
+    binned here."""
     for s in studies:
-        kmax = plotted_factor(s, ppl) if s.kind == "ppl" else None
+        if s.kind != "ppl":
+            continue
+        kmax = plotted_factor(s, ppl)
         for r in ppl:
-            if s.kind != "ppl" or r["model"] != s.name:
+            if r["model"] != s.name:
                 continue
             if r["k"] != kmax:
                 r.pop("position_bins", None)
