@@ -638,30 +638,37 @@ def test_bad_arguments_exit_with_one_line(argv, message, capsys):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_smollm2_passkey_plan_lists_the_cells_left_out():
+def test_smollm2_passkey_plan_runs_every_method_at_2x():
+    """Every method's 2x passkey cell is in the plan (5 keys per depth; at k <= 1
+    only none runs), nothing is left out; a cell not collected yet shows as
+    missing, with its command."""
     cfg = ex.FULL["smollm2-passkey"]
     s = _study("passkey", "smollm2-passkey", 8192, cfg["factors"], cfg["rows"], depths=cfg["depths"],
-               trials=cfg["trials"], at=cfg["at"], ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin")
+               trials=cfg["trials"], at=cfg["at"], note=cfg["note"],
+               ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin")
     ran = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where())}
-    left = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where(), not_run=True)}
-    assert set(ran) == {("none", k) for k in ex.SMOL_PASSKEY_FACTORS} | {("yarn", 2)}
-    assert set(left) == {(m, 2) for m in ex.ROWS if m not in ("none", "yarn")}
+    assert set(ran) == {("none", k) for k in ex.SMOL_PASSKEY_FACTORS} | {(m, 2) for m in ex.ROWS}
+    assert not ex.passkey_jobs(s, ex.Where(), not_run=True)
     assert ran[("none", 2)]["shown"].endswith("--ctx 16384 --lengths 16375 --depths 0,0.5,1 --trials 5 --json")
     assert "--depths 0,0.5,1 --trials 10 --json" in ran[("none", 0.5)]["shown"]
-    assert left[("sinks", 2)]["shown"].endswith("--ctx 8192 --lengths 16375 --depths 0,0.5,1 --trials 5 --json "
-                                                "--sinks 4")
+    assert ran[("sinks", 2)]["shown"].endswith("--ctx 8192 --lengths 16375 --depths 0,0.5,1 --trials 5 --json "
+                                               "--sinks 4")
+    gone = {("sinks", 2), ("ntk", 2)}  # not collected yet
     results = [dict(model=s.name, method=m, k=k, cells=[dict(depth=d, correct=0, trials=s.trials_at(k))
                                                         for d in s.depths_at(k)], command=j["shown"])
-               for (m, k), j in ran.items()]
-    results += [dict(model=s.name, method=m, k=k, cells=[], not_run=True, command=j["shown"])
-                for (m, k), j in left.items()]
+               for (m, k), j in ran.items() if (m, k) not in gone]
+    results += [dict(model=s.name, method=m, k=k, cells=[], missing=True, command=ran[(m, k)]["shown"])
+                for m, k in gone]
     text = "\n".join(ex.passkey_table(s, ex.fill_same_as_none(results, [s])))
     assert text.startswith("### smollm2: passkey accuracy")
-    assert "| ntk | = none | = none | = none | not run |" in text
+    assert "| ntk | = none | = none | = none | missing |" in text
     assert "| yarn | = none | = none | = none | 0/15 [0%, 20%] |" in text
+    assert "| llama3 | = none | = none | = none | 0/15 [0%, 20%] |" in text
     assert "| none | 0.5 | 0/10 | 0/10 | 0/10 | 0/5 |" in text
     assert "prompts of k L - 9 tokens, plain text" in text
-    assert "# sinks, 2x: not run\n" + left[("sinks", 2)]["shown"] in text
+    assert "at 2x 5 trials (a 16k-token prompt costs" in text and "methods " not in text
+    assert "# sinks, 2x: missing\n" + ran[("sinks", 2)]["shown"] in text
+    assert "not run" not in text
 
 
 def test_chat_form_passkey_cells():
@@ -672,7 +679,7 @@ def test_chat_form_passkey_cells():
                trials=cfg["trials"], at=cfg["at"], ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin",
                chat=cfg["chat"])
     ran = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where())}
-    assert set(ran) == {("none", k) for k in ex.SMOL_PASSKEY_FACTORS} | {("yarn", 2)}
+    assert set(ran) == {("none", k) for k in ex.SMOL_PASSKEY_FACTORS} | {(m, 2) for m in ex.ROWS}
     assert ran[("none", 1)]["shown"].endswith("--ctx 8192 --lengths 8171 --depths 0,0.5,1 --trials 10 --json --chat")
     assert ran[("yarn", 2)]["shown"].endswith("--lengths 16363 --depths 0,0.5,1 --trials 5 --json --chat "
                                               "--rope-scaling yarn --rope-factor 2")
@@ -747,7 +754,7 @@ _PLAN = ex.make_plan(studies=["bundled", "retrieval", "smollm2-passkey"])
 def test_list_commands_are_well_formed_and_unique_per_cell():
     jobs = _fake_jobs(_plan_studies())
     cmds = [ex.cell_command(_PLAN, j["name"], 2, _Path("results")) for j in jobs]
-    assert len(set(cmds)) == len(cmds) == len({j["name"] for j in jobs}) == 18 + 18 + 5
+    assert len(set(cmds)) == len(cmds) == len({j["name"] for j in jobs}) == 18 + 18 + 12
     for j, cmd in zip(jobs, cmds):
         argv = _shlex.split(cmd)
         assert argv[:2] == [".venv/bin/python", "tools/extrapolation.py"], cmd
@@ -756,10 +763,10 @@ def test_list_commands_are_well_formed_and_unique_per_cell():
         assert ex.plan_from_args(args) == _PLAN
         assert ex.parse_cell_name(args.cell) == (j["study"].name, j["method"], j["k"])
         assert "/work" not in cmd and "/tmp" not in cmd and "nonexistent" not in cmd
-    # cells left out for time (SmolLM2 at 2x) and those that are none's run (k <= 1) are not cells of their own
+    # the cells that are none's run (k <= 1) are not cells of their own
     names = {j["name"] for j in jobs}
     assert "smollm2-passkey_none_0.25x" in names and "smollm2-passkey_yarn_2x" in names
-    assert "smollm2-passkey_yarn_0.5x" not in names and "smollm2-passkey_sinks_2x" not in names
+    assert "smollm2-passkey_sinks_2x" in names and "smollm2-passkey_yarn_0.5x" not in names
     assert ex.make_plan(studies=list(ex.FULL)) == ex.make_plan()  # one plan, however it is typed
     for bad in ("bundled_yarn", "bundled_yarn_4", "bundled_yarn_fourx", "bundled_yarn_4x_b"):
         with pytest.raises(ValueError):
@@ -804,10 +811,10 @@ def _outputs(folder_list, out, plots=False):
 def test_run_cells_writes_a_file_per_cell_and_prints_progress(tmp_path, capsys):
     folder = _run_all(tmp_path, capsys)
     progress = capsys.readouterr().err.splitlines()
-    assert len(progress) == 41 and progress[-1].startswith("[41/41]")
+    assert len(progress) == 48 and progress[-1].startswith("[48/48]")
     assert all("elapsed, about" in line and "left" in line for line in progress)
     files = sorted(folder.iterdir())
-    assert len(files) == 41 and all(f.suffix == ".json" for f in files)  # no temporary file left
+    assert len(files) == 48 and all(f.suffix == ".json" for f in files)  # no temporary file left
     rec = _json.loads((folder / "bundled_yarn_4x.json").read_text())
     assert rec["cell"] == "bundled_yarn_4x" and rec["plan"] == _PLAN and rec["threads"] == 1
     assert rec["wall_s"] >= 0 and rec["study"]["L"] == 256 and rec["study"]["ckpt"] == "models/model.bin"
@@ -838,10 +845,10 @@ def test_collect_from_two_folders_equals_one_folder(tmp_path, capsys):
         for key in ("table", "csv", "passkey", "ppl_rows", "pk_rows"):
             assert got[key] == one[key], key
         assert got["meta"]["cost"] == one["meta"]["cost"] and got["meta"]["missing"] == []
-    assert two["meta"]["collected_files"] == 41 and two["meta"]["collected_folders"] == 2
+    assert two["meta"]["collected_files"] == 48 and two["meta"]["collected_folders"] == 2
     text = "\n".join(one["table"])
     assert "missing" not in text.replace("| missing |", "")  # the cost table's column, nothing else
-    assert "| smollm2-passkey | 2x | 2 | 0 |" in text and "not run" in text  # left out for time, as before
+    assert "| smollm2-passkey | 2x | 9 | 0 |" in text and "not run" not in text  # every method at 2x
     assert "| yarn | = none | = none | = none |" in text
 
 
@@ -907,9 +914,9 @@ def test_collect_refuses_what_is_not_one_plan_of_cells(tmp_path, capsys):
         study=dict(rec["study"], text_recipe=["head -c 99 heldout.txt > books.txt"]))))
     refused([folder], "describes study bundled unlike")
     (folder / "bundled_ntk_4x.json").unlink()
-    left_out = _json.loads((folder / "smollm2-passkey_yarn_2x.json").read_text())  # sinks at 2x: not run
-    (other / "smollm2-passkey_sinks_2x.json").write_text(_json.dumps(dict(left_out, cell="smollm2-passkey_sinks_2x")))
-    refused([folder, other], "cell smollm2-passkey_sinks_2x: expected a cell of its plan")
+    as_none = _json.loads((folder / "smollm2-passkey_yarn_2x.json").read_text())  # yarn at 1x: none's run
+    (other / "smollm2-passkey_yarn_1x.json").write_text(_json.dumps(dict(as_none, cell="smollm2-passkey_yarn_1x")))
+    refused([folder, other], "cell smollm2-passkey_yarn_1x: expected a cell of its plan")
     with pytest.raises(SystemExit) as e:
         ex.main(["--collect", str(folder), "--quick"])
     assert "takes its plan from the cell files" in str(e.value)

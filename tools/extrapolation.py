@@ -26,8 +26,8 @@ Studies (each skipped with a message when its files are absent):
                passkey on SmolLM2 in both prompt forms: plain text, and the chat
                form (-m passkey --chat, the checkpoint's template; prompts of
                E - 21 tokens, room for a reply that restates the question);
-               k = 1/4 .. 1 with 10 keys per (length, depth), 2x with 5 keys for
-               none and yarn
+               k = 1/4 .. 1 with 10 keys per (length, depth), 2x with 5 keys,
+               every method
 
 Methods at context E = k L (the literature's choices; at k <= 1 no scaling):
     none          plain RoPE
@@ -154,14 +154,14 @@ FULL = {
     "smollm2": dict(kind="ppl", factors=SMOL_FACTORS, rows=ROWS, tokens=3 * 4 * 8192),
     # Passkey in both prompt forms (docs/passkey.md): plain text, and the
     # chat form (--chat: the checkpoint's template, the question as one user
-    # turn). 10 keys per (length, depth) up to 1x; at 2x, 5 keys for none and
-    # yarn (a 16k-token prompt costs SmolLM2 about 3.5 CPU-minutes, so each
-    # such cell is about 50 CPU-minutes).
+    # turn). 10 keys per (length, depth) up to 1x; at 2x, every method with 5
+    # keys (a 16k-token prompt costs SmolLM2 about 3.5 CPU-minutes, so each
+    # such cell is about 50 CPU-minutes, exact dynamic NTK's about three times that).
     "smollm2-passkey": dict(kind="passkey", factors=SMOL_PASSKEY_FACTORS, rows=ROWS, depths=(0, 0.5, 1), trials=10,
-                            at={2: dict(trials=5, rows=("none", "yarn"))},
+                            at={2: dict(trials=5)},
                             note="a 16k-token prompt costs SmolLM2 about 3.5 CPU-minutes"),
     "smollm2-chat": dict(kind="passkey", factors=SMOL_PASSKEY_FACTORS, rows=ROWS, depths=(0, 0.5, 1), trials=10,
-                         at={2: dict(trials=5, rows=("none", "yarn"))}, chat=True,
+                         at={2: dict(trials=5)}, chat=True,
                          note="a 16k-token prompt costs SmolLM2 about 3.5 CPU-minutes"),
 }
 # --quick: every kind of cell (every method, sinks, a passkey heatmap, SmolLM2's
