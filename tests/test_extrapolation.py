@@ -371,7 +371,6 @@ def test_smollm2_runs_none_alone_up_to_its_training_context():
     ran = sorted((j["method"], j["k"]) for j in jobs)
     assert ran == sorted([("none", k) for k in ex.SMOL_FACTORS] + [(m, k) for m in ex.ROWS if m != "none"
                                                                     for k in (2, 4)])
-    assert not ex.ppl_jobs(s, ex.Where(), not_run=True)  # every cell of the plan runs
     assert cfg["tokens"] >= 3 * 4 * 8192  # at least 3 windows at 4x
     fake = [dict(model="smollm2", method=j["method"], k=j["k"], ppl=10.0 + j["k"]) for j in jobs]
     filled = ex.fill_same_as_none(fake, [s])
@@ -648,7 +647,6 @@ def test_smollm2_passkey_plan_runs_every_method_at_2x():
                ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin")
     ran = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where())}
     assert set(ran) == {("none", k) for k in ex.SMOL_PASSKEY_FACTORS} | {(m, 2) for m in ex.ROWS}
-    assert not ex.passkey_jobs(s, ex.Where(), not_run=True)
     assert ran[("none", 2)]["shown"].endswith("--ctx 16384 --lengths 16375 --depths 0,0.5,1 --trials 5 --json")
     assert "--depths 0,0.5,1 --trials 10 --json" in ran[("none", 0.5)]["shown"]
     assert ran[("sinks", 2)]["shown"].endswith("--ctx 8192 --lengths 16375 --depths 0,0.5,1 --trials 5 --json "
@@ -692,23 +690,6 @@ def test_chat_form_passkey_cells():
     assert "| none | 2043 | 4075 | 8171 | 16363 |" not in text and "(2027)" in text  # 1/4x: 2048 - 21
 
 
-def test_ppl_cells_left_out_are_listed_with_their_commands():
-    s = _study(name="smollm2", L=8192, factors=ex.SMOL_FACTORS[:4], rows=("none", "ntk", "yarn", "self-extend",
-                                                                          "sinks"),
-               at={2: dict(rows=("none", "ntk", "yarn"))}, note="a note on why", text_recipe=["make the text"])
-    ran = {(j["method"], j["k"]) for j in ex.ppl_jobs(s, ex.Where())}
-    left = {(j["method"], j["k"]): j for j in ex.ppl_jobs(s, ex.Where(), not_run=True)}
-    assert ran == {("none", k) for k in ex.SMOL_FACTORS[:4]} | {("ntk", 2), ("yarn", 2)}
-    assert set(left) == {("self-extend", 2), ("sinks", 2)}
-    rows = [_ppl_row("smollm2", m, k, 8192, 20.0, 8 if k < 1 else 1) for m, k in sorted(ran)]
-    rows += [dict(model="smollm2", method=m, k=k, ctx=16384, train_ctx=8192, flags="", command=j["shown"],
-                  not_run=True) for (m, k), j in left.items()]
-    text = "\n".join(ex.ppl_table(s, ex.fill_same_as_none(rows, [s])))
-    assert "| self-extend | = none | = none | = none | not run |" in text
-    assert "\"not run\": left out to keep the study's time (a note on why)" in text
-    assert "# sinks, 2x: not run\n" + left[("sinks", 2)]["shown"] in text
-
-
 # --------------------------------------------------------------------------
 # The study fanned out: --list's commands, the cell files, --collect. Cells
 # are run by fake runners (no model) except in the last test.
@@ -720,7 +701,7 @@ import subprocess as _subprocess
 
 def _plan_studies():
     """Studies shaped like the full plan's: every method, a sinks row, SmolLM2's
-    '= none' and 'not run' cells, a passkey study with its factors' own depths."""
+    '= none' cells, a passkey study with its factors' own depths."""
     smol = ex.FULL["smollm2-passkey"]
     return [_study(factors=(1, 4)), _study("passkey", "retrieval", factors=(1, 4), depths=(0, 1), trials=2),
             _study("passkey", "smollm2-passkey", 8192, smol["factors"], smol["rows"], depths=smol["depths"],

@@ -106,8 +106,10 @@ Usage:
     .venv/bin/python tools/extrapolation.py --collect DIR [DIR ...] [--out DIR]
     .venv/bin/python tools/extrapolation.py --stream-cell CKPT TEXT --window E --ctx L [-z TOK]
     .venv/bin/python tools/extrapolation.py --replot [--out DIR]   # the plots from DIR/results.json
-(`make extrapolation` runs it with the defaults, about an hour on 2 cores;
-`make extrapolation EXTRAPOLATION_ARGS=--quick` the subset. --quick, and
+(`make extrapolation` runs it with the defaults and --results docs/extrapolation/cells,
+so only the cells without a committed file; from scratch the cells take about 0.9
+CPU-hours without SmolLM2 and 33 with it (docs/extrapolation/README.md, "What it
+costs"). `make extrapolation EXTRAPOLATION_ARGS=--quick` runs the subset. --quick, and
 --collect of a --quick plan, write to a new temporary folder unless --out is
 given, so they never replace the study.)
 """
@@ -477,22 +479,20 @@ GAP = (math.nan, math.nan, math.nan)  # a missing cell's (ppl, lo, hi) in a plot
 
 
 def measured(r):
-    """Whether a result row holds a measurement (not a cell left out for time, nor a missing one)."""
-    return not r.get("not_run") and not r.get("missing")
+    """Whether a result row holds a measurement (not a missing cell)."""
+    return not r.get("missing")
 
 
 def command_mark(r):
-    """What follows '# method, k' above a cell's command: ': not run', ': missing' or nothing."""
-    return ": missing" if r.get("missing") else ": not run" if r.get("not_run") else ""
+    """What follows '# method, k' above a cell's command: ': missing' or nothing."""
+    return ": missing" if r.get("missing") else ""
 
 
 def ppl_cell(r):
-    """'88.16 [86.90, 89.45]'; '= none' for a cell that is none's run; 'not run';
+    """'88.16 [86.90, 89.45]'; '= none' for a cell that is none's run;
     'missing' for a cell whose file was not collected."""
     if r.get("missing"):
         return "missing"
-    if r.get("not_run"):
-        return "not run"
     if r.get("same_as"):
         return f"= {r['same_as']}"
     return f"{fmt(r['ppl'])} [{fmt(r['ppl_lo'])}, {fmt(r['ppl_hi'])}]"
@@ -559,7 +559,7 @@ class Study:
         self.factors, self.rows, self.data = tuple(factors), tuple(rows), data
         self.text, self.text_recipe, self.tokens = text, list(text_recipe), tokens
         self.depths, self.trials, self.filler = tuple(depths), trials, filler
-        self.at = at or {}  # k -> {"rows", "depths", "trials"}: what differs at that factor
+        self.at = at or {}  # k -> {"depths", "trials"}: what differs at that factor
         self.note = note  # why the plan differs by length, for the table
         self.title = name.replace("-passkey", "")  # smollm2-passkey is smollm2's passkey study
         self.chat = chat  # passkey: the prompts in the checkpoint's chat template (run -m passkey --chat)
@@ -574,20 +574,13 @@ class Study:
     def depths_at(self, k):
         return tuple(self.at.get(k, {}).get("depths", self.depths))
 
-    def rows_at(self, k):
-        return tuple(self.at.get(k, {}).get("rows", self.rows))
-
-    def not_run(self, method, k):
-        """A cell left out for time (its command is still listed)."""
-        return method not in self.rows_at(k) and not self.same_as_none(method, k)
-
     def ctx(self, k):
         return round(k * self.L)
 
-    def cells(self, not_run=False):
-        """(method, k) of the cells to run; with not_run, of those left out for time."""
-        return [(m, k) for m in self.rows for k in self.factors
-                if not self.same_as_none(m, k) and self.not_run(m, k) == not_run]
+    def cells(self):
+        """(method, k) of the cells to run: every method at every factor, but
+        at k <= 1 (reuse_below_1) only none."""
+        return [(m, k) for m in self.rows for k in self.factors if not self.same_as_none(m, k)]
 
     def same_as_none(self, method, k):
         return self.reuse_below_1 and k <= 1 and method != "none"
@@ -604,12 +597,11 @@ def job_cost(study, method, tokens, E):
     return tokens * (1 + span / 2048) * size * (4 if method == "dynamic-exact" else 1)
 
 
-def ppl_jobs(study, where, not_run=False):
+def ppl_jobs(study, where):
     """[(study, method, k, name, command-to-show, runner)] for a perplexity
-    study, the runner a function of the threads per run; with not_run, the
-    cells left out for time instead (their commands)."""
+    study, the runner a function of the threads per run."""
     jobs = []
-    for m, k in study.cells(not_run):
+    for m, k in study.cells():
         E = study.ctx(k)
         if m == "sinks":
             shown = stream_cell_command(study.ckpt, study.tok, study.text, E, study.L)
@@ -625,12 +617,11 @@ def ppl_jobs(study, where, not_run=False):
     return jobs
 
 
-def passkey_jobs(study, where, not_run=False):
-    """[(study, method, k, name, command-to-show, runner)] for a passkey study; with
-    not_run, the cells left out for time instead (their commands, at the
-    factor's depths and trials)."""
+def passkey_jobs(study, where):
+    """[(study, method, k, name, command-to-show, runner)] for a passkey study,
+    each at its factor's depths and trials."""
     jobs = []
-    for m, k in study.cells(not_run):
+    for m, k in study.cells():
         E = study.ctx(k)
         ctx = study.L if m == "sinks" else E
         flags = method_flags(m, k, study.L)
@@ -691,8 +682,7 @@ def windows_note(rows_by_k, factors):
 
 
 def ppl_table(study, results):
-    """Markdown lines: one study's perplexity table, its notes and its commands.
-    A result with not_run is a cell left out for time (its command is listed)."""
+    """Markdown lines: one study's perplexity table, its notes and its commands."""
     listed = [r for r in results if r["model"] == study.name]
     rows = [r for r in listed if measured(r)]
     if not listed:
@@ -732,9 +722,6 @@ def ppl_table(study, results):
     if any(r.get("same_as") for r in rows):
         lines.append("\"= none\": at k <= 1 the method changes nothing (no scaling; Self-Extend G = 1; a cache "
                      "that never fills), so the cell is none's run.")
-    if any(r.get("not_run") for r in listed):
-        lines.append("\"not run\": left out to keep the study's time" + (f" ({study.note})" if study.note else "")
-                     + "; its command is listed below.")
     if any(r.get("missing") for r in listed):
         lines.append(MISSING_NOTE)
     lines += ["", "Commands (from the repository root, after `make`):", "", "```"]
@@ -755,7 +742,7 @@ def ppl_table(study, results):
 
 def passkey_table(study, results):
     """Markdown lines: one passkey study's tables (pooled over depths, then by
-    depth) and its commands. A result with not_run is a cell left out for time."""
+    depth) and its commands."""
     rows = [r for r in results if r["model"] == study.name]
     if not rows:
         return []
@@ -774,8 +761,6 @@ def passkey_table(study, results):
                 parts.append(f"{d['trials']} trial{'s' if d['trials'] != 1 else ''}")
             if "depths" in d:
                 parts.append("depth" + ("s " if len(d["depths"]) > 1 else " ") + ", ".join(map(num, d["depths"])))
-            if "rows" in d:
-                parts.append("methods " + ", ".join(d["rows"]))
             return " and ".join(parts)
         lines += [f"Depths {', '.join(map(num, study.depths))}, {what(dict(trials=study.trials))} per cell; "
                   + "; ".join(f"at {factor_label(k)} {what(d)}" for k, d in sorted(study.at.items()))
@@ -790,7 +775,7 @@ def passkey_table(study, results):
     def mark(r):
         if r.get("missing"):
             return "missing"
-        return "not run" if r.get("not_run") else f"= {r['same_as']}" if r.get("same_as") else None
+        return f"= {r['same_as']}" if r.get("same_as") else None
 
     for m in study.rows:
         cells = []
@@ -818,8 +803,6 @@ def passkey_table(study, results):
     lines.append("")
     if any(r.get("same_as") for r in rows):
         lines.append("\"= none\": up to the training context the method changes nothing, so the cell is none's run.")
-    if any(r.get("not_run") for r in rows):
-        lines.append("\"not run\": left out to keep the study's time; its command is listed below.")
     if any(r.get("missing") for r in rows):
         lines.append(MISSING_NOTE)
     few = sorted({c["trials"] for r in rows for c in r["cells"] if c["trials"] < 5})
@@ -935,7 +918,7 @@ def plot_ppl(ppl, studies, out):
     for ax, s in zip(axes[0], studies):
         for m in s.rows:
             pts = sorted((r["ctx"], r["ppl"], r["ppl_lo"], r["ppl_hi"]) if not r.get("missing") else (r["ctx"],) + GAP
-                         for r in ppl if r["model"] == s.name and r["method"] == m and not r.get("not_run"))
+                         for r in ppl if r["model"] == s.name and r["method"] == m)
             if not pts:
                 continue
             x, y = [p[0] for p in pts], [p[1] for p in pts]
@@ -1002,9 +985,8 @@ def plot_passkey(study, passkey, out):
         grid = [[math.nan] * len(study.factors) for _ in study.depths]
         for j, k in enumerate(study.factors):
             hit = [r for r in rows if r["method"] == m and r["k"] == k]
-            if hit and (hit[0].get("not_run") or hit[0].get("missing")):
-                ax.text(j, (len(study.depths) - 1) / 2, "missing" if hit[0].get("missing") else "not\nrun",
-                        ha="center", va="center", fontsize=7)
+            if hit and hit[0].get("missing"):
+                ax.text(j, (len(study.depths) - 1) / 2, "missing", ha="center", va="center", fontsize=7)
             for di, d in enumerate(study.depths):
                 c = [c for c in hit[0]["cells"] if c["depth"] == d] if hit else []
                 if c:
@@ -1297,7 +1279,7 @@ def plan_of_studies(plan, studies):
 
 
 def all_jobs(studies, where):
-    """Every cell the studies run (not those left out for time)."""
+    """Every cell the studies run."""
     return [j for s in studies for j in (ppl_jobs(s, where) if s.kind == "ppl" else passkey_jobs(s, where))]
 
 
@@ -1515,8 +1497,7 @@ def read_cells(folders):
 
 
 def placeholder(job, **mark):
-    """A result row for a cell without a measurement (missing=True: no file;
-    not_run=True: left out for time), with its command."""
+    """A result row for a cell without a file (missing=True), with its command."""
     s = job["study"]
     r = dict(model=s.name, method=job["method"], k=job["k"], ctx=job["ctx"])
     if s.kind == "passkey":
@@ -1552,8 +1533,7 @@ def cost_groups(cells, jobs):
 
 def collect(cells, meta):
     """(ppl results, passkey results, studies, meta) from the cell records:
-    every cell of their plan, those without a file marked missing, those left
-    out for time marked not run. meta gains the cells' CPU time and its
+    every cell of their plan, those without a file marked missing. meta gains the cells' CPU time and its
     groups, their wall times, and the studies of which no cell came."""
     plan = next(iter(cells.values()))["plan"]
     records = {}
@@ -1576,8 +1556,6 @@ def collect(cells, meta):
         for j in (ppl_jobs if s.kind == "ppl" else passkey_jobs)(s, Where()):
             rec = cells.get(j["name"])
             (ppl if s.kind == "ppl" else passkey).append(rec["result"] if rec else placeholder(j, missing=True))
-        for j in (ppl_jobs if s.kind == "ppl" else passkey_jobs)(s, Where(), not_run=True):
-            (ppl if s.kind == "ppl" else passkey).append(placeholder(j, not_run=True))
     ppl = fill_same_as_none(ppl, [s for s in studies if s.kind == "ppl"])
     passkey = fill_same_as_none(passkey, [s for s in studies if s.kind == "passkey"])
     key = lambda r: (r["model"], ROWS.index(r["method"]), r["k"])  # noqa: E731
@@ -1650,15 +1628,13 @@ def prepare(plan, work):
 
 def list_main(plan, threads, results):
     """--list: every cell's command, the costliest first (so that a pool that
-    takes them in order ends evenly); cells left out for time are not listed."""
+    takes them in order ends evenly)."""
     with tempfile.TemporaryDirectory() as work:
         studies, plan = prepare(plan, work)
         jobs = sorted(all_jobs(studies, Where(work)), key=lambda j: -j["cost"])
-        left_out = sum(len(s.cells(not_run=True)) for s in studies)
     for j in jobs:
         print(cell_command(plan, j["name"], threads, results))
     print(f"extrapolation: {len(jobs)} cells, the costliest first, each writing {results}/NAME.json"
-          + (f" ({left_out} left out for time are not listed)" if left_out else "")
           + f"; then: .venv/bin/python tools/extrapolation.py --collect {results}", file=sys.stderr)
 
 
