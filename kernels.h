@@ -34,6 +34,15 @@
 #endif
 extern int use_simd;
 
+/* Whether generation's float32 one-row kernel prefetches its rows in
+ * software (kernels.c's PREFETCH_AHEAD), chosen from the CPU by
+ * kernels_init(): yes on Intel, where it streamed 110M's weights 14% faster,
+ * no on AMD, where it cost 20% (docs/performance.md). It changes no result:
+ * the tests run the kernel both ways. q8_0's one-row kernels prefetch on
+ * every CPU (faster on both). */
+extern int prefetch_f32;
+void kernels_init(void); // the CPU's choices above; call once, before the first matmul
+
 /* Floats per vector of the float32 SIMD kernels (kernels.c: the column
  * kernel, the one-row kernel, the attention tiles' softmax), the widest the
  * compiler targets: 16 where -march=native finds AVX-512 (twice AVX2's

@@ -1789,6 +1789,7 @@ int main(int argc, char **argv) {
         int fits = passkey_context(&o);
         if (!flag_given(&o, "--ctx")) ctx = fits;
     }
+    kernels_init(); // the kernels' choices for this CPU (kernels.h)
 #ifdef _OPENMP
     if (o.threads > 0) omp_set_num_threads(o.threads);
 #else

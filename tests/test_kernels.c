@@ -111,6 +111,21 @@ void test_matmul_kernels(void) {
         }
         CHECK(worst_alone < 2e-4, "f32 matmul B=%d n=%d d=%d: a token alone differs from its block row by %.3g", B,
               n, d, worst_alone);
+        // The one-row kernel with and without its software prefetch (kernels.h's
+        // prefetch_f32, chosen from the CPU): the same sums, bit for bit.
+        int same_bits = 1;
+        float *other = malloc(sizeof(float) * d);
+        for (int b = 0; b < B; b++) {
+            prefetch_f32 = 1;
+            matmul(port, x + (size_t)b * n, mf, 1, n, d, &fs);
+            prefetch_f32 = 0;
+            matmul(other, x + (size_t)b * n, mf, 1, n, d, &fs);
+            same_bits &= memcmp(port, other, sizeof(float) * d) == 0;
+        }
+        kernels_init();
+        free(other);
+        CHECK(same_bits, "f32 matmul B=%d n=%d d=%d: the one-row kernel's sums differ with and without prefetch", B,
+              n, d);
 
         // q8_0: quantize W; the kernels against each other and against the
         // float matmul with the dequantized W (error from quantizing x only).
