@@ -1496,13 +1496,13 @@ def read_cells(folders):
     return cells, where
 
 
-def placeholder(job, **mark):
-    """A result row for a cell without a file (missing=True), with its command."""
+def missing_row(job):
+    """The result row of a cell without a file: missing=True, with its command."""
     s = job["study"]
     r = dict(model=s.name, method=job["method"], k=job["k"], ctx=job["ctx"])
     if s.kind == "passkey":
         r["length"] = job["length"]
-    r.update(train_ctx=s.L, flags=job["flags"], command=job["shown"], **mark)
+    r.update(train_ctx=s.L, flags=job["flags"], command=job["shown"], missing=True)
     if s.kind == "passkey":
         r["cells"] = []
     return r
@@ -1533,8 +1533,9 @@ def cost_groups(cells, jobs):
 
 def collect(cells, meta):
     """(ppl results, passkey results, studies, meta) from the cell records:
-    every cell of their plan, those without a file marked missing. meta gains the cells' CPU time and its
-    groups, their wall times, and the studies of which no cell came."""
+    every cell of their plan, those without a file marked missing. meta
+    gains the cells' CPU time and its groups, their wall times, and the
+    studies of which no cell came."""
     plan = next(iter(cells.values()))["plan"]
     records = {}
     for name in sorted(cells):
@@ -1555,7 +1556,7 @@ def collect(cells, meta):
     for s in studies:
         for j in (ppl_jobs if s.kind == "ppl" else passkey_jobs)(s, Where()):
             rec = cells.get(j["name"])
-            (ppl if s.kind == "ppl" else passkey).append(rec["result"] if rec else placeholder(j, missing=True))
+            (ppl if s.kind == "ppl" else passkey).append(rec["result"] if rec else missing_row(j))
     ppl = fill_same_as_none(ppl, [s for s in studies if s.kind == "ppl"])
     passkey = fill_same_as_none(passkey, [s for s in studies if s.kind == "passkey"])
     key = lambda r: (r["model"], ROWS.index(r["method"]), r["k"])  # noqa: E731
