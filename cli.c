@@ -130,6 +130,9 @@ static const Flag FLAGS[] = {
      "where the key sits, fractions of the filler; default 0,0.25,0.5,0.75,1"},
     {"--trials", NULL, PASS, INT, 1, 100000, FIELD(trials), NULL, "<int>", "random keys per cell, default 5"},
     {"--key-digits", NULL, PASS, INT, 1, 18, FIELD(key_digits), NULL, "<int>", "digits of a key, default 5"},
+    {"--skip-draws", NULL, PASS, INT, 0, 100000000, FIELD(skip_draws), NULL, "<int>",
+     "draw and drop n trials' keys first: with --trials 1, trial n of a\n"
+     "longer run (counted over its lengths, depths, trials) alone"},
     {"--prompts-only", NULL, PASS, SWITCH, 0, 0, FIELD(prompts_only), NULL, "",
      "print the prompts and their token counts; run nothing"},
     {"--json", NULL, PPL | ROPE | PASS | INFO, SWITCH, 0, 0, FIELD(json), NULL, "", "machine-readable output"},

@@ -30,7 +30,7 @@ typedef struct {
     const char *save_logits, *kl_base;                // ppl: logits files
     const char *attn_stats;                           // ppl: the attention statistics' JSON file
     const char *lengths, *depths;                     // passkey: comma-separated lists
-    int trials, key_digits, prompts_only;             // passkey
+    int trials, key_digits, prompts_only, skip_draws; // passkey
     // RoPE and position flags: position_overrides turns the given ones into a PositionOverrides
     int rope_scaling, rope_orig_ctx, rope_dynamic, se_group, se_window, sinks, window;
     double rope_base, rope_factor, yarn_beta_fast, yarn_beta_slow, rope_attn_factor, llama3_low_freq,

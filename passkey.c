@@ -192,6 +192,7 @@ static int passkey_draw(uint64_t *rng, int digits, int n_sentences, int from_fil
 typedef struct {
     double lengths[64], depths[64];
     int n_lengths, n_depths, trials, digits;
+    int skip_draws; // --skip-draws: trials drawn and dropped before the first
     uint64_t seed;
     const char *filler_path; // NULL: the fixed filler sentences
     int chat;                // --chat: the prompt in the chat template
@@ -202,6 +203,7 @@ typedef struct {
  * 0, 0.25, 0.5, 0.75, 1), trials, digits, seed, the prompt form. */
 static PasskeyPlan passkey_plan(const Options *o) {
     PasskeyPlan plan = {.trials = o->trials, .digits = o->key_digits, .seed = (uint64_t)o->seed,
+                        .skip_draws = o->skip_draws,
                         .filler_path = o->prompt_file, .chat = o->conversation_input, .json = o->json,
                         .prompts_only = o->prompts_only};
     plan.n_depths = o->depths ? parse_list("--depths", o->depths, 0, 0, 1, plan.depths, 64) : 5;
@@ -269,6 +271,7 @@ static void print_header(const Transformer *t, const PasskeyPlan *plan, const Pr
         out_printf("\"prompt_format\": \"%s\", ", form->ct ? "chat" : "plain");
         if (form->ct) out_printf("\"chat_template\": \"%s\", ", CHAT_TEMPLATE_NAMES[form->ct->kind]);
         if (t->keys == KEYS_SINKS) out_printf("\"sinks\": %d, ", t->pos.n_sinks);
+        if (plan->skip_draws) out_printf("\"skip_draws\": %d, ", plan->skip_draws);
         out_printf("\"position\": ");
         print_position_json(t);
         out_printf(", \"cells\": [");
@@ -395,6 +398,10 @@ void passkey_mode(const ModeInput *in) {
     if (f.n == 0) die(EXIT_BAD_INPUT, "-f %s: no filler sentences (empty text)", plan.filler_path);
     uint64_t seed_state = plan.seed * 0x9E3779B97F4A7C15ull + 1;
     if (seed_state == 0) seed_state = 1; // xorshift's fixed point
+    for (int k = 0; k < plan.skip_draws; k++) { // --skip-draws: the draws of trials that run elsewhere
+        char key[24];
+        passkey_draw(&seed_state, plan.digits, f.n, plan.filler_path != NULL, key);
+    }
     int longest = check_cells(t, &form, &plan, &f, n_new, seed_state);
     uint64_t rng = seed_state; // the same draws again, for the run
     if (!plan.prompts_only) fputs(in->summary, stderr);

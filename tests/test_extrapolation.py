@@ -725,7 +725,7 @@ def _fake_run(job):
 def _fake_jobs(studies):
     jobs = ex.all_jobs(studies, ex.Where("/nonexistent-work"))
     for j in jobs:
-        j["run"] = lambda threads, j=j: _fake_run(j)
+        j["run"] = lambda threads, parts, j=j: _fake_run(j)
     return jobs
 
 
@@ -803,7 +803,7 @@ def test_run_cells_writes_a_file_per_cell_and_prints_progress(tmp_path, capsys):
     # a cell that fails leaves no file
     job = _fake_jobs(_plan_studies())[0]
 
-    def fail(threads):
+    def fail(threads, parts):
         raise RuntimeError("./run: exit 1: boom")
     job["run"] = fail
     with pytest.raises(RuntimeError):
@@ -976,3 +976,61 @@ def test_position_plot_takes_the_largest_factor_with_cells():
     rows.append(dict(model="bundled", method="none", k=4, missing=True))
     ex.add_position_bins(rows, [s])
     assert [("position_bins" in r) for r in rows] == [False, True, False]
+
+
+def test_passkey_cell_runs_a_trial_at_a_time_and_resumes(tmp_path):
+    """passkey_by_trials: the bundled model's trials one run each give what the
+    whole command gives; a cell stopped partway goes on from its kept trials,
+    and a kept trial of another command is refused, naming its file."""
+    filler = tmp_path / "filler.txt"
+    filler.write_text(TEXT * 3)
+    depths, trials = (0, 0.5, 1), 2
+    cmd = ex.passkey_command(ex.ROOT / "models" / "model.bin", None, filler, 256, 200, depths, trials,
+                             ["--rope-scaling", "linear", "--rope-factor", "2"])
+    whole = ex.run_json(cmd)
+    parts, where = tmp_path / "cell.parts", ex.Where(tmp_path)
+    got = ex.passkey_by_trials(cmd, depths, trials, 1, parts, where)
+    for a, b in zip(got["cells"], whole["cells"], strict=True):
+        assert (a["length"], a["depth"], a["correct"]) == (b["length"], b["depth"], b["correct"])
+        assert a["trials"] == b["trials"]
+    assert got["resumed"] == 0 and got["wall_s"] > 0 and len(list(parts.glob("trial-*.json"))) == 6
+    # stopped after four trials: the other two run again, the four are read
+    for n in (4, 5):
+        (parts / f"trial-{n}.json").unlink()
+    again = ex.passkey_by_trials(cmd, depths, trials, 1, parts, where)
+    assert again["cells"] == got["cells"] and again["resumed"] == 4
+    part = _json.loads((parts / "trial-2.json").read_text())
+    assert part["command"].endswith("--depths 0.5 --trials 1 --json --rope-scaling linear --rope-factor 2 "
+                                    "--skip-draws 2") and "tmp" not in part["command"]
+    # the same folder for a cell with other flags
+    other = [c if c != "linear" else "ntk" for c in cmd]
+    with pytest.raises(RuntimeError, match=r"trial-0\.json: a trial of .*linear.*expected .*ntk"):
+        ex.passkey_by_trials(other, depths, trials, 1, parts, where)
+
+
+def test_run_cell_resumes_a_stopped_passkey_cell(tmp_path, monkeypatch):
+    """run_cell on a passkey cell stopped after two trials (a run that fails
+    the third): no cell file, two trials kept; run again, the file equals a
+    cell run at one go, says resumed_trials 2, and the kept trials are gone."""
+    filler = tmp_path / "heldout.txt"
+    filler.write_text(TEXT * 3)
+    s = _study("passkey", "retrieval", factors=(1,), depths=(0, 1), trials=2, filler=filler)
+    job = ex.passkey_jobs(s, ex.Where(tmp_path))[0]
+    one_go = ex.run_cell(job, _PLAN, 1, tmp_path / "one-go")["result"]
+    real, calls = ex.run_json, []
+
+    def stops_at_the_third(cmd, threads=1):
+        calls.append(cmd)
+        if len(calls) == 3:
+            raise RuntimeError("./run: exit 130: stopped")
+        return real(cmd, threads)
+    monkeypatch.setattr(ex, "run_json", stops_at_the_third)
+    results = tmp_path / "cells"
+    with pytest.raises(RuntimeError, match="stopped"):
+        ex.run_cell(job, _PLAN, 1, results)
+    assert [f.name for f in results.iterdir()] == [f"{job['name']}.parts"]
+    assert len(list((results / f"{job['name']}.parts").iterdir())) == 2
+    monkeypatch.setattr(ex, "run_json", real)
+    rec = ex.run_cell(job, _PLAN, 1, results)
+    assert rec["result"] == one_go and rec["resumed_trials"] == 2
+    assert [f.name for f in results.iterdir()] == [f"{job['name']}.json"]

@@ -38,7 +38,7 @@ def test_help_lists_every_flag():
                  "--rope-attn-factor", "--yarn-attn-factor", "--llama3-low-freq", "--llama3-high-freq",
                  "--json", "--stride", "--rope-dynamic", "--self-extend", "--window", "--sinks", "--streaming",
                  "--save-logits", "--kl-base", "--lengths", "--depths", "--trials", "--key-digits",
-                 "--prompts-only", "--chat", "--chat-template", "--kv", "--q8-activations", "--threads",
+                 "--skip-draws", "--prompts-only", "--chat", "--chat-template", "--kv", "--q8-activations", "--threads",
                  "--ignore-eos", "--per-position", "--attn-stats"):
         assert flag in out, f"no --help MODE mentions {flag}"
 

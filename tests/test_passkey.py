@@ -130,6 +130,33 @@ def test_keys_follow_the_seed():
             assert re.fullmatch(r"[1-9][0-9]{2}", t["key"]), t["key"]
 
 
+@pytest.mark.parametrize("filler", ["fixed", "book"])
+def test_skip_draws_runs_one_trial_of_a_longer_run_alone(filler, tmp_path):
+    """--skip-draws n --trials 1 at one (length, depth): trial n of the whole run
+    (counted over lengths, then depths, then trials), its key, start and
+    prompt, and the same answer; what a study cell run a trial at a time
+    relies on (tools/extrapolation.py's passkey_by_trials)."""
+    extra = []
+    if filler == "book":
+        book = tmp_path / "book.txt"
+        book.write_text(BOOK)
+        extra = ["-f", str(book)]
+    lengths, depths, trials = [100, 160], [0, 0.5, 1], 2
+    whole = prompts("--lengths", "100,160", "--depths", "0,0.5,1", "--trials", "2", "-s", "5", *extra)
+    flat = [(c["length"], c["depth"], t) for c in whole["cells"] for t in c["trials"]]
+    assert len(flat) == len(lengths) * len(depths) * trials
+    for n, (length, depth, t) in enumerate(flat):
+        one = prompts("--lengths", str(length), "--depths", f"{depth:g}", "--trials", "1", "-s", "5",
+                      "--skip-draws", str(n), *extra)
+        assert one.get("skip_draws", 0) == n and len(one["cells"]) == 1
+        assert one["cells"][0]["trials"] == [t], n
+    assert "skip_draws" not in whole  # absent when 0
+    ran = [json.loads(run_ok(MODEL, "-m", "passkey", "--lengths", "160", "--depths", "0,1", "--trials", "2",
+                             "--json", *a).stdout) for a in ([], ["--depths", "1", "--trials", "1",
+                                                                   "--skip-draws", "3"])]
+    assert ran[1]["cells"][0]["trials"] == ran[0]["cells"][1]["trials"][1:]
+
+
 def test_run_scores_answers():
     """The bundled model (not trained to retrieve) answers with words: each
     trial's answer is the first digit run of its text, correct exactly when
@@ -166,6 +193,7 @@ def test_default_length_fills_the_training_context():
     (["--lengths", "300", "--ctx", "256"], 2, ["--lengths 300", "--ctx 309", "got 256"]),
     (["--trials", "0"], 2, ["--trials 0"]),
     (["--key-digits", "19"], 2, ["--key-digits 19"]),
+    (["--skip-draws", "-1"], 2, ["--skip-draws -1", "[0, 100000000]"]),
     (["-i", "hello"], 2, ["-i", "-m passkey"]),
     (["-f", "/nonexistent/book.txt"], 1, ["/nonexistent/book.txt"]),
     (["--chat-template", "chatml"], 2, ["--chat-template", "only with --chat"]),

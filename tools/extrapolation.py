@@ -121,6 +121,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -318,6 +319,52 @@ def passkey_command(ckpt, tok, filler, ctx, length, depths, trials, flags, chat=
         "-m", "passkey", "-f", Path(filler), "--ctx", str(ctx), "--lengths", str(length),
         "--depths", ",".join(num(d) for d in depths), "--trials", str(trials), "--json"] + \
         (["--chat"] if chat else []) + list(flags)
+
+
+def passkey_by_trials(cmd, depths, trials, threads, parts, where):
+    """Run a passkey command (one length) one trial at a time, as `cmd
+    --depths d --trials 1 --skip-draws n` (the same key and prompt as trial n
+    of cmd: docs/passkey.md §2), each trial's JSON kept in the folder parts as
+    it ends, so that a cell stopped partway (a session's end, a preempted
+    job) goes on from its last trial when run again. A trial that takes a
+    minute or more prints a progress line. Returns cmd's JSON (cells by
+    depth, trials in order) with wall_s, the seconds its trials took over
+    every run (a trial run on other threads counted by its CPU time, so that
+    wall_s x threads stays the cell's CPU time), and resumed, the trials an
+    earlier run made. A part made by another command (other flags, model or
+    text) is an error."""
+    parts = Path(parts)
+    cells, wall, resumed = [], 0.0, 0
+    i = cmd.index("--depths")
+    for di, d in enumerate(depths):
+        cell = dict(length=None, depth=d, trials=[], correct=0)
+        for t in range(trials):
+            n = di * trials + t
+            one = cmd[:i] + ["--depths", num(d)] + cmd[i + 2:] + ["--skip-draws", str(n)]
+            one[one.index("--trials") + 1] = "1"
+            shown, f = where.command(one), parts / f"trial-{n}.json"
+            if f.exists():
+                part = json.loads(f.read_text(encoding="utf-8"))
+                if part.get("command") != shown:
+                    raise RuntimeError(f"{f}: a trial of `{part.get('command')}`, expected `{shown}`; remove "
+                                       f"{parts} to run the cell anew")
+                resumed += 1
+            else:
+                t0 = time.time()
+                out = run_json(one, threads)
+                part = dict(command=shown, threads=threads, wall_s=round(time.time() - t0, 2),
+                            cell=out["cells"][0])
+                write_cell_file(f, part)
+                if part["wall_s"] >= 60:
+                    print(f"extrapolation: {parts.name}: trial {n + 1} of {len(depths) * trials} "
+                          f"({'correct' if part['cell']['correct'] else 'wrong'}) in {clock(part['wall_s'])}",
+                          file=sys.stderr, flush=True)
+            cell["length"] = part["cell"]["length"]
+            cell["trials"] += part["cell"]["trials"]
+            cell["correct"] += part["cell"]["correct"]
+            wall += part["wall_s"] * part["threads"] / threads
+        cells.append(cell)
+    return dict(cells=cells, wall_s=round(wall, 2), resumed=resumed)
 
 
 def run_json(cmd, threads=1):
@@ -599,17 +646,18 @@ def job_cost(study, method, tokens, E):
 
 def ppl_jobs(study, where):
     """[(study, method, k, name, command-to-show, runner)] for a perplexity
-    study, the runner a function of the threads per run."""
+    study, the runner a function of the threads per run and a folder for a
+    cell's parts (passkey_by_trials; unused here)."""
     jobs = []
     for m, k in study.cells():
         E = study.ctx(k)
         if m == "sinks":
             shown = stream_cell_command(study.ckpt, study.tok, study.text, E, study.L)
-            run = (lambda threads, s=study, E=E: stream_cell(s.ckpt, s.tok, s.text, E, s.L, where.work, where,
-                                                             threads))
+            run = (lambda threads, parts, s=study, E=E: stream_cell(s.ckpt, s.tok, s.text, E, s.L, where.work,
+                                                                    where, threads))
         else:
             cmd = ppl_command(study.ckpt, study.tok, study.text, E, method_flags(m, k, study.L))
-            shown, run = cmd, (lambda threads, c=cmd: run_json(c, threads))
+            shown, run = cmd, (lambda threads, parts, c=cmd: run_json(c, threads))
         jobs.append(dict(study=study, method=m, k=k, name=cell_name(study.name, m, k), ctx=E,
                          shown=where.command(shown), run=run,
                          flags=" ".join(method_flags(m, k, study.L)),
@@ -630,7 +678,9 @@ def passkey_jobs(study, where):
         cmd = passkey_command(study.ckpt, study.tok, study.filler, ctx, length, depths, T, flags, study.chat)
         jobs.append(dict(study=study, method=m, k=k, name=cell_name(study.name, m, k), ctx=ctx,
                          length=length, shown=where.command(cmd),
-                         run=(lambda threads, c=cmd: run_json(c, threads)), flags=" ".join(flags),
+                         run=(lambda threads, parts, c=cmd, d=depths, T=T: passkey_by_trials(c, d, T, threads, parts,
+                                                                                            where)),
+                         flags=" ".join(flags),
                          cost=job_cost(study, m, E * T * len(depths), E)))
     return jobs
 
@@ -1330,18 +1380,29 @@ def run_cell(job, plan, threads, results):
     """Run one cell with `threads` threads per run and write RESULTS/NAME.json:
     the plan, the study, the cell's wall time and threads, and its result
     (with its command). Written under a temporary name and renamed, so a cell
-    that fails or is stopped leaves no file. Returns the record."""
+    that fails or is stopped leaves no file. A passkey cell keeps its
+    finished trials in RESULTS/NAME.parts until then (passkey_by_trials), so
+    that running it again goes on where it stopped; its wall time is its
+    trials' over every run, and resumed_trials says how many an earlier run
+    made. Returns the record."""
     t0, load0 = time.time(), os.getloadavg()[0]
-    r = job["run"](threads)
+    parts = Path(results) / f"{job['name']}.parts"
+    r = job["run"](threads, parts)
     wall = time.time() - t0
     s = job["study"]
+    resumed = 0
+    if s.kind == "passkey":
+        wall, resumed = r.get("wall_s", wall), r.get("resumed", 0)
     result = ppl_result(job, r) if s.kind == "ppl" else passkey_result(job, r)
     if "per_position" in result:  # the file keeps the plot's bins, a few kB, not a value per position
         result["position_bins"] = position_bins(result.pop("per_position"))
     rec = dict(format=CELL_FORMAT, cell=job["name"], plan=plan, study=study_record(s), threads=threads,
                wall_s=round(wall, 2), cpus=os.cpu_count(), load_before=round(load0, 2),
                finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), result=result)
+    if resumed:
+        rec["resumed_trials"] = resumed
     write_cell_file(Path(results) / f"{job['name']}.json", rec)
+    shutil.rmtree(parts, ignore_errors=True)
     return rec
 
 
