@@ -868,8 +868,8 @@ static void frame_scores(float *s, const QueryFrames *f, int b0, int nq, int pos
         }
         size_t b = (size_t)(b0 + j);
         const float *qj = q + (size_t)j * ldq;
-        const float *cos_u = f->coarse_cos + (b * f->n_coarse + u) * n_pairs;
-        const float *sin_u = f->coarse_sin + (b * f->n_coarse + u) * n_pairs;
+        const float *cos_u = f->coarse_cos + ((size_t)u * f->block + b) * n_pairs;
+        const float *sin_u = f->coarse_sin + ((size_t)u * f->block + b) * n_pairs;
         for (int i = 0; i < n_pairs; i++) { // q_r: the query rotated by its coarse row, split like k_t
             float x = qj[pair_first(i, f->layout)], y = qj[pair_second(i, n_pairs, f->layout)];
             q_r[i] = x * cos_u[i] - y * sin_u[i];

@@ -206,8 +206,10 @@ typedef struct {
 typedef struct {
     const float *fine_cos, *fine_sin;     // (B, n_pairs, ATT_KEYS) pair-major: query b's fine row c,
                                           // pair i at [b][i][c]
-    const float *coarse_cos, *coarse_sin; // (B, n_coarse, n_pairs): query b's coarse row u at [b][u]
+    const float *coarse_cos, *coarse_sin; // (n_coarse, block, n_pairs): query b's coarse row u at [u][b],
+                                          // so that a key tile's rows for the block's queries are adjacent
     int n_coarse;                         // coarse rows per query: enough for the last position of the cache
+    int block;                            // queries the coarse rows are laid out for (>= B)
     int rot_dim, layout;                  // rotated dims per head (partial rotary: the rest pass);
                                           // ROPE_INTERLEAVED | ROPE_NEOX
 } QueryFrames;

@@ -776,8 +776,8 @@ static int block_shares_table(const Transformer *t, int pos0, int B) {
 /* (b), a block whose queries do not share a table: for each query, the rows
  * of the table of its own length that attention_block's frames need
  * (kernels.h's QueryFrames): the fine rows 0..ATT_KEYS-1, pair-major, and the
- * coarse rows pos - ATT_KEYS u, each made as rope_fill_table makes a table
- * row. Once per block (every layer reads them); ATT_KEYS + pos / ATT_KEYS + 1
+ * coarse rows pos - ATT_KEYS u (row u of every query side by side), each made
+ * as rope_fill_table makes a table row. Once per block (every layer reads them); ATT_KEYS + pos / ATT_KEYS + 1
  * rows a query where the token path rebuilds pos + 1. */
 static void build_frames(Transformer *t, int pos0, int B) {
     RunState *st = &t->state;
@@ -795,7 +795,7 @@ static void build_frames(Transformer *t, int pos0, int B) {
             rope_fill_table(fine_cos + (size_t)i * ATT_KEYS, fine_sin + (size_t)i * ATT_KEYS, 0, ATT_KEYS,
                             inv_freq + i, 1, mscale);
         for (int u = 0; u * ATT_KEYS <= pos; u++) {
-            size_t at = ((size_t)b * f->n_coarse + u) * n_pairs;
+            size_t at = ((size_t)u * f->block + b) * n_pairs;
             rope_fill_table((float *)f->coarse_cos + at, (float *)f->coarse_sin + at, pos - u * ATT_KEYS, 1,
                             inv_freq, n_pairs, mscale);
         }
@@ -1021,7 +1021,7 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
     if (frames) { // the frames' four arrays, in frame_rows (kernels.h's QueryFrames)
         float *fine = st->frame_rows, *coarse = fine + B * 2 * ATT_KEYS * n_pairs;
         st->frames = (QueryFrames){fine, fine + B * ATT_KEYS * n_pairs, coarse, coarse + B * n_coarse * n_pairs,
-                                   (int)n_coarse, t->rope.rot_dim, t->rope.layout};
+                                   (int)n_coarse, (int)B, t->rope.rot_dim, t->rope.layout};
     }
     return 0;
 }

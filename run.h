@@ -130,8 +130,8 @@ typedef struct {
                         // this step, float32 whatever the cache's type
     float *key_grouped; // (n_ctx, kv_dim) Self-Extend: one layer's keys rotated at their group positions
     float *value_rows;  // (table_rows, kv_dim) sinks, a block: one layer's values in key_rot's order
-    float *frame_rows;  // exact dynamic NTK, a block: (B, 2 (ATT_KEYS + n_coarse), n_pairs) each query's rows
-    QueryFrames frames; //   of its own table, and `frames` points into them (kernels.h)
+    float *frame_rows;  // exact dynamic NTK, a block: 2 B (ATT_KEYS + n_coarse) n_pairs, each query's rows
+    QueryFrames frames; //   of its own table, and `frames` points into them (kernels.h has the layout)
     double *frame_freq; // (B, n_pairs) the frames' inverse frequencies, one set per query
     AttnStats *attn_stats; // ppl --attn-stats: each query's statistics go there (owned by ppl.c); NULL = none
 } RunState;

@@ -436,7 +436,7 @@ void test_attention_block_sinks_and_frames(void) {
         double *freq = malloc(sizeof(double) * B * n_pairs_max), mscale[140];
         float *rows = malloc(sizeof(float) * B * 2 * (ATT_KEYS + n_coarse) * n_pairs_max);
         QueryFrames f = {rows, rows + B * ATT_KEYS * np, rows + 2 * B * ATT_KEYS * np,
-                         rows + 2 * B * ATT_KEYS * np + B * n_coarse * np, n_coarse, rot, layout};
+                         rows + 2 * B * ATT_KEYS * np + B * n_coarse * np, n_coarse, B, rot, layout};
         for (int b = 0; frames && b < B; b++) { // each query's frequencies, magnitude, fine and coarse rows
             int p = pos0 + b;
             mscale[b] = 0.8 + 0.45 * random_f32(&test_rng);
@@ -447,7 +447,7 @@ void test_attention_block_sinks_and_frames(void) {
                     ((float *)f.fine_sin)[((size_t)b * np + i) * ATT_KEYS + k] = (float)(mscale[b] * sin(k * th));
                 }
                 for (int u = 0; u * ATT_KEYS <= p; u++) {
-                    size_t at = ((size_t)b * n_coarse + u) * np + i;
+                    size_t at = ((size_t)u * B + b) * np + i;
                     ((float *)f.coarse_cos)[at] = (float)(mscale[b] * cos((p - u * ATT_KEYS) * th));
                     ((float *)f.coarse_sin)[at] = (float)(mscale[b] * sin((p - u * ATT_KEYS) * th));
                 }
