@@ -85,8 +85,10 @@ Cells and their files (the study fans out): every cell (study, method, k) has
 a name, study_method_kx (bundled_yarn_4x, smollm2_none_0.25x), and a command of
 its own that makes its text, runs it and writes RESULTS/NAME.json: the plan
 (--quick, --studies, --tokens, --passkey-model), the study's settings, the
-cell's result and command, its wall time and threads. --list prints those
-commands, the costliest first; they run anywhere with the same checkout,
+cell's result and command, its wall time and threads. A passkey cell runs
+a trial at a time and keeps its finished trials in RESULTS/NAME.parts until
+its file is written, so a cell stopped partway resumes from there when run
+again (passkey_by_trials). --list prints those commands, the costliest first; they run anywhere with the same checkout,
 models and ../shared, in any order. --collect reads the files of one plan from
 any number of folders and writes the outputs below; a cell without a file is
 "missing" in every table (a gap in the plots), and table.md ends with the CPU
