@@ -777,8 +777,9 @@ static int block_shares_table(const Transformer *t, int pos0, int B) {
  * of the table of its own length that attention_block's frames need
  * (kernels.h's QueryFrames): the fine rows 0..ATT_KEYS-1, pair-major, and the
  * coarse rows pos - ATT_KEYS u (row u of every query side by side), each made
- * as rope_fill_table makes a table row. Once per block (every layer reads them); ATT_KEYS + pos / ATT_KEYS + 1
- * rows a query where the token path rebuilds pos + 1. */
+ * as rope_fill_table makes a table row. Once per block (every layer reads
+ * them); ATT_KEYS + pos / ATT_KEYS + 1 rows a query where the token path
+ * rebuilds pos + 1. */
 static void build_frames(Transformer *t, int pos0, int B) {
     RunState *st = &t->state;
     QueryFrames *f = &st->frames;
