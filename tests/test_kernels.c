@@ -434,9 +434,10 @@ void test_attention_block_sinks_and_frames(void) {
         fill_randn(q, (size_t)B * dim, 1.0f), fill_randn(q2, (size_t)B * dim, 1.0f);
         int n_coarse = (n_ctx - 1) / ATT_KEYS + 1, np = rot / 2;
         double *freq = malloc(sizeof(double) * B * n_pairs_max), mscale[140];
-        float *rows = malloc(sizeof(float) * B * 2 * (ATT_KEYS + n_coarse) * n_pairs_max);
+        int block = B + 3; // coarse rows laid out for more queries than the call has, as run.c's may be
+        float *rows = malloc(sizeof(float) * 2 * (B * ATT_KEYS + block * n_coarse) * n_pairs_max);
         QueryFrames f = {rows, rows + B * ATT_KEYS * np, rows + 2 * B * ATT_KEYS * np,
-                         rows + 2 * B * ATT_KEYS * np + B * n_coarse * np, n_coarse, B, rot, layout};
+                         rows + 2 * B * ATT_KEYS * np + block * n_coarse * np, n_coarse, block, rot, layout};
         for (int b = 0; frames && b < B; b++) { // each query's frequencies, magnitude, fine and coarse rows
             int p = pos0 + b;
             mscale[b] = 0.8 + 0.45 * random_f32(&test_rng);
@@ -447,7 +448,7 @@ void test_attention_block_sinks_and_frames(void) {
                     ((float *)f.fine_sin)[((size_t)b * np + i) * ATT_KEYS + k] = (float)(mscale[b] * sin(k * th));
                 }
                 for (int u = 0; u * ATT_KEYS <= p; u++) {
-                    size_t at = ((size_t)u * B + b) * np + i;
+                    size_t at = ((size_t)u * block + b) * np + i;
                     ((float *)f.coarse_cos)[at] = (float)(mscale[b] * cos((p - u * ATT_KEYS) * th));
                     ((float *)f.coarse_sin)[at] = (float)(mscale[b] * sin((p - u * ATT_KEYS) * th));
                 }

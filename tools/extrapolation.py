@@ -361,7 +361,7 @@ def passkey_by_trials(cmd, depths, trials, threads, parts, where):
                     print(f"extrapolation: {parts.name}: trial {n + 1} of {len(depths) * trials} "
                           f"({'correct' if part['cell']['correct'] else 'wrong'}) in {clock(part['wall_s'])}",
                           file=sys.stderr, flush=True)
-            cell["length"] = part["cell"]["length"]
+            cell["length"], cell["depth"] = part["cell"]["length"], part["cell"]["depth"]  # as the run prints them
             cell["trials"] += part["cell"]["trials"]
             cell["correct"] += part["cell"]["correct"]
             wall += part["wall_s"] * part["threads"] / threads
