@@ -295,9 +295,11 @@ typedef struct {
 
 /* --prompts-only: print the trial's prompt instead of running it. JSON: the
  * prompt's text, in the chat form also the whole rendered prompt, and its
- * ids; text: what the model reads (the rendered prompt in the chat form). */
+ * ids; text: what the model reads (the rendered prompt in the chat form),
+ * after a line naming the trial in its cell and its draw (its place in the
+ * run's order, --skip-draws counted: docs/passkey.md §2). */
 static void print_prompt(const PromptForm *form, const Sentences *f, const Trial *tr, int length, double depth,
-                         int trial, int json) {
+                         int trial, int draw, int json) {
     size_t len, rendered_len;
     char *text = passkey_prompt(f, tr->start, tr->sentences, tr->key_after, tr->key, &len);
     char *rendered = form->ct ? tokens_text(form->tok, tr->ids, tr->n_ids, -1, &rendered_len) : NULL;
@@ -310,8 +312,9 @@ static void print_prompt(const PromptForm *form, const Sentences *f, const Trial
         for (int i = 0; i < tr->n_ids; i++) out_printf(i ? ", %d" : "%d", tr->ids[i]);
         out_printf("]}");
     } else {
-        out_printf("# length %d depth %g trial %d: key %s, %d tokens, %d filler sentences, key after %d\n%s\n", length,
-                   depth, trial, tr->key, tr->n_ids, tr->sentences, tr->key_after, rendered ? rendered : text);
+        out_printf("# length %d depth %g trial %d (draw %d): key %s, %d tokens, %d filler sentences, key after %d\n%s\n",
+                   length, depth, trial, draw, tr->key, tr->n_ids, tr->sentences, tr->key_after,
+                   rendered ? rendered : text);
     }
     free(text);
     free(rendered);
@@ -339,17 +342,19 @@ static char *greedy_answer(Transformer *t, const PromptForm *form, const Trial *
 }
 
 /* Run (or with --prompts-only print) the trials of one cell; returns how
- * many answered correctly. */
+ * many answered correctly. *draw: the draws made so far, --skip-draws's
+ * included (the --prompts-only text names each trial's). */
 static int run_cell(Transformer *t, const PromptForm *form, const PasskeyPlan *plan, const Sentences *f, int length,
-                    double depth, uint64_t *rng, int *history) {
+                    double depth, uint64_t *rng, int *draw, int *history) {
     int correct = 0, n_new = answer_tokens(plan);
     for (int trial = 0; trial < plan->trials; trial++) {
         Trial tr;
         tr.start = passkey_draw(rng, plan->digits, f->n, plan->filler_path != NULL, tr.key);
+        int this_draw = (*draw)++;
         tr.ids = passkey_ids(form, f, tr.start, depth, tr.key, length, &tr.n_ids, &tr.sentences, &tr.key_after);
         if (!tr.ids) die(EXIT_BAD_INPUT, "passkey: a prompt checked to fit no longer does (a bug)");
         if (plan->prompts_only) {
-            print_prompt(form, f, &tr, length, depth, trial, plan->json);
+            print_prompt(form, f, &tr, length, depth, trial, this_draw, plan->json);
             free(tr.ids);
             continue;
         }
@@ -405,7 +410,7 @@ void passkey_mode(const ModeInput *in) {
     int longest = check_cells(t, &form, &plan, &f, n_new, seed_state);
     uint64_t rng = seed_state; // the same draws again, for the run
     if (!plan.prompts_only) fputs(in->summary, stderr);
-    int *history = malloc(((size_t)longest + n_new + 1) * sizeof(int));
+    int *history = malloc(((size_t)longest + n_new + 1) * sizeof(int)), draw = plan.skip_draws;
     if (!history) die(EXIT_BAD_INPUT, "out of memory");
     print_header(t, &plan, &form);
     double start_time = now_seconds();
@@ -416,7 +421,7 @@ void passkey_mode(const ModeInput *in) {
             double depth = plan.depths[di];
             if (plan.json)
                 out_printf("%s{\"length\": %d, \"depth\": %g, \"trials\": [", li + di ? ", " : "", length, depth);
-            int correct = run_cell(t, &form, &plan, &f, length, depth, &rng, history);
+            int correct = run_cell(t, &form, &plan, &f, length, depth, &rng, &draw, history);
             row_correct += correct;
             if (plan.json && plan.prompts_only) out_printf("]}");
             else if (plan.json)

@@ -935,20 +935,36 @@ def test_listed_command_runs_one_cell_and_collect_shows_the_rest_missing(tmp_pat
     direct = _json.loads(_subprocess.run(argv, cwd=work, capture_output=True, check=True).stdout)
     assert direct["nll"] == rec["result"]["nll"] and direct["tokens"] == rec["result"]["tokens"]
     out = tmp_path / "out"
+    for n in (0, 1):  # a missing cell's trials kept by a run that stopped (passkey_by_trials) are named
+        (tmp_path / "cells" / "bundled_none_4x.parts").mkdir(exist_ok=True)
+        (tmp_path / "cells" / "bundled_none_4x.parts" / f"trial-{n}.json").write_text("{}")
     ex.main(["--collect", str(tmp_path / "cells"), "--out", str(out)])
     table = (out / "table.md").read_text()
     assert f"| yarn | missing | {ex.fmt(rec['result']['ppl'])} [" in table
     assert len(_json.loads((out / "results.json").read_text())["meta"]["missing"]) == 17
+    assert _json.loads((out / "results.json").read_text())["meta"]["kept_trials"] == {"bundled_none_4x": 2}
+    assert "Missing cells with finished trials kept" in table and "bundled_none_4x (2 trials)" in table
+    _shutil.rmtree(tmp_path / "cells" / "bundled_none_4x.parts")
     # the file keeps the NLL curve's bins, not a value per position
     assert "per_position" not in rec["result"] and rec["result"]["position_bins"][0]["first"] == 1
     # a cell made with other settings of its study is refused before anything runs
-    rec["study"]["tokens"] = 999
-    (tmp_path / "cells" / "bundled_yarn_4x.json").write_text(_json.dumps(rec))
+    other = _json.loads(_json.dumps(rec))
+    other["study"]["tokens"] = 999
+    (tmp_path / "cells" / "bundled_yarn_4x.json").write_text(_json.dumps(other))
     with pytest.raises(SystemExit) as e:
         ex.main(["--quick", "--studies", "bundled", "--tokens", "64", "--results", str(tmp_path / "cells"),
                  "--out", str(tmp_path / "out2")])
     assert "made with other settings of study bundled" in str(e.value)
     assert not (tmp_path / "out2").exists() and len(list((tmp_path / "cells").glob("*.json"))) == 1
+    # the whole plan run into the folder: the cell there is not run again, and trials kept beside its file
+    # (a run stopped between writing the file and removing them) are removed
+    (tmp_path / "cells" / "bundled_yarn_4x.json").write_text(_json.dumps(rec))
+    (tmp_path / "cells" / "bundled_yarn_4x.parts").mkdir()
+    (tmp_path / "cells" / "bundled_yarn_4x.parts" / "trial-0.json").write_text("{}")
+    ex.main(["--quick", "--studies", "bundled", "--tokens", "64", "--results", str(tmp_path / "cells"),
+             "--out", str(tmp_path / "out-all"), "--jobs", "2"])
+    assert _json.loads((tmp_path / "cells" / "bundled_yarn_4x.json").read_text()) == rec
+    assert sorted(f.suffix for f in (tmp_path / "cells").iterdir()) == [".json"] * 18
 
 
 def test_shown_paths_keep_a_linked_model_folder(tmp_path, monkeypatch):

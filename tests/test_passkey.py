@@ -155,6 +155,14 @@ def test_skip_draws_runs_one_trial_of_a_longer_run_alone(filler, tmp_path):
                              "--json", *a).stdout) for a in ([], ["--depths", "1", "--trials", "1",
                                                                    "--skip-draws", "3"])]
     assert ran[1]["cells"][0]["trials"] == ran[0]["cells"][1]["trials"][1:]
+    # the text form names each prompt's draw, --skip-draws counted: the key of that place in the whole run
+    text = run_ok(MODEL, "-m", "passkey", "--lengths", "160", "--depths", "0.5,1", "--trials", "2", "-s", "5",
+                  "--prompts-only", "--skip-draws", "7", *extra).stdout.decode()
+    heads = re.findall(r"^# length (\d+) depth (\S+) trial (\d+) \(draw (\d+)\): key (\d+),", text, re.M)
+    assert [(int(d), int(t)) for _, _, t, d, _ in heads] == [(7, 0), (8, 1), (9, 0), (10, 1)]
+    keys = [t["key"] for c in prompts("--lengths", "100,160", "--depths", "0,0.5,1", "--trials", "2", "-s", "5",
+                                      *extra)["cells"] for t in c["trials"]]
+    assert [k for *_, k in heads] == keys[7:11]
 
 
 def test_run_scores_answers():

@@ -1102,7 +1102,23 @@ def cost_table(meta):
     missing = len(meta.get("missing", []))  # with those of studies of which no cell came
     lines += ["", f"In all {total / 60:.2f} CPU-minutes ({total / 3600:.2f} CPU-hours)"
               + (f", without the {missing} missing cell{'s' if missing != 1 else ''}." if missing else "."), ""]
+    kept = meta.get("kept_trials")
+    if kept:
+        lines += ["Missing cells with finished trials kept (NAME.parts beside the cell files; running the cell goes "
+                  "on from them): " + ", ".join(f"{n} ({k} trial{'s' if k != 1 else ''})" for n, k in kept.items())
+                  + ".", ""]
     return lines
+
+
+def kept_trials(folders, missing):
+    """{name: trials kept} for the missing passkey cells that have finished
+    trials in a NAME.parts folder in one of the folders (passkey_by_trials)."""
+    kept = {}
+    for name in missing:
+        n = sum(len(list((Path(f) / f"{name}.parts").glob("trial-*.json"))) for f in folders)
+        if n:
+            kept[name] = n
+    return kept
 
 
 def plotted_factor(study, ppl):
@@ -1741,11 +1757,15 @@ def collect_main(folders, out):
         ppl, passkey, studies, meta = collect(cells, meta)
     except ValueError as e:
         sys.exit(f"extrapolation: {e}")
+    kept = kept_trials(folders, meta["missing"])
+    if kept:
+        meta["kept_trials"] = kept
     out = out or default_out(plan)
     files = write_outputs(ppl, passkey, studies, out, meta)
     missing = meta["missing"]
     print(f"extrapolation: {len(cells)} cells collected, {len(missing)} missing"
           + (f" ({', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''})" if missing else "")
+          + (f", {sum(kept.values())} trials of them kept" if kept else "")
           + f"; wrote {', '.join(files)} in {out}", file=sys.stderr)
 
 
@@ -1771,6 +1791,8 @@ def study_main(plan, out, n_jobs, threads, results):
             if rec["study"]["name"] in records and rec["study"] != records[rec["study"]["name"]]:
                 sys.exit(f"extrapolation: {where[name]}: made with other settings of study {rec['study']['name']} "
                          "(its text, tokens, methods or factors changed since); move it away to run it again")
+        for name in have:  # a cell whose file was written but whose kept trials were not removed (stopped
+            shutil.rmtree(results / f"{name}.parts", ignore_errors=True)  # between the two): they are in the file
         todo = [j for j in jobs if j["name"] not in have]
         print(f"extrapolation: {len(jobs)} cells, {n_jobs} at a time, {threads} thread{'s' if threads != 1 else ''} "
               f"each" + (f"; {len(jobs) - len(todo)} already in {results}" if len(todo) < len(jobs) else ""),
