@@ -195,23 +195,28 @@ static void dot_tile_q8_c(float *out, int ldo, const int8_t *w, const float *ws,
         }
 }
 
-/* One query's scores against a tile of ATT_KEYS keys under a per-query
- * frame (section 3's frame_scores):
- *   acc[c] = sum over pairs i of x_i[c] (a_i cos_i[c] + z_i sin_i[c]) + y_i[c] (z_i cos_i[c] - a_i sin_i[c])
- * = the query (a_i, z_i) = (q_r[i], q_r[n_pairs + i]) . key c with each pair
- * (x, y) rotated by (cos, sin): x_i = k_t + i * ATT_KEYS and y_i = k_t +
- * (n_pairs + i) * ATT_KEYS hold the pairs' components of the tile's keys
- * side by side, cos_i = fine_cos + i * ATT_KEYS and sin_i the query's fine
- * rows, pair-major. */
-static void frame_dot_c(float *acc, const float *k_t, const float *fine_cos, const float *fine_sin, const float *q_r,
-                        int n_pairs) {
-    for (int c = 0; c < ATT_KEYS; c++) acc[c] = 0.0f;
+/* A tile of ATT_KEYS keys rotated by one query's frame (section 3's
+ * frame_scores): for each pair i, with (x, y) = the pair's components of the
+ * tile's keys side by side (x = k_t + i * ATT_KEYS, y = k_t + (n_pairs + i) *
+ * ATT_KEYS) and (cos, sin) the query's fine rows of the pair (fine_cos + i *
+ * ATT_KEYS, pair-major),
+ *   k_r[i][c] = x[c] cos[c] - y[c] sin[c],   k_r[n_pairs + i][c] = x[c] sin[c] + y[c] cos[c]
+ * (rows of ATT_KEYS floats): key c rotated by fine row c. */
+static void rotate_keys_c(float *k_r, const float *k_t, const float *fine_cos, const float *fine_sin, int n_pairs) {
     for (int i = 0; i < n_pairs; i++) {
         const float *x = k_t + (size_t)i * ATT_KEYS, *y = k_t + (size_t)(n_pairs + i) * ATT_KEYS;
         const float *fc = fine_cos + (size_t)i * ATT_KEYS, *fs = fine_sin + (size_t)i * ATT_KEYS;
-        float a = q_r[i], z = q_r[n_pairs + i];
-        for (int c = 0; c < ATT_KEYS; c++) acc[c] += x[c] * (a * fc[c] + z * fs[c]) + y[c] * (z * fc[c] - a * fs[c]);
+        float *rx = k_r + (size_t)i * ATT_KEYS, *ry = k_r + (size_t)(n_pairs + i) * ATT_KEYS;
+        for (int c = 0; c < ATT_KEYS; c++) rx[c] = x[c] * fc[c] - y[c] * fs[c], ry[c] = x[c] * fs[c] + y[c] * fc[c];
     }
+}
+
+/* acc[c] = sum over r < n of w[r] rows[r][c] (rows of ATT_KEYS floats): one
+ * query's scores against a tile's keys laid out one dimension a row. */
+static void rows_dot_c(float *acc, const float *rows, const float *w, int n) {
+    for (int c = 0; c < ATT_KEYS; c++) acc[c] = 0.0f;
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < ATT_KEYS; c++) acc[c] += w[r] * rows[(size_t)r * ATT_KEYS + c];
 }
 
 #if HAVE_SIMD
@@ -415,25 +420,32 @@ static void dot8_f32_avx(float *out, const float *q, const float *k, int stride,
     _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
 }
 
-/* frame_dot_c with the tile's keys in ATT_KEYS / SIMD_FLOATS vectors (3
- * with AVX-512, 6 with AVX2), their sums in registers over the pairs, each
- * pair's (a, z) broadcast once: four loads and six FMAs or products a
- * vector of keys and a pair. */
-static void frame_dot_avx(float *acc, const float *k_t, const float *fine_cos, const float *fine_sin, const float *q_r,
-                          int n_pairs) {
-    enum { V = ATT_KEYS / SIMD_FLOATS };
-    vfloat sum[V];
-    for (int v = 0; v < V; v++) sum[v] = vf_zero();
+/* rotate_keys_c in vectors of the tile's keys: two loads of the keys, two of
+ * the rows, four FMAs or products a vector and a pair. */
+static void rotate_keys_avx(float *k_r, const float *k_t, const float *fine_cos, const float *fine_sin, int n_pairs) {
     for (int i = 0; i < n_pairs; i++) {
         const float *x = k_t + (size_t)i * ATT_KEYS, *y = k_t + (size_t)(n_pairs + i) * ATT_KEYS;
         const float *fc = fine_cos + (size_t)i * ATT_KEYS, *fs = fine_sin + (size_t)i * ATT_KEYS;
-        vfloat a = vf_set1(q_r[i]), z = vf_set1(q_r[n_pairs + i]);
-        for (int v = 0; v < V; v++) {
-            vfloat cos_v = vf_load(fc + v * SIMD_FLOATS), sin_v = vf_load(fs + v * SIMD_FLOATS);
-            vfloat to_x = vf_fma(a, cos_v, vf_mul(z, sin_v)), to_y = vf_fnma(a, sin_v, vf_mul(z, cos_v));
-            sum[v] = vf_fma(vf_load(x + v * SIMD_FLOATS), to_x, sum[v]);
-            sum[v] = vf_fma(vf_load(y + v * SIMD_FLOATS), to_y, sum[v]);
+        float *rx = k_r + (size_t)i * ATT_KEYS, *ry = k_r + (size_t)(n_pairs + i) * ATT_KEYS;
+        for (int c = 0; c < ATT_KEYS; c += SIMD_FLOATS) {
+            vfloat xv = vf_load(x + c), yv = vf_load(y + c), cv = vf_load(fc + c), sv = vf_load(fs + c);
+            vf_store(rx + c, vf_fnma(yv, sv, vf_mul(xv, cv)));
+            vf_store(ry + c, vf_fma(xv, sv, vf_mul(yv, cv)));
         }
+    }
+}
+
+/* rows_dot_c with the tile's keys in ATT_KEYS / SIMD_FLOATS vectors (3 with
+ * AVX-512, 6 with AVX2), their sums in registers over the rows, each w[r]
+ * broadcast once: one load and one FMA a vector and a row, the same sums in
+ * the same order as rows_dot_c's lanes. */
+static void rows_dot_avx(float *acc, const float *rows, const float *w, int n) {
+    enum { V = ATT_KEYS / SIMD_FLOATS };
+    vfloat sum[V];
+    for (int v = 0; v < V; v++) sum[v] = vf_zero();
+    for (int r = 0; r < n; r++) {
+        vfloat wr = vf_set1(w[r]);
+        for (int v = 0; v < V; v++) sum[v] = vf_fma(wr, vf_load(rows + (size_t)r * ATT_KEYS + v * SIMD_FLOATS), sum[v]);
     }
     for (int v = 0; v < V; v++) vf_store(acc + v * SIMD_FLOATS, sum[v]);
 }
@@ -717,24 +729,37 @@ void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_
  * queries, ppl --ctx 8192 on a 15M shape 8% faster, where a head's 3 MiB of
  * keys and values no longer fit in L2; no slower at --ctx 256).
  * With frames (exact dynamic NTK) s is no product: every query rotates the
- * tile's keys its own way (frame_scores), in lanes over the tile's keys.
- * Per thread, scratch (attention_block_floats):
+ * tile's keys its own way (frame_scores), in lanes over the tile's keys, once
+ * for the G heads that share a key head (attention_block takes them together
+ * then: G = n_heads / n_kv_heads, else 1).
+ * Per thread, scratch (attention_block_floats), for each of the G heads:
  *   q_t    (head_size, ATT_QUERIES) the tile's queries transposed, zero past them
  *   s      (ATT_KEYS, ATT_QUERIES)  scores, then p
- *   pv, o  (head_size, ATT_QUERIES) p's weighted values, the output so far
+ *   o      (head_size, ATT_QUERIES) the output so far
+ *   m, l   (ATT_QUERIES)            running maximum and sum
+ *   qg_t                            second queries transposed
+ *   sum_l  (ATT_QUERIES doubles)    the statistics' sum of weights
+ * and, shared by the G heads (one head's step at a time):
+ *   pv     (head_size, ATT_QUERIES) p's weighted values
  *   k, v   (ATT_KEYS, head_size)    an f16 cache's key and value tile as float32
- *   m, l, alpha, tile_max, shift (ATT_QUERIES)  running maximum and sum,
- *                                   exp(m - m'), online_softmax_tile's scratch
- *   qg_t, s_g                       second queries: transposed, their scores
- *   k_t, q_r (head_size x ATT_KEYS, head_size)  frames: the key tile split
- *                                   and transposed, one query rotated
+ *   alpha, tile_max, shift, tile_u, dm (ATT_QUERIES)  exp(m - m'),
+ *                                   online_softmax_tile's scratch and the tally's
+ *   s_g                             second queries' scores
+ *   k_t, k_r, q_r (head_size x ATT_KEYS twice, head_size)  frames: the key tile
+ *                                   split and transposed, rotated for one
+ *                                   query, and one query rotated
  * The products read whole vectors of q_t's and s's rows: their columns past
  * the tile's queries are zero (s: set once, never written after). */
 #define ATT_QUERIES 128
 
-size_t attention_block_floats(int head_size) {
-    size_t hs = (size_t)head_size; // and the second queries' qg_t and s_g; frames' k_t and q_r
-    return 4 * hs * ATT_QUERIES + 2 * ATT_KEYS * ATT_QUERIES + 3 * ATT_KEYS * hs + 5 * ATT_QUERIES + hs;
+/* Per-head scratch of attention_tile, in floats: sum_l (doubles), q_t, qg_t,
+ * s, o, m, l; a multiple of 2, so that each head's doubles stay aligned. */
+static size_t head_floats(size_t hs) { return 3 * hs * ATT_QUERIES + ATT_KEYS * ATT_QUERIES + 4 * ATT_QUERIES; }
+
+size_t attention_block_floats(int head_size, int heads) {
+    size_t hs = (size_t)head_size; // heads' own, then the shared s_g, pv, k, v, k_t, k_r, alpha .. dm, q_r
+    return heads * head_floats(hs) + ATT_KEYS * ATT_QUERIES + hs * ATT_QUERIES + 4 * ATT_KEYS * hs +
+           5 * ATT_QUERIES + hs;
 }
 
 /* Rows k0 .. k0+n-1 of a head's slice of the cache (head_size values from
@@ -841,53 +866,62 @@ static inline int pair_second(int i, int n_pairs, int layout) {
     return layout == ROPE_INTERLEAVED ? 2 * i + 1 : i + n_pairs;
 }
 
-/* Frames (kernels.h's QueryFrames): s[c * ATT_QUERIES + j] = query j
- * rotated by its coarse row k0 / ATT_KEYS . key k0 + c rotated by query j's
- * fine row c, for the nk keys of a tile starting at k0 (a multiple of
- * ATT_KEYS) and the nq queries at pos .. (q_j = q + j * ldq, block indices
- * b0 + j); queries that do not reach the tile get 0 (masked afterwards).
- * k: the tile's unrotated keys, rows ldk apart. With (a, z) a pair of q
- * rotated, (x, y) the same pair of a key and (cos, sin) the key's fine row,
- *   q . R k = sum over pairs of cos (a x + z y) + sin (z x - a y)
- * plus the dims past rot_dim; so the key tile is split into its pairs' first
- * and second components and transposed once (k_t: rows of the tile's keys
- * side by side), and each query's scores run in lanes over the keys
- * (frame_dot): six multiply-adds a pair where K q_t takes two. */
-static void frame_scores(float *s, const QueryFrames *f, int b0, int nq, int pos, int k0, int nk, const float *k,
-                         int ldk, const float *q, int ldq, int head_size, float *k_t, float *q_r) {
+/* Frames (kernels.h's QueryFrames), for the G heads g of one key head:
+ * s + g s_step holds head g's s[c * ATT_QUERIES + j] = query j rotated by its
+ * coarse row k0 / ATT_KEYS . key k0 + c rotated by query j's fine row c, for
+ * the nk keys of a tile starting at k0 (a multiple of ATT_KEYS) and the nq
+ * queries at pos .. (head g's q_j = q + j * ldq + g * head_size, block
+ * indices b0 + j); queries that do not reach the tile get 0 (masked
+ * afterwards). k: the tile's unrotated keys, rows ldk apart. The key tile is
+ * split into its pairs' first and second components and transposed once
+ * (k_t: rows of the tile's keys side by side); then, for each query, its
+ * fine rows rotate the tile (rotate_keys, into k_r's first rot_dim rows; the
+ * dims past rot_dim, partial rotary, stay as they are in k_r's last rows),
+ * and every head's query, rotated by its coarse row and split the same way,
+ * takes its scores from k_r in lanes over the keys (rows_dot). The rotation,
+ * the costly part (four multiply-adds a pair, where a score takes two), is
+ * made once for the G heads that read the same keys. */
+static void frame_scores(float *s, size_t s_step, const QueryFrames *f, int b0, int nq, int pos, int k0, int nk,
+                         const float *k, int ldk, const float *q, int ldq, int head_size, int G, float *k_t,
+                         float *k_r, float *q_r) {
     int n_pairs = f->rot_dim / 2, rot = f->rot_dim, u = k0 / ATT_KEYS;
-    for (int d = 0; d < head_size; d++) { // k_t[d][c]: d < n_pairs first components, then seconds, then the rest
+    for (int d = 0; d < head_size; d++) { // k_t[d][c]: d < n_pairs first components, then seconds; the rest in k_r
         int dim = d < n_pairs ? pair_first(d, f->layout)
                 : d < rot     ? pair_second(d - n_pairs, n_pairs, f->layout) : d;
-        for (int c = 0; c < ATT_KEYS; c++) k_t[(size_t)d * ATT_KEYS + c] = c < nk ? k[(size_t)c * ldk + dim] : 0.0f;
+        float *row = (d < rot ? k_t : k_r) + (size_t)d * ATT_KEYS;
+        for (int c = 0; c < ATT_KEYS; c++) row[c] = c < nk ? k[(size_t)c * ldk + dim] : 0.0f;
     }
     for (int j = 0; j < nq; j++) {
         if (k0 > pos + j) { // a tile past this query's position
-            for (int c = 0; c < nk; c++) s[(size_t)c * ATT_QUERIES + j] = 0.0f;
+            for (int g = 0; g < G; g++)
+                for (int c = 0; c < nk; c++) s[g * s_step + (size_t)c * ATT_QUERIES + j] = 0.0f;
             continue;
         }
         size_t b = (size_t)(b0 + j);
-        const float *qj = q + (size_t)j * ldq;
-        const float *cos_u = f->coarse_cos + ((size_t)u * f->block + b) * n_pairs;
-        const float *sin_u = f->coarse_sin + ((size_t)u * f->block + b) * n_pairs;
-        for (int i = 0; i < n_pairs; i++) { // q_r: the query rotated by its coarse row, split like k_t
-            float x = qj[pair_first(i, f->layout)], y = qj[pair_second(i, n_pairs, f->layout)];
-            q_r[i] = x * cos_u[i] - y * sin_u[i];
-            q_r[n_pairs + i] = x * sin_u[i] + y * cos_u[i];
-        }
         const float *fine_cos = f->fine_cos + b * n_pairs * ATT_KEYS, *fine_sin = f->fine_sin + b * n_pairs * ATT_KEYS;
-        float acc[ATT_KEYS];
 #if HAVE_SIMD
-        if (use_simd) frame_dot_avx(acc, k_t, fine_cos, fine_sin, q_r, n_pairs);
+        if (use_simd) rotate_keys_avx(k_r, k_t, fine_cos, fine_sin, n_pairs);
         else
 #endif
-            frame_dot_c(acc, k_t, fine_cos, fine_sin, q_r, n_pairs);
-        for (int d = rot; d < head_size; d++) { // partial rotary: the dims past rot_dim as they are
-            const float *x = k_t + (size_t)d * ATT_KEYS;
-            float a = qj[d];
-            for (int c = 0; c < ATT_KEYS; c++) acc[c] += a * x[c];
+            rotate_keys_c(k_r, k_t, fine_cos, fine_sin, n_pairs);
+        const float *cos_u = f->coarse_cos + ((size_t)u * f->block + b) * n_pairs;
+        const float *sin_u = f->coarse_sin + ((size_t)u * f->block + b) * n_pairs;
+        for (int g = 0; g < G; g++) {
+            const float *qj = q + (size_t)j * ldq + (size_t)g * head_size;
+            for (int i = 0; i < n_pairs; i++) { // q_r: the query rotated by its coarse row, split like k_r
+                float x = qj[pair_first(i, f->layout)], y = qj[pair_second(i, n_pairs, f->layout)];
+                q_r[i] = x * cos_u[i] - y * sin_u[i];
+                q_r[n_pairs + i] = x * sin_u[i] + y * cos_u[i];
+            }
+            for (int d = rot; d < head_size; d++) q_r[d] = qj[d];
+            float acc[ATT_KEYS];
+#if HAVE_SIMD
+            if (use_simd) rows_dot_avx(acc, k_r, q_r, head_size);
+            else
+#endif
+                rows_dot_c(acc, k_r, q_r, head_size);
+            for (int c = 0; c < nk; c++) s[g * s_step + (size_t)c * ATT_QUERIES + j] = acc[c];
         }
-        for (int c = 0; c < nk; c++) s[(size_t)c * ATT_QUERIES + j] = acc[c];
     }
 }
 
@@ -937,108 +971,138 @@ static void tally_tile(double *rows, int step, double *sum_l, const AttnTally *t
         }
 }
 
-/* One head, nq <= ATT_QUERIES queries at positions pos .. pos+nq-1
- * (q_j = q + j * ldq, out_j = out + j * ldo; block indices b0 + j), against
- * the keys and values of the head's slice of the caches (from `offset` in
- * each row, rows kv_dim apart): kernels.h's formula over the tiles of keys
- * first .. pos+nq-1, first = the first query's first key, and before them
- * the sinks' rows 0..n_sinks-1 in tiles of their own. Tiles past the last
- * query's key are never read, nor keys older than the first query's window
- * (the sinks apart). With second queries (q2: query j's at q2 + j * ldq;
+/* G heads of one key head (h0 .. h0+G-1: G = 1, or with frames every head
+ * of the key head), nq <= ATT_QUERIES queries at positions pos .. pos+nq-1
+ * (head g's q_j = q + j * ldq + g * head_size, out_j likewise in out, ldo;
+ * block indices b0 + j), against the keys and values of the key head's
+ * slice of the caches (from `offset` in each row, rows kv_dim apart):
+ * kernels.h's formula over the tiles of keys first .. pos+nq-1, first = the
+ * first query's first key, and before them the sinks' rows 0..n_sinks-1 in
+ * tiles of their own. Tiles past the last query's key are never read, nor
+ * keys older than the first query's window (the sinks apart). Each key and
+ * value tile is read once for the G heads, which then take their steps one
+ * after the other. With second queries (q2: query j's at q2 + j * ldq;
  * second->keys laid out as the cache), key t scores against query j's second
  * query and second key t when Self-Extend's pos + j - t >= far, or t is a
  * sink: a tile wholly on that side computes those scores alone, a tile across
  * the line both, and takes each score from its side. With frames the scores
- * come from frame_scores, tiles at multiples of ATT_KEYS. With a tally,
- * query j's statistics go to tally_rows + j * tally_step (AttnTally's row). */
+ * come from frame_scores, for the G heads at once, tiles at multiples of
+ * ATT_KEYS. With a tally, query j's statistics for head g go to tally_rows +
+ * j * tally_step + g * (n_buckets + 2) (AttnTally's row). */
 static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq, int pos, int window,
                            const void *keys, int key_type, const void *values, int value_type, const float *q2,
                            const SecondQueries *second, const QueryFrames *frames, int b0, size_t offset, int kv_dim,
-                           int head_size, const AttnTally *tally, double *tally_rows, int tally_step,
+                           int head_size, int G, const AttnTally *tally, double *tally_rows, int tally_step,
                            float *scratch) {
-    size_t hs = (size_t)head_size, Q = ATT_QUERIES;
-    float *q_t = scratch, *s = q_t + hs * Q, *pv = s + ATT_KEYS * Q, *o = pv + hs * Q, *k_buf = o + hs * Q;
-    float *v_buf = k_buf + ATT_KEYS * hs, *m = v_buf + ATT_KEYS * hs, *l = m + Q, *alpha = l + Q, *tile_max = alpha + Q;
-    float *shift = tile_max + Q, *qg_t = shift + Q, *s_g = qg_t + hs * Q, *k_t = s_g + ATT_KEYS * Q;
-    float *q_r = k_t + ATT_KEYS * hs;
+    size_t hs = (size_t)head_size, Q = ATT_QUERIES, per_head = head_floats(hs);
+    // scratch: per head (g at scratch + g * per_head) sum_l, q_t, qg_t, s, o, m, l; then, shared,
+    float *s_g = scratch + G * per_head, *pv = s_g + ATT_KEYS * Q, *k_buf = pv + hs * Q; // the transient
+    float *v_buf = k_buf + ATT_KEYS * hs, *k_t = v_buf + ATT_KEYS * hs, *k_r = k_t + ATT_KEYS * hs; // steps'
+    float *alpha = k_r + ATT_KEYS * hs, *tile_max = alpha + Q, *shift = tile_max + Q, *tile_u = shift + Q;
+    float *dm = tile_u + Q, *q_r = dm + Q;
+#define HEAD(g) (scratch + (size_t)(g) * per_head)
+#define SUM_L(g) ((double *)HEAD(g))
+#define Q_T(g) (HEAD(g) + 2 * Q)
+#define QG_T(g) (Q_T(g) + hs * Q)
+#define S(g) (QG_T(g) + hs * Q)
+#define O(g) (S(g) + ATT_KEYS * Q)
+#define M(g) (O(g) + hs * Q)
+#define L(g) (M(g) + Q)
     float scale = 1.0f / sqrtf((float)head_size);
-    int far = q2 ? second->far : 0, n_sinks = q2 ? second->n_sinks : 0;
-    if (!frames) transpose_queries(q_t, q, ldq, nq, head_size);
-    if (q2) transpose_queries(qg_t, q2, ldq, nq, head_size);
-    memset(o, 0, hs * Q * sizeof(float));
-    memset(s, 0, ATT_KEYS * Q * sizeof(float)); // the columns past nq stay zero
-    for (int j = 0; j < ATT_QUERIES; j++) m[j] = -INFINITY, l[j] = 0.0f;
-    float tile_u[ATT_QUERIES], dm[ATT_QUERIES]; // with a tally: online_softmax_tile's, and the weights'
-    double sum_l[ATT_QUERIES];                  // sum so far (tally_tile)
-    if (tally)
-        for (int j = 0; j < nq; j++) {
-            sum_l[j] = 0.0;
-            memset(tally_rows + (size_t)j * tally_step, 0, (size_t)(tally->n_buckets + 2) * sizeof(double));
-        }
+    int far = q2 ? second->far : 0, n_sinks = q2 ? second->n_sinks : 0, step = tally ? tally->n_buckets + 2 : 0;
+    for (int g = 0; g < G; g++) {
+        if (!frames) transpose_queries(Q_T(g), q + g * hs, ldq, nq, head_size);
+        if (q2) transpose_queries(QG_T(g), q2 + g * hs, ldq, nq, head_size);
+        memset(O(g), 0, hs * Q * sizeof(float));
+        memset(S(g), 0, ATT_KEYS * Q * sizeof(float)); // the columns past nq stay zero
+        for (int j = 0; j < ATT_QUERIES; j++) M(g)[j] = -INFINITY, L(g)[j] = 0.0f;
+        if (tally)
+            for (int j = 0; j < nq; j++) {
+                SUM_L(g)[j] = 0.0; // the sum of the weights so far (tally_tile)
+                memset(tally_rows + (size_t)j * tally_step + g * step, 0, (size_t)step * sizeof(double));
+            }
+    }
+    memset(s_g, 0, ATT_KEYS * Q * sizeof(float));
     // query j (position pos + j) sees keys lo_j .. pos + j, lo_j = pos + j + 1 - window (at least 0) with a window
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0, end = pos + nq;
     if (frames) first -= first % ATT_KEYS; // each tile from a multiple of ATT_KEYS: fine rows 0..
     // the sinks' tiles (0 .. n_sinks-1) first, then first .. end-1 (from n_sinks when the window reaches them)
     for (int k0 = n_sinks > 0 ? 0 : first; k0 < end;) {
-        int stop = k0 < n_sinks && n_sinks < end ? n_sinks : end, ldk, ldv; // a tile of sinks ends at n_sinks
+        int stop = k0 < n_sinks && n_sinks < end ? n_sinks : end, ldk = 0, ldv; // a tile of sinks ends at n_sinks
         int nk = stop - k0 < ATT_KEYS ? stop - k0 : ATT_KEYS;
         int all_second = k0 + nk <= n_sinks || (far && pos - (k0 + nk - 1) >= far);
         int some_second = k0 < n_sinks || (far && pos + nq - 1 - k0 >= far);
         const float *v = kv_tile(v_buf, &ldv, values, value_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
-        if (!all_second) {
-            const float *k = kv_tile(k_buf, &ldk, keys, key_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
-            if (frames) frame_scores(s, frames, b0, nq, pos, k0, nk, k, ldk, q, ldq, head_size, k_t, q_r);
-            else cols_product(s, ATT_QUERIES, k, (size_t)ldk, 1, nk, head_size, q_t, ATT_QUERIES, nq); // s = K q_t
-        }
-        if (some_second) { // s_g = K_2 qg_t: second keys (float32) against second queries
-            float *dst = all_second ? s : s_g;
-            cols_product(dst, ATT_QUERIES, second->keys + offset + (size_t)k0 * kv_dim, (size_t)kv_dim, 1, nk,
-                         head_size, qg_t, ATT_QUERIES, nq);
-            if (!all_second) // across Self-Extend's line: query j takes key k0 + c's grouped score when it
-                for (int c = 0; c < nk; c++) // lies far or more positions back
-                    for (int j = 0; j < nq; j++)
-                        if (pos + j - (k0 + c) >= far) s[(size_t)c * Q + j] = s_g[(size_t)c * Q + j];
-        }
-        online_softmax_tile(s, nk, nq, k0, pos, window, n_sinks, scale, m, l, alpha, tile_max, shift, // s -> p
-                            tally ? tile_u : NULL, dm);
-        if (tally) tally_tile(tally_rows, tally_step, sum_l, tally, s, alpha, dm, tile_u, nk, nq, k0, pos, n_sinks);
-        cols_product(pv, ATT_QUERIES, v, 1, (size_t)ldv, head_size, nk, s, ATT_QUERIES, nq);             // pv = V^T p
-        for (size_t i = 0; i < hs; i++) { // o = o * alpha + pv
-            float *oi = o + i * Q;
-            const float *add = pv + i * Q;
+        const float *k = all_second ? NULL
+                       : kv_tile(k_buf, &ldk, keys, key_type, offset + (size_t)k0 * kv_dim, kv_dim, nk, head_size);
+        if (frames && k) // every head's scores at once: the keys rotated once per query
+            frame_scores(S(0), per_head, frames, b0, nq, pos, k0, nk, k, ldk, q, ldq, head_size, G, k_t, k_r, q_r);
+        for (int g = 0; g < G; g++) {
+            float *s = S(g);
+            if (k && !frames) cols_product(s, ATT_QUERIES, k, (size_t)ldk, 1, nk, head_size, Q_T(g), ATT_QUERIES, nq);
+            if (some_second) { // s_g = K_2 qg_t: second keys (float32) against second queries
+                float *dst = all_second ? s : s_g;
+                cols_product(dst, ATT_QUERIES, second->keys + offset + (size_t)k0 * kv_dim, (size_t)kv_dim, 1, nk,
+                             head_size, QG_T(g), ATT_QUERIES, nq);
+                if (!all_second) // across Self-Extend's line: query j takes key k0 + c's grouped score when it
+                    for (int c = 0; c < nk; c++) // lies far or more positions back
+                        for (int j = 0; j < nq; j++)
+                            if (pos + j - (k0 + c) >= far) s[(size_t)c * Q + j] = s_g[(size_t)c * Q + j];
+            }
+            online_softmax_tile(s, nk, nq, k0, pos, window, n_sinks, scale, M(g), L(g), alpha, tile_max, // s -> p
+                                shift, tally ? tile_u : NULL, dm);
+            if (tally)
+                tally_tile(tally_rows + g * step, tally_step, SUM_L(g), tally, s, alpha, dm, tile_u, nk, nq, k0, pos,
+                           n_sinks);
+            cols_product(pv, ATT_QUERIES, v, 1, (size_t)ldv, head_size, nk, s, ATT_QUERIES, nq); // pv = V^T p
+            float *o = O(g);
+            for (size_t i = 0; i < hs; i++) { // o = o * alpha + pv
+                float *oi = o + i * Q;
+                const float *add = pv + i * Q;
 #pragma omp simd simdlen(SIMD_FLOATS)
-            for (int j = 0; j < nq; j++) oi[j] = oi[j] * alpha[j] + add[j];
+                for (int j = 0; j < nq; j++) oi[j] = oi[j] * alpha[j] + add[j];
+            }
         }
         k0 += nk;
         if (k0 >= n_sinks && k0 < first) k0 = first; // past the sinks: on to the first query's window
     }
-    for (int j = 0; j < nq; j++) // out = o / l, back to one row per query
-        for (size_t i = 0; i < hs; i++) out[(size_t)j * ldo + i] = o[i * Q + j] / l[j];
-    if (tally) // H = ln l - U / l; each mass / l
-        for (int j = 0; j < nq; j++) {
-            double *row = tally_rows + (size_t)j * tally_step;
-            row[0] = log(sum_l[j]) - row[0] / sum_l[j];
-            for (int k = 1; k < tally->n_buckets + 2; k++) row[k] /= sum_l[j];
-        }
+    for (int g = 0; g < G; g++) {
+        for (int j = 0; j < nq; j++) // out = o / l, back to one row per query
+            for (size_t i = 0; i < hs; i++) out[(size_t)j * ldo + g * hs + i] = O(g)[i * Q + j] / L(g)[j];
+        if (tally) // H = ln l - U / l; each mass / l
+            for (int j = 0; j < nq; j++) {
+                double *row = tally_rows + (size_t)j * tally_step + g * step;
+                row[0] = log(SUM_L(g)[j]) - row[0] / SUM_L(g)[j];
+                for (int k = 1; k < step; k++) row[k] /= SUM_L(g)[j];
+            }
+    }
+#undef HEAD
+#undef SUM_L
+#undef Q_T
+#undef QG_T
+#undef S
+#undef O
+#undef M
+#undef L
 }
 
 /* kernels.h: every head's tiles of ATT_QUERIES queries are independent work
- * items, split over the threads; each one's result is the same whatever
- * thread computes it. */
+ * items (with frames, the G heads of a key head together), split over the
+ * threads; each one's result is the same whatever thread computes it. */
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
                      const SecondQueries *second, const QueryFrames *frames, const AttnTally *tally, int B, int pos0,
                      int window, int n_heads, int n_kv_heads, int head_size, float *scratch, int threads) {
     int dim = n_heads * head_size, kv_dim = n_kv_heads * head_size, kv_mul = n_heads / n_kv_heads;
-    int n_tiles = (B + ATT_QUERIES - 1) / ATT_QUERIES, item;
-    size_t per_thread = attention_block_floats(head_size);
+    int G = frames ? kv_mul : 1, n_tiles = (B + ATT_QUERIES - 1) / ATT_QUERIES, item;
+    size_t per_thread = attention_block_floats(head_size, kv_mul);
 #ifdef _OPENMP
     if (threads > omp_get_max_threads()) threads = omp_get_max_threads();
 #endif
     if (threads < 1) threads = 1;
     // in parallel when the scores' multiply-adds, about B dim (pos0 + B), are worth it
 #pragma omp parallel for private(item) num_threads(threads) if ((long)B * dim * (pos0 + B) >= PARALLEL_MIN_WORK)
-    for (item = 0; item < n_heads * n_tiles; item++) {
-        int h = item / n_tiles, b0 = item % n_tiles * ATT_QUERIES, nq = B - b0 < ATT_QUERIES ? B - b0 : ATT_QUERIES;
+    for (item = 0; item < n_heads / G * n_tiles; item++) {
+        int h = item / n_tiles * G, b0 = item % n_tiles * ATT_QUERIES, nq = B - b0 < ATT_QUERIES ? B - b0 : ATT_QUERIES;
         int thread = 0;
 #ifdef _OPENMP
         thread = omp_get_thread_num();
@@ -1048,7 +1112,7 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
         int step = tally ? tally->n_buckets + 2 : 0; // a tally row; query b0's head h at (b0 n_heads + h) step
         double *rows = tally ? tally->out + ((size_t)b0 * n_heads + h) * step : NULL;
         attention_tile(out + at, dim, q + at, dim, nq, pos0 + b0, window, keys, key_type, values, value_type, q2,
-                       second, frames, b0, (size_t)(h / kv_mul) * head_size, kv_dim, head_size, tally, rows,
+                       second, frames, b0, (size_t)(h / kv_mul) * head_size, kv_dim, head_size, G, tally, rows,
                        n_heads * step, scratch + (size_t)thread * per_thread);
     }
 }

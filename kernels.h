@@ -170,12 +170,12 @@ static inline uint16_t float_to_half(float x) {
  * float32 first, then the same code). Tiles of 128 queries x ATT_KEYS keys
  * (kernels.c); keys past the last query's position, or older than the first
  * query's window, are never read. scratch: (threads,
- * attention_block_floats(head_size)) floats; the heads x tiles of queries go
- * over at most `threads` OpenMP threads, each output computed by the same
- * code whatever their number. SIMD tiles (AVX-512 or AVX2) for every
+ * attention_block_floats(head_size, n_heads / n_kv_heads)) floats; the heads
+ * x tiles of queries go over at most `threads` OpenMP threads, each output
+ * computed by the same code whatever their number. SIMD tiles (AVX-512 or AVX2) for every
  * head_size, portable loops in a build without them. */
 #define ATT_KEYS 48 /* keys per tile of attention_block */
-size_t attention_block_floats(int head_size);
+size_t attention_block_floats(int head_size, int heads_per_kv_head);
 /* Second queries (run.c's rope_stage, docs/rope.md §10 and §13): some keys
  * are scored against a second rotation of each query, and of those keys,
  * instead of q_b . k_t:

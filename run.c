@@ -984,7 +984,8 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
         FLOATS(st->x, B * dim), FLOATS(st->xb, B * dim), FLOATS(st->xb2, B * dim), FLOATS(st->hb, B * hidden),
         FLOATS(st->hb2, B * hidden), FLOATS(st->q, B * dim), FLOATS(st->k, B * kv_dim), FLOATS(st->v, B * kv_dim),
         FLOATS(st->scores, c->n_heads * n_ctx), FLOATS(st->logits, B * c->vocab_size),
-        FLOATS(st->attn_tiles, B > 1 ? threads * attention_block_floats((int)head_size) : 0),
+        FLOATS(st->attn_tiles, B > 1 ? threads * attention_block_floats((int)head_size, c->n_heads / c->n_kv_heads)
+                                     : 0),
         {&st->key_cache, cache_values, kv_elem_bytes(t->kv_type)},
         {&st->value_cache, cache_values, kv_elem_bytes(t->kv_type)},
         FLOATS(st->rope_cos, rows * n_pairs), FLOATS(st->rope_sin, rows * n_pairs),

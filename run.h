@@ -115,7 +115,8 @@ typedef struct {
     float *v;           // (B, kv_dim) values of the block
     float *scores;      // (n_heads, n_ctx) one query's attention scores, turned into weights by
                         // softmax in place (a block of queries keeps no scores: kernels.c's attention_block)
-    float *attn_tiles;  // (threads, attention_block_floats(head_size)) attention_block's scratch, B > 1 or sinks
+    float *attn_tiles;  // (threads, attention_block_floats(head_size, n_heads / n_kv_heads)) attention_block's
+                        // scratch, B > 1 or sinks
     float *logits;      // (B, vocab_size)
     void *key_cache;    // (n_layers, n_ctx, kv_dim) float32 or IEEE half (--kv f16); keys
                         // rotated, or before RoPE for every strategy but KEYS_ROTATED_ONCE
