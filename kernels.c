@@ -437,8 +437,8 @@ static void rotate_keys_avx(float *k_r, const float *k_t, const float *fine_cos,
 
 /* rows_dot_c with the tile's keys in ATT_KEYS / SIMD_FLOATS vectors (3 with
  * AVX-512, 6 with AVX2), their sums in registers over the rows, each w[r]
- * broadcast once: one load and one FMA a vector and a row, the same sums in
- * the same order as rows_dot_c's lanes. */
+ * broadcast once: one load and one FMA a vector and a row, in the order of
+ * rows_dot_c's. */
 static void rows_dot_avx(float *acc, const float *rows, const float *w, int n) {
     enum { V = ATT_KEYS / SIMD_FLOATS };
     vfloat sum[V];
@@ -756,10 +756,11 @@ void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_
  * s, o, m, l; a multiple of 2, so that each head's doubles stay aligned. */
 static size_t head_floats(size_t hs) { return 3 * hs * ATT_QUERIES + ATT_KEYS * ATT_QUERIES + 4 * ATT_QUERIES; }
 
-size_t attention_block_floats(int head_size, int heads) {
+size_t attention_block_floats(int head_size, int heads_per_kv_head) {
     size_t hs = (size_t)head_size; // heads' own, then the shared s_g, pv, k, v, k_t, k_r, alpha .. dm, q_r
-    return heads * head_floats(hs) + ATT_KEYS * ATT_QUERIES + hs * ATT_QUERIES + 4 * ATT_KEYS * hs +
-           5 * ATT_QUERIES + hs;
+    size_t n = heads_per_kv_head * head_floats(hs) + ATT_KEYS * ATT_QUERIES + hs * ATT_QUERIES + 4 * ATT_KEYS * hs +
+               5 * ATT_QUERIES + hs;
+    return (n + 15) / 16 * 16; // each thread's scratch 64-byte aligned (its doubles aligned, no line shared)
 }
 
 /* Rows k0 .. k0+n-1 of a head's slice of the cache (head_size values from
@@ -1086,21 +1087,44 @@ static void attention_tile(float *out, int ldo, const float *q, int ldq, int nq,
 #undef L
 }
 
+/* With frames, how many query heads of a key head one work item takes (a
+ * divisor G of kv_mul): together they rotate each key tile once per query,
+ * but fewer items may leave threads idle. The estimate of a thread's time,
+ * rounds of items x an item's cost, counts a head's scores, softmax and
+ * values as 5 and the rotation it shares as 4 (the multiply-adds a pair of a
+ * key and a query: 2 for the score, 2 for the values, 4 for the rotation;
+ * 1 for the softmax). Each head's arithmetic is the same whatever G, so the
+ * choice changes the time, never the result. */
+static int frame_group(int kv_mul, int n_kv_heads, int n_tiles, int threads) {
+    int best = 1;
+    long best_cost = -1;
+    for (int G = 1; G <= kv_mul; G++) {
+        if (kv_mul % G) continue;
+        long items = (long)n_kv_heads * (kv_mul / G) * n_tiles, rounds = (items + threads - 1) / threads;
+        long cost = rounds * (5L * G + 4);
+        if (best_cost < 0 || cost < best_cost) best = G, best_cost = cost;
+    }
+    return best;
+}
+
 /* kernels.h: every head's tiles of ATT_QUERIES queries are independent work
- * items (with frames, the G heads of a key head together), split over the
- * threads; each one's result is the same whatever thread computes it. */
+ * items (with frames, G heads of a key head together: frame_group), split
+ * over the threads; each one's result is the same whatever thread computes
+ * it. */
 void attention_block(float *out, const float *q, const void *keys, int key_type, const void *values, int value_type,
                      const SecondQueries *second, const QueryFrames *frames, const AttnTally *tally, int B, int pos0,
                      int window, int n_heads, int n_kv_heads, int head_size, float *scratch, int threads) {
     int dim = n_heads * head_size, kv_dim = n_kv_heads * head_size, kv_mul = n_heads / n_kv_heads;
-    int G = frames ? kv_mul : 1, n_tiles = (B + ATT_QUERIES - 1) / ATT_QUERIES, item;
+    int n_tiles = (B + ATT_QUERIES - 1) / ATT_QUERIES, item;
     size_t per_thread = attention_block_floats(head_size, kv_mul);
 #ifdef _OPENMP
     if (threads > omp_get_max_threads()) threads = omp_get_max_threads();
 #endif
-    if (threads < 1) threads = 1;
     // in parallel when the scores' multiply-adds, about B dim (pos0 + B), are worth it
-#pragma omp parallel for private(item) num_threads(threads) if ((long)B * dim * (pos0 + B) >= PARALLEL_MIN_WORK)
+    int parallel = (long)B * dim * (pos0 + B) >= PARALLEL_MIN_WORK;
+    if (threads < 1 || !parallel) threads = 1;
+    int G = frames ? frame_group(kv_mul, n_kv_heads, n_tiles, threads) : 1;
+#pragma omp parallel for private(item) num_threads(threads) if (parallel)
     for (item = 0; item < n_heads / G * n_tiles; item++) {
         int h = item / n_tiles * G, b0 = item % n_tiles * ATT_QUERIES, nq = B - b0 < ATT_QUERIES ? B - b0 : ATT_QUERIES;
         int thread = 0;

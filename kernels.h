@@ -171,8 +171,9 @@ static inline uint16_t float_to_half(float x) {
  * (kernels.c); keys past the last query's position, or older than the first
  * query's window, are never read. scratch: (threads,
  * attention_block_floats(head_size, n_heads / n_kv_heads)) floats; the heads
- * x tiles of queries go over at most `threads` OpenMP threads, each output
- * computed by the same code whatever their number. SIMD tiles (AVX-512 or AVX2) for every
+ * x tiles of queries (with frames, groups of a key head's query heads x
+ * tiles) go over at most `threads` OpenMP threads, each output computed by
+ * the same code whatever their number. SIMD tiles (AVX-512 or AVX2) for every
  * head_size, portable loops in a build without them. */
 #define ATT_KEYS 48 /* keys per tile of attention_block */
 size_t attention_block_floats(int head_size, int heads_per_kv_head);

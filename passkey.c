@@ -295,26 +295,27 @@ typedef struct {
 
 /* --prompts-only: print the trial's prompt instead of running it. JSON: the
  * prompt's text, in the chat form also the whole rendered prompt, and its
- * ids; text: what the model reads (the rendered prompt in the chat form),
- * after a line naming the trial in its cell and its draw (its place in the
- * run's order, --skip-draws counted: docs/passkey.md §2). */
+ * ids, and its draw (its place in the run's order, --skip-draws counted:
+ * docs/passkey.md §2); text: what the model reads (the rendered prompt in
+ * the chat form), after a line naming the trial in its cell and its draw. */
 static void print_prompt(const PromptForm *form, const Sentences *f, const Trial *tr, int length, double depth,
                          int trial, int draw, int json) {
     size_t len, rendered_len;
     char *text = passkey_prompt(f, tr->start, tr->sentences, tr->key_after, tr->key, &len);
     char *rendered = form->ct ? tokens_text(form->tok, tr->ids, tr->n_ids, -1, &rendered_len) : NULL;
     if (json) {
-        out_printf("%s{\"key\": \"%s\", \"start\": %d, \"sentences\": %d, \"key_after\": %d, \"prompt_tokens\": %d, "
-                   "\"prompt\": ", trial ? ", " : "", tr->key, tr->start, tr->sentences, tr->key_after, tr->n_ids);
+        out_printf("%s{\"draw\": %d, \"key\": \"%s\", \"start\": %d, \"sentences\": %d, \"key_after\": %d, "
+                   "\"prompt_tokens\": %d, \"prompt\": ", trial ? ", " : "", draw, tr->key, tr->start, tr->sentences,
+                   tr->key_after, tr->n_ids);
         print_json_string(text);
         if (rendered) out_printf(", \"rendered\": "), print_json_string(rendered);
         out_printf(", \"ids\": [");
         for (int i = 0; i < tr->n_ids; i++) out_printf(i ? ", %d" : "%d", tr->ids[i]);
         out_printf("]}");
     } else {
-        out_printf("# length %d depth %g trial %d (draw %d): key %s, %d tokens, %d filler sentences, key after %d\n%s\n",
-                   length, depth, trial, draw, tr->key, tr->n_ids, tr->sentences, tr->key_after,
-                   rendered ? rendered : text);
+        out_printf("# length %d depth %g trial %d (draw %d): key %s, %d tokens, %d filler sentences, "
+                   "key after %d\n%s\n", length, depth, trial, draw, tr->key, tr->n_ids, tr->sentences,
+                   tr->key_after, rendered ? rendered : text);
     }
     free(text);
     free(rendered);

@@ -401,7 +401,8 @@ static void attention_ref2(double *out, const float *q, const float *q2, const f
  * float of each query and key: a few ulp of unit-scale products); measured
  * 6.7e-7 with sinks, 8.4e-7 with frames (AVX-512 build), 1.1e-6 with frames
  * once the heads of a key head share the keys' rotation (AVX2 build; 9.3e-7
- * before).
+ * before). With frames, 1 and 8 threads give the same bits: one group of the
+ * key head's 2 query heads, or each head alone (kernels.c's frame_group).
  * Every case also tallies the statistics (kernels.h's AttnTally; distance
  * buckets [0, 16), [16, 64), [64, 300)) against attention_ref2's from the
  * double weights: the entropy (at most ln 300 = 5.7 nats) and each mass, the
@@ -421,8 +422,9 @@ void test_attention_block_sinks_and_frames(void) {
     float *keys = malloc(sizeof(float) * cache_n), *keys2 = malloc(sizeof(float) * cache_n);
     float *values = malloc(sizeof(float) * cache_n), *q = malloc(sizeof(float) * 140 * dim);
     float *q2 = malloc(sizeof(float) * 140 * dim), *out = malloc(sizeof(float) * 140 * dim);
-    float *tiles = malloc(sizeof(float) * 2 * attention_block_floats(hs, nh / nkv));
+    float *tiles = malloc(sizeof(float) * 8 * attention_block_floats(hs, nh / nkv)); // up to 8 threads
     double *ref = malloc(sizeof(double) * 140 * dim);
+    int frames_differ = 0;
     int bucket[300], nb = 3; // distance buckets [0, 16), [16, 64), [64, 300)
     for (int d = 0; d < n_ctx; d++) bucket[d] = d < 16 ? 0 : d < 64 ? 1 : 2;
     size_t stats_n = (size_t)140 * nh * (nb + 2); // a tally row per query and head
@@ -480,11 +482,24 @@ void test_attention_block_sinks_and_frames(void) {
             }
         }
         use_simd = HAVE_SIMD;
+#ifdef _OPENMP
+        if (frames) { // 1 thread takes the key head's 2 query heads together, 8 one at a time (frame_group): same bits
+            float *one = malloc(sizeof(float) * B * dim);
+            omp_set_num_threads(1);
+            attention_block(one, q, keys, KV_F32, values, KV_F32, NULL, &f, NULL, B, pos0, window, nh, nkv, hs, tiles, 1);
+            omp_set_num_threads(8);
+            attention_block(out, q, keys, KV_F32, values, KV_F32, NULL, &f, NULL, B, pos0, window, nh, nkv, hs, tiles, 8);
+            frames_differ += memcmp(one, out, sizeof(float) * B * dim) != 0;
+            free(one);
+        }
+#endif
         free(freq), free(rows);
     }
 #ifdef _OPENMP
     omp_set_num_threads(max_threads);
 #endif
+    CHECK(frames_differ == 0, "attention block with frames: %d of 4 cases differ between 1 and 8 threads (expected "
+          "the same bits)", frames_differ);
     CHECK(worst[0] < 2e-5 && worst[1] < 2e-5,
           "attention block vs double: sinks' second queries %.3g, per-query frames %.3g (expected < 2e-5)", worst[0],
           worst[1]);

@@ -148,7 +148,7 @@ def test_skip_draws_runs_one_trial_of_a_longer_run_alone(filler, tmp_path):
     for n, (length, depth, t) in enumerate(flat):
         one = prompts("--lengths", str(length), "--depths", f"{depth:g}", "--trials", "1", "-s", "5",
                       "--skip-draws", str(n), *extra)
-        assert one.get("skip_draws", 0) == n and len(one["cells"]) == 1
+        assert one.get("skip_draws", 0) == n and len(one["cells"]) == 1 and t["draw"] == n
         assert one["cells"][0]["trials"] == [t], n
     assert "skip_draws" not in whole  # absent when 0
     ran = [json.loads(run_ok(MODEL, "-m", "passkey", "--lengths", "160", "--depths", "0,1", "--trials", "2",

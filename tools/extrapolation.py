@@ -88,8 +88,10 @@ its own that makes its text, runs it and writes RESULTS/NAME.json: the plan
 cell's result and command, its wall time and threads. A passkey cell runs
 a trial at a time and keeps its finished trials in RESULTS/NAME.parts until
 its file is written, so a cell stopped partway resumes from there when run
-again (passkey_by_trials). --list prints those commands, the costliest first; they run anywhere with the same checkout,
-models and ../shared, in any order. --collect reads the files of one plan from
+again (passkey_by_trials; the study's own, docs/extrapolation/cells, are kept
+in git, and a NAME.parts left beside a finished cell's file is removed).
+--list prints those commands, the costliest first; they run anywhere with
+the same checkout, models and ../shared, in any order. --collect reads the files of one plan from
 any number of folders and writes the outputs below; a cell without a file is
 "missing" in every table (a gap in the plots), and table.md ends with the CPU
 time (wall x threads) by study and factor. Without --list, --cell or
@@ -1111,8 +1113,9 @@ def cost_table(meta):
 
 
 def kept_trials(folders, missing):
-    """{name: trials kept} for the missing passkey cells that have finished
-    trials in a NAME.parts folder in one of the folders (passkey_by_trials)."""
+    """{name: trials kept} for the missing cells that have finished trials
+    in a NAME.parts folder in one of the folders (passkey_by_trials writes
+    them for passkey cells; a trial kept in two folders counts twice)."""
     kept = {}
     for name in missing:
         n = sum(len(list((Path(f) / f"{name}.parts").glob("trial-*.json"))) for f in folders)
