@@ -486,9 +486,11 @@ void test_attention_block_sinks_and_frames(void) {
         if (frames) { // 1 thread takes the key head's 2 query heads together, 8 one at a time (frame_group): same bits
             float *one = malloc(sizeof(float) * B * dim);
             omp_set_num_threads(1);
-            attention_block(one, q, keys, KV_F32, values, KV_F32, NULL, &f, NULL, B, pos0, window, nh, nkv, hs, tiles, 1);
+            attention_block(one, q, keys, KV_F32, values, KV_F32, NULL, &f, NULL, B, pos0, window, nh, nkv, hs,
+                            tiles, 1);
             omp_set_num_threads(8);
-            attention_block(out, q, keys, KV_F32, values, KV_F32, NULL, &f, NULL, B, pos0, window, nh, nkv, hs, tiles, 8);
+            attention_block(out, q, keys, KV_F32, values, KV_F32, NULL, &f, NULL, B, pos0, window, nh, nkv, hs,
+                            tiles, 8);
             frames_differ += memcmp(one, out, sizeof(float) * B * dim) != 0;
             free(one);
         }
