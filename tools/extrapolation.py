@@ -112,7 +112,7 @@ Usage:
     .venv/bin/python tools/extrapolation.py --replot [--out DIR]   # the plots from DIR/results.json
 (`make extrapolation` runs it with the defaults and --results docs/extrapolation/cells,
 so only the cells without a committed file; from scratch the cells take about 0.9
-CPU-hours without SmolLM2 and 33 with it (docs/extrapolation/README.md, "What it
+CPU-hours without SmolLM2 and 36 with it (docs/extrapolation/README.md, "What it
 costs"). `make extrapolation EXTRAPOLATION_ARGS=--quick` runs the subset. --quick, and
 --collect of a --quick plan, write to a new temporary folder unless --out is
 given, so they never replace the study.)
