@@ -25,11 +25,14 @@
 
 int use_simd = HAVE_SIMD;
 int prefetch_f32 = 1;
+int f32_rows_together = 1;
 
 void kernels_init(void) {
 #if HAVE_SIMD
     __builtin_cpu_init();
-    prefetch_f32 = !__builtin_cpu_is("amd");
+    int amd = __builtin_cpu_is("amd");
+    prefetch_f32 = !amd;
+    f32_rows_together = amd ? 8 : 1;
 #endif
 }
 
@@ -402,6 +405,34 @@ static void dot_f32_avx(float *out, const float *w, const float *x, int n) {
     *out = sum;
 }
 
+/* dot_f32_avx for 8 consecutive rows side by side, one token: each vector
+ * of x, loaded once, meets the 8 rows' vectors at the same offset, one sum
+ * per row (8 FMA chains, so none waits for another). 8 streams in flight
+ * instead of one: on an AMD EPYC the one-row kernel's single stream, which
+ * its hardware prefetcher alone feeds, stops short of the memory's rate
+ * (kernels.h's f32_rows_together; docs/performance.md). n a multiple of
+ * SIMD_FLOATS. */
+static void dot_rows8_f32_avx(float *out, const float *w, const float *x, int n) {
+    vfloat acc[8];
+    for (int r = 0; r < 8; r++) acc[r] = vf_zero();
+    for (int i = 0; i < n; i += SIMD_FLOATS) {
+        vfloat xv = vf_load(x + i);
+        for (int r = 0; r < 8; r++) acc[r] = vf_fma(vf_load(w + (size_t)r * n + i), xv, acc[r]);
+    }
+    for (int r = 0; r < 8; r++) out[r] = vf_sum(acc[r]);
+}
+
+/* One token against R consecutive float rows (generation): in groups of 8
+ * side by side where kernels_init chose so and n allows, the rest one row at
+ * a time. Which rows form a group depends only on R (a matmul chunk's rows),
+ * so the sums are the same whatever the thread count. */
+static void dot_rows_f32(float *out, const float *w, const float *x, int R, int n) {
+    int r = 0;
+    if (f32_rows_together == 8 && n % SIMD_FLOATS == 0)
+        for (; r + 8 <= R; r += 8) dot_rows8_f32_avx(out + r, w + (size_t)r * n, x, n);
+    for (; r < R; r++) dot_f32_avx(out + r, w + (size_t)r * n, x, n);
+}
+
 /* out[j] = q . k_j for the 8 keys k_j = k + j * stride, n floats each (n a
  * multiple of 8): one sum per key, then the 8 sums reduced together by a tree
  * of horizontal adds, which costs less than 8 separate reductions. */
@@ -659,10 +690,11 @@ static void cols_q8(float *out, int ldo, const int8_t *w, const float *ws, const
  * an output is the same sum in the same order whatever the tile or the thread
  * count, and the portable tiles. A single token (generation)
  * has its own one-row kernels, which read the rows one after the
- * other: one sequential stream, which the hardware prefetcher follows best
- * (measured: 4 rows side by side streamed 15-25% slower for float32, and 25%
- * slower for q8_0). They sum in another order than the tiles (float rounding;
- * the tests bound it). */
+ * other: one sequential stream, which the hardware prefetcher follows best on
+ * the Intel VM (measured there: 4 rows side by side streamed 15-25% slower for
+ * float32, and 25% slower for q8_0); on AMD float32 rows go 8 side by side
+ * (dot_rows_f32, which matmul calls for a whole chunk). They sum in another
+ * order than the tiles (float rounding; the tests bound it). */
 static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
 #if HAVE_SIMD
     if (use_simd && T == 1) { // blocks of tokens go through cols_f32 (see matmul)
@@ -1329,6 +1361,10 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
 #if HAVE_SIMD
         if (by_columns) {
             cols_f32(out + start, d, 0, rows, (size_t)n, 1, end - start, n, scratch->x_t, ldx, B);
+            continue;
+        }
+        if (use_simd && B == 1 && !int8) { // one token against float rows: the one-row kernels
+            dot_rows_f32(out + start, rows, x, end - start, n);
             continue;
         }
 #endif

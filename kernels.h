@@ -41,6 +41,14 @@ extern int use_simd;
  * the tests run the kernel both ways. q8_0's one-row kernels prefetch on
  * every CPU (faster on both). */
 extern int prefetch_f32;
+
+/* How many float32 rows generation's kernel streams side by side, chosen
+ * from the CPU by kernels_init(): 8 on AMD, where 110M's float32 generation
+ * measured 1.2-1.3x faster than one row at a time (docs/performance.md), 1
+ * elsewhere (the Intel VM streamed one row at a time fastest: kernels.c). It
+ * changes the summation order (float rounding, bounded by the tests, which
+ * run both). */
+extern int f32_rows_together;
 void kernels_init(void); // the CPU's choices above; call once, before the first matmul
 
 /* Floats per vector of the float32 SIMD kernels (kernels.c: the column

@@ -57,6 +57,48 @@ static void check_int8_blocks(const float *x, const int8_t *wq, const float *ws,
     free(dots), free(cols), free(xs), free(xq), free(blocks.x_qt), free(blocks.x_scale_t), free(blocks.w_sums);
 }
 
+/* Generation's float32 matmul (one token) in a matrix big enough to be
+ * split between threads, rows one at a time and 8 side by side
+ * (f32_rows_together): against matmul_reference within the 2e-4 above, and
+ * the same bits on 1 thread and on 4 (the groups of 8 rows lie inside the
+ * chunks of ROW_CHUNK rows that threads share out). d = 301: chunks and
+ * groups with rows left over. */
+void test_generation_rows(void) {
+    int n = 256, d = 301;
+    float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * d * n);
+    float *one = malloc(sizeof(float) * d), *four = malloc(sizeof(float) * d);
+    double *ref = malloc(sizeof(double) * d);
+    fill_randn(x, n, 1.0f);
+    fill_randn(w, (size_t)d * n, 1.0f);
+    matmul_ref(ref, x, w, 1, n, d);
+    Matrix mf = {WEIGHT_F32, 0, w, NULL};
+    CHECK((long)n * d >= PARALLEL_MIN_WORK, "the generation test's matrix is split between threads (n*d=%d)", n * d);
+#ifdef _OPENMP
+    int max_threads = omp_get_max_threads();
+#endif
+    for (int together = 1; together <= 8; together += 7) {
+        f32_rows_together = together;
+        int threads[2] = {1, 4};
+        for (int t = 0; t < 2; t++) {
+#ifdef _OPENMP
+            omp_set_num_threads(threads[t]);
+#endif
+            matmul(t ? four : one, x, mf, 1, n, d, NULL);
+        }
+        double worst = 0;
+        for (int i = 0; i < d; i++) worst = fmax(worst, fabs(one[i] - ref[i]));
+        CHECK(worst < 2e-4, "generation matmul n=%d d=%d, %d rows together: %.3g from the reference", n, d, together,
+              worst);
+        CHECK(memcmp(one, four, sizeof(float) * d) == 0,
+              "generation matmul n=%d d=%d, %d rows together: 1 and 4 threads give other sums", n, d, together);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(max_threads);
+#endif
+    kernels_init();
+    free(x), free(w), free(one), free(four), free(ref);
+}
+
 /* Every matmul path (SIMD column kernel, one-row kernels, portable tiles,
  * q8_0 int8 products, q8_0 dequantized rows) against run.c's
  * matmul_reference, and the reference itself against a double sum.
@@ -100,17 +142,23 @@ void test_matmul_kernels(void) {
         }
         CHECK(worst < 2e-4 && worst_ref < 2e-4, "f32 matmul B=%d n=%d d=%d: simd vs portable %.3g, vs reference %.3g",
               B, n, d, worst, worst_ref);
-        // Token b alone (generation's one-row kernel, four partial sums) gives
-        // its row of the block (one FMA chain per output) up to the summation
-        // order: the same 2e-4.
+        // Token b alone (generation's one-row kernel, four partial sums, or 8
+        // rows side by side, one sum each: kernels.h's f32_rows_together, both
+        // run here whatever the CPU) gives its row of the block (one FMA chain
+        // per output) up to the summation order: the same 2e-4.
         use_simd = HAVE_SIMD;
-        double worst_alone = 0;
-        for (int b = 0; b < B; b++) {
-            matmul(port, x + (size_t)b * n, mf, 1, n, d, &fs);
-            for (int i = 0; i < d; i++) worst_alone = fmax(worst_alone, fabs(port[i] - simd[(size_t)b * d + i]));
+        for (int together = 1; together <= 8; together += 7) {
+            f32_rows_together = together;
+            double worst_alone = 0;
+            for (int b = 0; b < B; b++) {
+                matmul(port, x + (size_t)b * n, mf, 1, n, d, &fs);
+                for (int i = 0; i < d; i++) worst_alone = fmax(worst_alone, fabs(port[i] - simd[(size_t)b * d + i]));
+            }
+            CHECK(worst_alone < 2e-4,
+                  "f32 matmul B=%d n=%d d=%d, %d rows together: a token alone differs from its block row by %.3g", B,
+                  n, d, together, worst_alone);
         }
-        CHECK(worst_alone < 2e-4, "f32 matmul B=%d n=%d d=%d: a token alone differs from its block row by %.3g", B,
-              n, d, worst_alone);
+        kernels_init();
         // The one-row kernel with and without its software prefetch (kernels.h's
         // prefetch_f32, chosen from the CPU): the same sums, bit for bit.
         int same_bits = 1;

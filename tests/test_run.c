@@ -125,6 +125,7 @@ int main(void) {
     test_sampler();
     test_loader();
     test_matmul_kernels();
+    test_generation_rows();
     test_q8_group_sizes();
     test_q8_rows_and_quantize();
     test_attention_scores();
