@@ -12,6 +12,7 @@
  * or a double-precision reference.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -311,34 +312,44 @@ static inline __attribute__((always_inline)) void store_tile(float *out, int ldo
  * whole vectors from each row's start; only the first T tokens are stored
  * (the rest is padding). Measured against a 3 x 4 dot-product tile
  * (horizontal sums at the end): 1.65x the prefill rate of a 15M-shaped model
- * (AVX2). */
+ * (AVX2). It runs k from k0 to k1 of n: the sums start at zero when k0 is 0,
+ * else from carry (R x COLS_VECS vectors, where the pass before left them),
+ * and go to out when k1 is n, else back to carry; stored and loaded as they
+ * are, the chain over k stays the same. */
 static inline __attribute__((always_inline)) void cols_tile_f32(float *out, int ldo, int by_rows, const float *w,
-                                                               size_t w_row, size_t w_col, int n, const float *xt,
-                                                               int ldx, int R, int J, int T) {
+                                                               size_t w_row, size_t w_col, int k0, int k1, int n,
+                                                               const float *xt, int ldx, int R, int J, int T,
+                                                               vfloat *carry) {
     vfloat acc[6][COLS_VECS], x[COLS_VECS];
     for (int r = 0; r < R; r++)
-        for (int j = 0; j < J; j++) acc[r][j] = vf_zero();
-    for (int k = 0; k < n; k++) {
+        for (int j = 0; j < J; j++) acc[r][j] = k0 == 0 ? vf_zero() : carry[r * COLS_VECS + j];
+    for (int k = k0; k < k1; k++) {
         for (int j = 0; j < J; j++) x[j] = vf_load(xt + (size_t)k * ldx + j * SIMD_FLOATS);
         for (int r = 0; r < R; r++) {
             vfloat wr = vf_set1(w[r * w_row + k * w_col]);
             for (int j = 0; j < J; j++) acc[r][j] = vf_fma(wr, x[j], acc[r][j]);
         }
     }
-    store_tile(out, ldo, by_rows, acc, R, J, T);
+    if (k1 == n) {
+        store_tile(out, ldo, by_rows, acc, R, J, T);
+        return;
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < J; j++) carry[r * COLS_VECS + j] = acc[r][j];
 }
 
 /* cols_tile_f32 with R (a constant) rows and T <= COLS_TOKENS tokens: as many
  * vectors as T needs, each count its own instance. */
 static inline __attribute__((always_inline)) void cols_tile_rows(float *out, int ldo, int by_rows, const float *w,
-                                                                size_t w_row, size_t w_col, int n, const float *xt,
-                                                                int ldx, int R, int T) {
+                                                                size_t w_row, size_t w_col, int k0, int k1, int n,
+                                                                const float *xt, int ldx, int R, int T,
+                                                                vfloat *carry) {
     int J = (T + SIMD_FLOATS - 1) / SIMD_FLOATS;
-    if (J == 1) cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, n, xt, ldx, R, 1, T);
-    else if (J == 2) cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, n, xt, ldx, R, 2, T);
+    if (J == 1) cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, k0, k1, n, xt, ldx, R, 1, T, carry);
+    else if (J == 2) cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, k0, k1, n, xt, ldx, R, 2, T, carry);
 #if COLS_VECS == 4
-    else if (J == 3) cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, n, xt, ldx, R, 3, T);
-    else cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, n, xt, ldx, R, 4, T);
+    else if (J == 3) cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, k0, k1, n, xt, ldx, R, 3, T, carry);
+    else cols_tile_f32(out, ldo, by_rows, w, w_row, w_col, k0, k1, n, xt, ldx, R, 4, T, carry);
 #endif
 }
 
@@ -347,22 +358,48 @@ static inline __attribute__((always_inline)) void cols_tile_rows(float *out, int
  * own instance). */
 static inline int tile_height(int left) { return left >= 6 ? 6 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
 
+/* How cols_f32 cuts its work so that the tokens' values it reads stay in
+ * the L1 cache: groups of COLS_GROUP_ROWS rows (4 tiles of 6: a matmul chunk),
+ * and passes of COLS_K_BLOCK values of k, over which each group's tiles run in
+ * turn on the same COLS_TOKENS tokens' 16 KiB of xt (256 x 16 floats with
+ * AVX2); the sums go from pass to pass in carry. Before, a tile ran over all
+ * of k, and each next tile read the tokens' values again from L2: on the AMD
+ * EPYC (AVX2) the passes made 110M's float32 prompts of 600 tokens 1.15x
+ * faster on one thread, 1.13x on two, and prompts of 300 tokens 1.07-1.10x
+ * (float32, q8_0, SmolLM2's q8_0; interleaved, medians of 5; 128 and 64 a
+ * pass gained less: docs/performance.md). AVX-512, not measured, keeps one
+ * pass (64 tokens a tile: 256 bytes of xt a k). */
+#define COLS_GROUP_ROWS 24
+#if SIMD_FLOATS == 8
+#define COLS_K_BLOCK 256
+#else
+#define COLS_K_BLOCK INT_MAX
+#endif
+
 /* cols_f32_c's formula (its strides; xt's rows readable up to B
  * rounded up to SIMD_FLOATS) in tiles of 6 rows x COLS_TOKENS tokens, the
- * last rows in tiles of 4, 2 and 1. */
+ * last rows in tiles of 4, 2 and 1, in the groups and passes above. */
 static void cols_f32(float *out, int ldo, int by_rows, const float *w, size_t w_row, size_t w_col, int rows, int n,
                      const float *xt, int ldx, int B) {
-    for (int i = 0, R; i < rows; i += R) {
-        R = tile_height(rows - i);
-        const float *wi = w + (size_t)i * w_row;
+    vfloat carry[COLS_GROUP_ROWS][COLS_VECS]; // a row of the group: its sums between passes
+    for (int i0 = 0; i0 < rows; i0 += COLS_GROUP_ROWS) {
+        int i1 = rows - i0 < COLS_GROUP_ROWS ? rows : i0 + COLS_GROUP_ROWS;
         for (int b = 0; b < B; b += COLS_TOKENS) {
-            float *o = out + (by_rows ? (size_t)i * ldo + b : (size_t)b * ldo + i);
             const float *x = xt + b;
             int T = B - b < COLS_TOKENS ? B - b : COLS_TOKENS;
-            if (R == 6) cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, n, x, ldx, 6, T);
-            else if (R == 4) cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, n, x, ldx, 4, T);
-            else if (R == 2) cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, n, x, ldx, 2, T);
-            else cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, n, x, ldx, 1, T);
+            for (int k0 = 0; k0 < n; k0 += COLS_K_BLOCK) {
+                int k1 = n - k0 < COLS_K_BLOCK ? n : k0 + COLS_K_BLOCK;
+                for (int i = i0, R; i < i1; i += R) {
+                    R = tile_height(i1 - i);
+                    const float *wi = w + (size_t)i * w_row;
+                    float *o = out + (by_rows ? (size_t)i * ldo + b : (size_t)b * ldo + i);
+                    vfloat *c = carry[i - i0]; // this tile's rows' sums between passes
+                    if (R == 6) cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, k0, k1, n, x, ldx, 6, T, c);
+                    else if (R == 4) cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, k0, k1, n, x, ldx, 4, T, c);
+                    else if (R == 2) cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, k0, k1, n, x, ldx, 2, T, c);
+                    else cols_tile_rows(o, ldo, by_rows, wi, w_row, w_col, k0, k1, n, x, ldx, 1, T, c);
+                }
+            }
         }
     }
 }

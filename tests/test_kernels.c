@@ -99,6 +99,36 @@ void test_generation_rows(void) {
     free(x), free(w), free(one), free(four), free(ref);
 }
 
+/* The SIMD column kernel cuts k into passes and rows into groups
+ * (kernels.c's COLS_K_BLOCK, COLS_GROUP_ROWS) and carries the sums between
+ * passes, so each output must still be one FMA chain over k in order: equal,
+ * bit for bit, to fmaf applied k = 0, 1, ... n-1. n = 600: two passes of 256
+ * and a short one with AVX2; d = 53: chunks of 24 rows and one of 5 (tiles
+ * of 4 and 1); B = 21: a partial vector of tokens. */
+void test_column_passes(void) {
+#if HAVE_SIMD
+    int B = 21, n = 600, d = 53;
+    float *x = malloc(sizeof(float) * B * n), *w = malloc(sizeof(float) * d * n), *out = malloc(sizeof(float) * B * d);
+    float *xt = malloc(sizeof(float) * n * simd_round_up(B));
+    MatmulScratch fs = {.x_t = xt};
+    fill_randn(x, (size_t)B * n, 1.0f);
+    fill_randn(w, (size_t)d * n, 1.0f);
+    Matrix mf = {WEIGHT_F32, 0, w, NULL};
+    use_simd = 1;
+    matmul(out, x, mf, B, n, d, &fs);
+    int differ = 0;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < d; i++) {
+            float chain = 0.0f;
+            for (int k = 0; k < n; k++) chain = fmaf(w[(size_t)i * n + k], x[(size_t)b * n + k], chain);
+            differ += memcmp(&chain, &out[(size_t)b * d + i], sizeof chain) != 0;
+        }
+    CHECK(differ == 0, "column kernel B=%d n=%d d=%d: %d of %d outputs differ from the in-order FMA chain", B, n, d,
+          differ, B * d);
+    free(x), free(w), free(out), free(xt);
+#endif
+}
+
 /* Every matmul path (SIMD column kernel, one-row kernels, portable tiles,
  * q8_0 int8 products, q8_0 dequantized rows) against run.c's
  * matmul_reference, and the reference itself against a double sum.
