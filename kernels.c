@@ -442,7 +442,8 @@ static void dot_f32_avx(float *out, const float *w, const float *x, int n) {
     *out = sum;
 }
 
-/* dot_f32_avx for 8 consecutive rows side by side, one token: each vector
+/* out[r] = w_r . x for the 8 consecutive rows w_r = w + r * n (one token):
+ * dot_f32_avx's formula for 8 rows side by side. Each vector
  * of x, loaded once, meets the 8 rows' vectors at the same offset, one sum
  * per row (8 FMA chains, so none waits for another). 8 streams in flight
  * instead of one: on an AMD EPYC the one-row kernel's single stream, which
@@ -459,7 +460,8 @@ static void dot_rows8_f32_avx(float *out, const float *w, const float *x, int n)
     for (int r = 0; r < 8; r++) out[r] = vf_sum(acc[r]);
 }
 
-/* One token against R consecutive float rows (generation): in groups of 8
+/* out[r] = w_r . x for R consecutive float rows w_r = w + r * n, one token
+ * (generation; attention's rows_dot computes another product): in groups of 8
  * side by side where kernels_init chose so and n allows, the rest one row at
  * a time. Which rows form a group depends only on R (a matmul chunk's rows),
  * so the sums are the same whatever the thread count. */
@@ -726,12 +728,13 @@ static void cols_q8(float *out, int ldo, const int8_t *w, const float *ws, const
  * scratch) through the one tile kernel instantiated with constant sizes, so
  * an output is the same sum in the same order whatever the tile or the thread
  * count, and the portable tiles. A single token (generation)
- * has its own one-row kernels, which read the rows one after the
- * other: one sequential stream, which the hardware prefetcher follows best on
- * the Intel VM (measured there: 4 rows side by side streamed 15-25% slower for
- * float32, and 25% slower for q8_0); on AMD float32 rows go 8 side by side
- * (dot_rows_f32, which matmul calls for a whole chunk). They sum in another
- * order than the tiles (float rounding; the tests bound it). */
+ * has its own kernels (float32: dot_rows_f32, which matmul calls for a whole
+ * chunk, so the branch below serves only blocks without matmul's x_t
+ * scratch), which read the rows one after the other: one sequential stream,
+ * which the hardware prefetcher follows best on the Intel VM (measured there:
+ * 4 rows side by side streamed 15-25% slower for float32, and 25% slower for
+ * q8_0); on AMD float32 rows go 8 side by side. They sum in another order
+ * than the tiles (float rounding; the tests bound it). */
 static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
 #if HAVE_SIMD
     if (use_simd && T == 1) { // blocks of tokens go through cols_f32 (see matmul)

@@ -59,14 +59,17 @@ static void check_int8_blocks(const float *x, const int8_t *wq, const float *ws,
 
 /* Generation's float32 matmul (one token) in a matrix big enough to be
  * split between threads, rows one at a time and 8 side by side
- * (f32_rows_together): against matmul_reference within the 2e-4 above, and
- * the same bits on 1 thread and on 4 (the groups of 8 rows lie inside the
- * chunks of ROW_CHUNK rows that threads share out). d = 301: chunks and
- * groups with rows left over. */
+ * (f32_rows_together): against matmul_reference within test_matmul_kernels'
+ * 2e-4 (below), and the same bits on 1 thread and on 4 (the groups of 8 rows
+ * lie inside the chunks of ROW_CHUNK rows that threads share out). In a SIMD
+ * build the two settings must also give other bits somewhere (four partial
+ * sums a row against one), so that the 8-row kernel is known to have run.
+ * Outputs are set to NaN before each call: a pass that writes nothing fails.
+ * d = 301: chunks and groups with rows left over. */
 void test_generation_rows(void) {
     int n = 256, d = 301;
     float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * d * n);
-    float *one = malloc(sizeof(float) * d), *four = malloc(sizeof(float) * d);
+    float *one = malloc(sizeof(float) * d), *four = malloc(sizeof(float) * d), *by_row = malloc(sizeof(float) * d);
     double *ref = malloc(sizeof(double) * d);
     fill_randn(x, n, 1.0f);
     fill_randn(w, (size_t)d * n, 1.0f);
@@ -76,27 +79,37 @@ void test_generation_rows(void) {
 #ifdef _OPENMP
     int max_threads = omp_get_max_threads();
 #endif
+    int saved_simd = use_simd, saved_together = f32_rows_together;
+    use_simd = HAVE_SIMD;
     for (int together = 1; together <= 8; together += 7) {
         f32_rows_together = together;
-        int threads[2] = {1, 4};
         for (int t = 0; t < 2; t++) {
 #ifdef _OPENMP
-            omp_set_num_threads(threads[t]);
+            omp_set_num_threads(t ? 4 : 1);
 #endif
+            memset(t ? four : one, 0xff, sizeof(float) * d); // NaN
             matmul(t ? four : one, x, mf, 1, n, d, NULL);
         }
         double worst = 0;
-        for (int i = 0; i < d; i++) worst = fmax(worst, fabs(one[i] - ref[i]));
+        for (int i = 0; i < d; i++) { // (fmax drops a NaN: counted as infinite)
+            double e = fabs(one[i] - ref[i]);
+            worst = isnan(e) ? INFINITY : fmax(worst, e);
+        }
         CHECK(worst < 2e-4, "generation matmul n=%d d=%d, %d rows together: %.3g from the reference", n, d, together,
               worst);
         CHECK(memcmp(one, four, sizeof(float) * d) == 0,
               "generation matmul n=%d d=%d, %d rows together: 1 and 4 threads give other sums", n, d, together);
+        if (together == 1) memcpy(by_row, one, sizeof(float) * d);
     }
+#if HAVE_SIMD
+    CHECK(memcmp(by_row, one, sizeof(float) * d) != 0,
+          "generation matmul n=%d d=%d: 8 rows together gave the one-row kernel's bits (did it run?)", n, d);
+#endif
 #ifdef _OPENMP
     omp_set_num_threads(max_threads);
 #endif
-    kernels_init();
-    free(x), free(w), free(one), free(four), free(ref);
+    use_simd = saved_simd, f32_rows_together = saved_together;
+    free(x), free(w), free(one), free(four), free(by_row), free(ref);
 }
 
 /* The SIMD column kernel cuts k into passes and rows into groups
@@ -177,20 +190,26 @@ void test_matmul_kernels(void) {
         // run here whatever the CPU) gives its row of the block (one FMA chain
         // per output) up to the summation order: the same 2e-4.
         use_simd = HAVE_SIMD;
+        int saved_together = f32_rows_together, saved_prefetch = prefetch_f32;
         for (int together = 1; together <= 8; together += 7) {
             f32_rows_together = together;
             double worst_alone = 0;
             for (int b = 0; b < B; b++) {
+                memset(port, 0xff, sizeof(float) * d); // NaN: a pass that writes nothing fails
                 matmul(port, x + (size_t)b * n, mf, 1, n, d, &fs);
-                for (int i = 0; i < d; i++) worst_alone = fmax(worst_alone, fabs(port[i] - simd[(size_t)b * d + i]));
+                for (int i = 0; i < d; i++) { // (fmax drops a NaN: counted as infinite)
+                    double e = fabs(port[i] - simd[(size_t)b * d + i]);
+                    worst_alone = isnan(e) ? INFINITY : fmax(worst_alone, e);
+                }
             }
             CHECK(worst_alone < 2e-4,
                   "f32 matmul B=%d n=%d d=%d, %d rows together: a token alone differs from its block row by %.3g", B,
                   n, d, together, worst_alone);
         }
-        kernels_init();
-        // The one-row kernel with and without its software prefetch (kernels.h's
-        // prefetch_f32, chosen from the CPU): the same sums, bit for bit.
+        // The one-row kernel (every row one at a time) with and without its
+        // software prefetch (kernels.h's prefetch_f32, chosen from the CPU):
+        // the same sums, bit for bit.
+        f32_rows_together = 1;
         int same_bits = 1;
         float *other = malloc(sizeof(float) * d);
         for (int b = 0; b < B; b++) {
@@ -200,7 +219,7 @@ void test_matmul_kernels(void) {
             matmul(other, x + (size_t)b * n, mf, 1, n, d, &fs);
             same_bits &= memcmp(port, other, sizeof(float) * d) == 0;
         }
-        kernels_init();
+        f32_rows_together = saved_together, prefetch_f32 = saved_prefetch;
         free(other);
         CHECK(same_bits, "f32 matmul B=%d n=%d d=%d: the one-row kernel's sums differ with and without prefetch", B,
               n, d);
