@@ -259,7 +259,7 @@ typedef __m256 vfloat;
 #define vf_sum hsum_avx
 #define COLS_VECS 2 // 6 x 2 sums + 2 x + 1 broadcast of 16 registers
 #endif
-#define COLS_TOKENS (COLS_VECS * SIMD_FLOATS) // tokens per tile: 64 (AVX-512) or 16 (AVX2)
+_Static_assert(COLS_TOKENS == COLS_VECS * SIMD_FLOATS, "kernels.h's COLS_TOKENS: tokens per tile");
 
 /* Vectors of SIMD_FLOATS int32 lanes for the q8_0 column kernel, which needs
  * VNNI's product of unsigned by signed bytes summed in fours into each lane
@@ -376,16 +376,21 @@ static inline int tile_height(int left) { return left >= 6 ? 6 : left >= 4 ? 4 :
 #define COLS_K_BLOCK INT_MAX
 #endif
 
-/* cols_f32_c's formula (its strides; xt's rows readable up to B
- * rounded up to SIMD_FLOATS) in tiles of 6 rows x COLS_TOKENS tokens, the
- * last rows in tiles of 4, 2 and 1, in the groups and passes above. */
+/* cols_f32_c's formula in tiles of 6 rows x COLS_TOKENS tokens, the last
+ * rows in tiles of 4, 2 and 1, in the groups and passes above. The tokens
+ * of tile i (tokens i * COLS_TOKENS ...) start at xt + i * panel, their
+ * values for k ldx apart: panel = COLS_TOKENS for xt as cols_f32_c reads it
+ * (all tokens side by side in each row), n * COLS_TOKENS for matmul's panels
+ * (transpose_block: each tile's tokens over all of k, one after the other).
+ * Each tile's rows must be readable up to its T tokens rounded up to
+ * SIMD_FLOATS. */
 static void cols_f32(float *out, int ldo, int by_rows, const float *w, size_t w_row, size_t w_col, int rows, int n,
-                     const float *xt, int ldx, int B) {
+                     const float *xt, int ldx, size_t panel, int B) {
     vfloat carry[COLS_GROUP_ROWS][COLS_VECS]; // a row of the group: its sums between passes
     for (int i0 = 0; i0 < rows; i0 += COLS_GROUP_ROWS) {
         int i1 = rows - i0 < COLS_GROUP_ROWS ? rows : i0 + COLS_GROUP_ROWS;
         for (int b = 0; b < B; b += COLS_TOKENS) {
-            const float *x = xt + b;
+            const float *x = xt + (size_t)(b / COLS_TOKENS) * panel;
             int T = B - b < COLS_TOKENS ? B - b : COLS_TOKENS;
             for (int k0 = 0; k0 < n; k0 += COLS_K_BLOCK) {
                 int k1 = n - k0 < COLS_K_BLOCK ? n : k0 + COLS_K_BLOCK;
@@ -855,7 +860,7 @@ static void cols_product(float *out, int ldo, const float *w, size_t w_row, size
                          const float *xt, int ldx, int B) {
 #if HAVE_SIMD
     if (use_simd) {
-        cols_f32(out, ldo, 1, w, w_row, w_col, rows, n, xt, ldx, B);
+        cols_f32(out, ldo, 1, w, w_row, w_col, rows, n, xt, ldx, COLS_TOKENS, B);
         return;
     }
 #endif
@@ -1347,14 +1352,26 @@ static void q8_group_sums(int32_t *sums, const int8_t *w, int rows, int n, int g
 }
 #endif
 
-/* xt[k * ldx + b] = x[b * n + k], zero for tokens B..ldx-1:
- * x (B, n) -> xt (n, ldx), the block's tokens side by side. */
+/* x (B, n) transposed into panels of COLS_TOKENS tokens, the column
+ * kernel's tiles: token b = i * COLS_TOKENS + j goes to
+ *   xt[i * n * COLS_TOKENS + k * COLS_TOKENS + j] = x[b * n + k]
+ * and tokens B..ldx-1 are zero. A tile's tokens lie one after the other
+ * over k, so that a pass over k reads contiguous memory: in rows of all the
+ * block's tokens side by side (xt[k * ldx + b]), a tile's 64-byte lines for
+ * consecutive k were ldx floats apart, 512 bytes for a block of 128, and
+ * fell into an eighth of the L1 cache's sets, which then held 4 KiB of them,
+ * not the pass's 16 KiB. The panels gave matmul 1.10x the rate on 110M's
+ * shapes (q8_0 dequantized, 128 tokens, one thread: 77 -> 85 GFLOP/s of the
+ * core's 94 on the AMD EPYC; docs/performance.md). */
 static void transpose_block(float *xt, const float *x, int B, int ldx, int n) {
     int b0; // 8 tokens at a time: 8 rows of x read side by side; in parallel (run alone it took 2.5% of a prompt)
 #pragma omp parallel for private(b0) if ((long)B * n >= PARALLEL_MIN_WORK)
-    for (b0 = 0; b0 < ldx; b0 += 8)
+    for (b0 = 0; b0 < ldx; b0 += 8) {
+        float *panel = xt + (size_t)(b0 / COLS_TOKENS) * n * COLS_TOKENS + b0 % COLS_TOKENS;
         for (int k = 0; k < n; k++)
-            for (int b = b0; b < b0 + 8; b++) xt[(size_t)k * ldx + b] = b < B ? x[(size_t)b * n + k] : 0.0f;
+            for (int b = b0; b < b0 + 8; b++)
+                panel[(size_t)k * COLS_TOKENS + b - b0] = b < B ? x[(size_t)b * n + k] : 0.0f;
+    }
 }
 
 /* out = x @ w^T        x (B, n), w (d, n) -> out (B, d)
@@ -1400,7 +1417,8 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
         }
 #if HAVE_SIMD
         if (by_columns) {
-            cols_f32(out + start, d, 0, rows, (size_t)n, 1, end - start, n, scratch->x_t, ldx, B);
+            cols_f32(out + start, d, 0, rows, (size_t)n, 1, end - start, n, scratch->x_t, COLS_TOKENS,
+                     (size_t)n * COLS_TOKENS, B);
             continue;
         }
         if (use_simd && B == 1 && !int8) { // one token against float rows: the one-row kernels

@@ -75,6 +75,11 @@ void kernels_init(void); // the CPU's choices above; call once, before the first
 #endif
 /* n rounded up to a whole number of vectors */
 static inline int simd_round_up(int n) { return (n + SIMD_FLOATS - 1) / SIMD_FLOATS * SIMD_FLOATS; }
+/* Tokens per tile of the float32 column kernel (kernels.c's cols_f32): 4
+ * vectors with AVX-512, 2 with AVX2. matmul lays a block's tokens out in
+ * panels of this many (MatmulScratch's x_t), so B is rounded up to it. */
+#define COLS_TOKENS (SIMD_FLOATS == 16 ? 64 : 16)
+static inline int cols_round_up(int B) { return (B + COLS_TOKENS - 1) / COLS_TOKENS * COLS_TOKENS; }
 
 /* Below this many multiply-adds a parallel region costs more than it saves
  * (thread wake-up is microseconds; a 64x64 matmul is about a microsecond). */
@@ -266,7 +271,7 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
  * portable tiles); q8_0 weights need at least x_q and x_scale (then int8 dot
  * products for any B). n below is max(dim, hidden_dim). */
 typedef struct {
-    float *x_t;       // (n, simd_round_up(B)) the input transposed, B > 1 only
+    float *x_t;       // (n * cols_round_up(B)) the input transposed, in panels of COLS_TOKENS tokens; B > 1 only
     int8_t *x_q;      // (B, n) the input, quantized
     float *x_scale;   // (B, n / group_size) its scales
     float *w_rows;    // (threads, ROW_CHUNK, n) dequantized rows, or NULL

@@ -1000,7 +1000,7 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
         FLOATS(st->frame_rows, frames ? B * 2 * (ATT_KEYS + n_coarse) * n_pairs : 0),
         {(void **)&st->frame_freq, frames ? B * n_pairs : 0, sizeof(double)},
         // matmul's input transposed (blocks); with q8_0 weights, quantized
-        FLOATS(st->mm.x_t, B > 1 ? widest * simd_round_up((int)B) : 0),
+        FLOATS(st->mm.x_t, B > 1 ? widest * cols_round_up((int)B) : 0),
         {(void **)&st->mm.x_q, q8 ? B * widest : 0, sizeof(int8_t)},
         FLOATS(st->mm.x_scale, q8 ? B * widest / c->group_size : 0),
         FLOATS(st->mm.w_rows, q8 && B > 1 ? (size_t)threads * ROW_CHUNK * widest : 0),

@@ -122,7 +122,7 @@ void test_column_passes(void) {
 #if HAVE_SIMD
     int B = 21, n = 600, d = 53;
     float *x = malloc(sizeof(float) * B * n), *w = malloc(sizeof(float) * d * n), *out = malloc(sizeof(float) * B * d);
-    float *xt = malloc(sizeof(float) * n * simd_round_up(B));
+    float *xt = malloc(sizeof(float) * n * cols_round_up(B));
     MatmulScratch fs = {.x_t = xt};
     fill_randn(x, (size_t)B * n, 1.0f);
     fill_randn(w, (size_t)d * n, 1.0f);
@@ -162,7 +162,7 @@ void test_matmul_kernels(void) {
         float *wd = malloc(sizeof(float) * d * n), *ws = malloc(sizeof(float) * d * n / gs);
         float *xs = malloc(sizeof(float) * B * n / gs);
         int8_t *wq = malloc((size_t)d * n), *xq = malloc((size_t)B * n);
-        float *xt = malloc(sizeof(float) * n * simd_round_up(B)); // x transposed, for blocks (the column kernel)
+        float *xt = malloc(sizeof(float) * n * cols_round_up(B)); // x transposed, for blocks (the column kernel)
         MatmulScratch fs = {.x_t = xt};
         double *ref = malloc(sizeof(double) * B * d);
         fill_randn(x, (size_t)B * n, 1.0f);
