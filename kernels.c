@@ -447,34 +447,48 @@ static void dot_f32_avx(float *out, const float *w, const float *x, int n) {
     *out = sum;
 }
 
-/* out[r] = w_r . x for the 8 consecutive rows w_r = w + r * n (one token):
- * dot_f32_avx's formula for 8 rows side by side. Each vector
- * of x, loaded once, meets the 8 rows' vectors at the same offset, one sum
- * per row (8 FMA chains, so none waits for another). 8 streams in flight
- * instead of one: on an AMD EPYC the one-row kernel's single stream, which
- * its hardware prefetcher alone feeds, stops short of the memory's rate
- * (kernels.h's f32_rows_together; docs/performance.md). n a multiple of
- * SIMD_FLOATS. */
-static void dot_rows8_f32_avx(float *out, const float *w, const float *x, int n) {
+/* out[r * step] = w_r . x for the 8 rows w_r = w + r * step * n (one
+ * token), one SIMD_FLOATS-lane sum per row over its vectors in order, then
+ * its lanes added (vf_sum): the same arithmetic for every row whatever the
+ * rows beside it, or none (R = 1). Each vector of x, loaded once, meets the
+ * R rows' vectors at the same offset (R FMA chains, so none waits for
+ * another). n a multiple of SIMD_FLOATS. */
+static inline __attribute__((always_inline)) void dot_rows_apart(float *out, const float *w, const float *x, int n,
+                                                                size_t step, int R) {
     vfloat acc[8];
-    for (int r = 0; r < 8; r++) acc[r] = vf_zero();
+    for (int r = 0; r < R; r++) acc[r] = vf_zero();
     for (int i = 0; i < n; i += SIMD_FLOATS) {
         vfloat xv = vf_load(x + i);
-        for (int r = 0; r < 8; r++) acc[r] = vf_fma(vf_load(w + (size_t)r * n + i), xv, acc[r]);
+        for (int r = 0; r < R; r++) acc[r] = vf_fma(vf_load(w + r * step * n + i), xv, acc[r]);
     }
-    for (int r = 0; r < 8; r++) out[r] = vf_sum(acc[r]);
+    for (int r = 0; r < R; r++) out[r * step] = vf_sum(acc[r]);
 }
 
-/* out[r] = w_r . x for R consecutive float rows w_r = w + r * n, one token
- * (generation; attention's rows_dot computes another product): in groups of 8
- * side by side where kernels_init chose so and n allows, the rest one row at
- * a time. Which rows form a group depends only on R (a matmul chunk's rows),
- * so the sums are the same whatever the thread count. */
-static void dot_rows_f32(float *out, const float *w, const float *x, int R, int n) {
-    int r = 0;
-    if (f32_rows_together == 8 && n % SIMD_FLOATS == 0)
-        for (; r + 8 <= R; r += 8) dot_rows8_f32_avx(out + r, w + (size_t)r * n, x, n);
-    for (; r < R; r++) dot_f32_avx(out + r, w + (size_t)r * n, x, n);
+/* out = w x for one token and float32 rows w (d, n) on AMD
+ * (f32_rows_together = 8), in 8 streams per thread: a thread's rows a..b-1
+ * (the d rows shared out evenly) are 8 runs of len = (b - a) / 8 rows, and
+ * it takes row i of every run together (dot_rows_apart, rows len apart), the
+ * last (b - a) % 8 rows one at a time. Each stream then reads its run's rows
+ * one after the other, long enough for the hardware prefetcher to follow.
+ * On the AMD EPYC (Zen 3, AVX2) 8 consecutive rows side by side streamed a
+ * model's matrices at 16-18 GB/s on one thread, 8 runs 19-23 (a program
+ * streaming SmolLM2's and 110M's matrices per token through both,
+ * docs/performance.md); one row at a time was slower than either there.
+ * Every row's sum is the same arithmetic (dot_rows_apart), so the result
+ * does not depend on the thread count. n a multiple of SIMD_FLOATS. */
+static void dot_rows_streams(float *out, const float *w, const float *x, int n, int d) {
+#pragma omp parallel if ((long)n * d >= PARALLEL_MIN_WORK)
+    {
+        int threads = 1, t = 0;
+#ifdef _OPENMP
+        threads = omp_get_num_threads(), t = omp_get_thread_num();
+#endif
+        int per = (d + threads - 1) / threads, a = t * per < d ? t * per : d, b = a + per < d ? a + per : d;
+        int len = (b - a) / 8;
+        for (int i = 0; i < len; i++)
+            dot_rows_apart(out + a + i, w + (size_t)(a + i) * n, x, n, (size_t)len, 8);
+        for (int r = a + 8 * len; r < b; r++) dot_rows_apart(out + r, w + (size_t)r * n, x, n, 1, 1);
+    }
 }
 
 /* out[j] = q . k_j for the 8 keys k_j = k + j * stride, n floats each (n a
@@ -738,7 +752,8 @@ static void cols_q8(float *out, int ldo, const int8_t *w, const float *ws, const
  * scratch), which read the rows one after the other: one sequential stream,
  * which the hardware prefetcher follows best on the Intel VM (measured there:
  * 4 rows side by side streamed 15-25% slower for float32, and 25% slower for
- * q8_0); on AMD float32 rows go 8 side by side. They sum in another order
+ * q8_0); on AMD float32 rows go 8 side by side from 8 runs of rows
+ * (dot_rows_streams, which matmul calls instead). They sum in another order
  * than the tiles (float rounding; the tests bound it). */
 static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
 #if HAVE_SIMD
@@ -1387,6 +1402,12 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
     if (method == Q8_COLUMNS)
         pack_q8_block(scratch->x_qt, scratch->x_scale_t, scratch->x_q, scratch->x_scale, B, ldx, n, gs);
 #endif
+#if HAVE_SIMD
+    if (use_simd && B == 1 && !q8 && f32_rows_together == 8 && n % SIMD_FLOATS == 0) {
+        dot_rows_streams(out, (const float *)w.values, x, n, d); // one token, float32 rows, on AMD
+        return;
+    }
+#endif
     // Several tokens against float rows (float32, or q8_0 dequantized): the
     // column kernel, on x transposed once here.
     int by_columns = HAVE_SIMD && use_simd && B > 1 && !int8 && scratch && scratch->x_t;
@@ -1421,8 +1442,8 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
                      (size_t)n * COLS_TOKENS, B);
             continue;
         }
-        if (use_simd && B == 1 && !int8) { // one token against float rows: the one-row kernels
-            dot_rows_f32(out + start, rows, x, end - start, n);
+        if (use_simd && B == 1 && !int8) { // one token against float rows: the one-row kernel
+            for (int i = 0; i < end - start; i++) dot_f32_avx(out + start + i, rows + (size_t)i * n, x, n);
             continue;
         }
 #endif

@@ -44,12 +44,14 @@ extern int prefetch_f32;
 
 /* How many float32 rows generation's kernel streams side by side, 1 or 8
  * (any other value acts as 1), chosen from the CPU by kernels_init(): 8 on
- * AMD, where 110M's float32 generation measured 1.2-1.3x faster than one row
- * at a time on a Zen 3 core with AVX2 (docs/performance.md; AVX-512 builds on
- * AMD take 8 rows too, not measured), 1 elsewhere (on the Intel VM 4 rows side
- * by side streamed 15-25% slower than one: kernels.c; 8 not measured there).
- * It changes the summation order (float rounding, bounded by the tests, which
- * run both). */
+ * AMD, 1 elsewhere. With 8, each thread reads its rows as 8 runs, one row of
+ * each at a time (kernels.c's dot_rows_streams): on a Zen 3 core with AVX2
+ * 110M's and SmolLM2's float32 generation measured 1.2-1.4x faster than 8
+ * consecutive rows side by side, which were 1.2-1.3x faster than one row at a
+ * time (docs/performance.md; AVX-512 builds on AMD take 8 too, not measured).
+ * On the Intel VM 4 consecutive rows side by side streamed 15-25% slower than
+ * one (kernels.c); 8 runs were not measured there. It changes the summation
+ * order (float rounding, bounded by the tests, which run both). */
 extern int f32_rows_together;
 void kernels_init(void); // the CPU's choices above; call once, before the first matmul
 

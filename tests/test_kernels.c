@@ -58,14 +58,15 @@ static void check_int8_blocks(const float *x, const int8_t *wq, const float *ws,
 }
 
 /* Generation's float32 matmul (one token) in a matrix big enough to be
- * split between threads, rows one at a time and 8 side by side
- * (f32_rows_together): against matmul_reference within test_matmul_kernels'
- * 2e-4 (below), and the same bits on 1 thread and on 4 (the groups of 8 rows
- * lie inside the chunks of ROW_CHUNK rows that threads share out). In a SIMD
+ * split between threads, rows one at a time and 8 side by side from 8 runs
+ * of each thread's rows (f32_rows_together): against matmul_reference within
+ * test_matmul_kernels' 2e-4 (below), and the same bits on 1 thread and on 4
+ * (one row at a time: chunks of ROW_CHUNK rows; 8 runs: every row's sum is
+ * the same arithmetic, whatever rows it runs beside). In a SIMD
  * build the two settings must also give other bits somewhere (four partial
  * sums a row against one), so that the 8-row kernel is known to have run.
  * Outputs are set to NaN before each call: a pass that writes nothing fails.
- * d = 301: chunks and groups with rows left over. */
+ * d = 301: chunks and runs with rows left over. */
 void test_generation_rows(void) {
     int n = 256, d = 301;
     float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * d * n);
