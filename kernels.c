@@ -27,6 +27,7 @@
 int use_simd = HAVE_SIMD;
 int prefetch_f32 = 1;
 int f32_rows_together = 1;
+int q8_runs = 1;
 
 void kernels_init(void) {
 #if HAVE_SIMD
@@ -34,6 +35,7 @@ void kernels_init(void) {
     int amd = __builtin_cpu_is("amd");
     prefetch_f32 = !amd;
     f32_rows_together = amd ? 8 : 1;
+    q8_runs = amd ? 2 : 1;
 #endif
 }
 
@@ -747,7 +749,7 @@ static void cols_q8(float *out, int ldo, const int8_t *w, const float *ws, const
  * scratch) through the one tile kernel instantiated with constant sizes, so
  * an output is the same sum in the same order whatever the tile or the thread
  * count, and the portable tiles. A single token (generation)
- * has its own kernels (float32: dot_rows_f32, which matmul calls for a whole
+ * has its own kernels (float32: dot_f32_avx, which matmul calls for a whole
  * chunk, so the branch below serves only blocks without matmul's x_t
  * scratch), which read the rows one after the other: one sequential stream,
  * which the hardware prefetcher follows best on the Intel VM (measured there:
@@ -764,6 +766,48 @@ static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, in
 #endif
     dot_tile_f32_c(out, ldo, w, x, R, T, n);
 }
+/* dot_tile_q8_c for one row and one token (gs a multiple of 32): the
+ * widest kernel there is. */
+static void dot_q8_row(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n, int gs) {
+#if HAVE_Q8_AVX512
+    if (gs == 32) {
+        dot_q8_32_avx512(out, w, ws, x, xs, n);
+        return;
+    }
+#endif
+    if (gs == 32) dot_q8_avx(out, w, ws, x, xs, n, 32);
+    else dot_q8_avx(out, w, ws, x, xs, n, gs);
+}
+
+/* out = w x for one token and q8_0 rows w (d, n) on AMD (q8_runs = 2),
+ * x quantized (x_q, x_scale): a thread's rows a..b-1 (the d rows shared out
+ * evenly) are 2 runs of len = (b - a) / 2 rows, taken in turn, row i of one
+ * run then row i of the other (the last row left over alone), each through
+ * dot_q8_row and its prefetch: two streams, each long, where a thread's rows
+ * in order were one. Each row's sum is dot_q8_row's, so the result is the
+ * same bits as the rows in order, on any number of threads. On the AMD EPYC
+ * (AVX2), interleaved, 5 runs, medians: 110M q8_0 generation 107.9 -> 119.5
+ * tokens/s on one thread, 166.5 -> 195.2 on two; SmolLM2 88.8 -> 106.2 and
+ * 134.5 -> 138.2; 4 and 8 runs taken in turn were slower than one
+ * (docs/performance.md). gs a multiple of 32. */
+static void dot_q8_runs(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n, int d,
+                        int gs) {
+#pragma omp parallel if ((long)n * d >= PARALLEL_MIN_WORK)
+    {
+        int threads = 1, t = 0;
+#ifdef _OPENMP
+        threads = omp_get_num_threads(), t = omp_get_thread_num();
+#endif
+        int per = (d + threads - 1) / threads, a = t * per < d ? t * per : d, b = a + per < d ? a + per : d;
+        int len = (b - a) / 2, groups = n / gs;
+        for (int i = 0; i < 2 * len; i++) {
+            size_t r = (size_t)a + (size_t)(i % 2) * len + i / 2; // row i/2 of run i%2
+            dot_q8_row(out + r, w + r * n, ws + r * groups, x, xs, n, gs);
+        }
+        if ((b - a) % 2) dot_q8_row(out + b - 1, w + (size_t)(b - 1) * n, ws + (size_t)(b - 1) * groups, x, xs, n, gs);
+    }
+}
+
 static void dot_tile_q8(float *out, int ldo, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int R,
                         int T, int n, int gs) {
 #if HAVE_SIMD
@@ -775,11 +819,7 @@ static void dot_tile_q8(float *out, int ldo, const int8_t *w, const float *ws, c
             const float *wsr = ws + (size_t)r * (n / gs);
             if (step == 4) dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 4, 2, n, gs);
             else if (T == 2) dot_tile_q8_avx(o, ldo, wr, wsr, x, xs, 1, 2, n, gs);
-#if HAVE_Q8_AVX512
-            else if (gs == 32) dot_q8_32_avx512(o, wr, wsr, x, xs, n);
-#endif
-            else if (gs == 32) dot_q8_avx(o, wr, wsr, x, xs, n, 32);
-            else dot_q8_avx(o, wr, wsr, x, xs, n, gs);
+            else dot_q8_row(o, wr, wsr, x, xs, n, gs);
         }
         return;
     }
@@ -1405,6 +1445,10 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
 #if HAVE_SIMD
     if (use_simd && B == 1 && !q8 && f32_rows_together == 8 && n % SIMD_FLOATS == 0) {
         dot_rows_streams(out, (const float *)w.values, x, n, d); // one token, float32 rows, on AMD
+        return;
+    }
+    if (use_simd && B == 1 && int8 && q8_runs == 2 && gs % 32 == 0) { // one token, q8_0 rows, on AMD
+        dot_q8_runs(out, (const int8_t *)w.values, w.scale, scratch->x_q, scratch->x_scale, n, d, gs);
         return;
     }
 #endif

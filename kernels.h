@@ -53,6 +53,12 @@ extern int prefetch_f32;
  * one (kernels.c); 8 runs were not measured there. It changes the summation
  * order (float rounding, bounded by the tests, which run both). */
 extern int f32_rows_together;
+/* How many runs of its rows a thread reads in turn in q8_0 generation, 1 or
+ * 2 (any other value acts as 1), chosen from the CPU by kernels_init(): 2 on
+ * AMD (kernels.c's dot_q8_runs: 1.03-1.2x the rate of the rows in order on a
+ * Zen 3 core, docs/performance.md), 1 elsewhere (not measured on Intel).
+ * Each row is the same sum either way: the same bits (the tests check). */
+extern int q8_runs;
 void kernels_init(void); // the CPU's choices above; call once, before the first matmul
 
 /* Floats per vector of the float32 SIMD kernels (kernels.c: the column

@@ -80,6 +80,7 @@ void test_loader(void);
 /* test_kernels.c */
 void test_matmul_kernels(void);
 void test_generation_rows(void);
+void test_generation_q8_runs(void);
 void test_column_passes(void);
 void test_q8_group_sizes(void);
 void test_q8_rows_and_quantize(void);

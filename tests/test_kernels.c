@@ -113,6 +113,54 @@ void test_generation_rows(void) {
     free(x), free(w), free(one), free(four), free(by_row), free(ref);
 }
 
+/* q8_0 generation (one token) with each thread's rows in 2 runs taken in
+ * turn (q8_runs = 2, AMD's setting) against the rows in order (q8_runs = 1):
+ * every row goes through the same kernel, so the outputs must be the same
+ * bits, on 1 thread and on 4, for group sizes 32 (the widest kernel) and 64.
+ * Outputs are NaN before each call; d = 301: threads' shares and runs with
+ * rows left over. The rows-in-order result is checked against the portable
+ * kernel by test_matmul_kernels. */
+void test_generation_q8_runs(void) {
+    int n = 256, d = 301;
+    float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * d * n), *ws = malloc(sizeof(float) * d * n / 32);
+    float *xs = malloc(sizeof(float) * n / 32), *in_order = malloc(sizeof(float) * d), *runs = malloc(sizeof(float) * d);
+    int8_t *wq = malloc((size_t)d * n), *xq = malloc((size_t)n);
+    fill_randn(x, n, 1.0f);
+    fill_randn(w, (size_t)d * n, 1.0f);
+    MatmulScratch scratch = {.x_q = xq, .x_scale = xs};
+#ifdef _OPENMP
+    int max_threads = omp_get_max_threads();
+#endif
+    int saved_simd = use_simd, saved_runs = q8_runs;
+    use_simd = HAVE_SIMD;
+    for (int gs = 32; gs <= 64; gs += 32) {
+        quantize_q8(wq, ws, w, d, n, gs);
+        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+        q8_runs = 1;
+        memset(in_order, 0xff, sizeof(float) * d); // NaN
+        matmul(in_order, x, mq, 1, n, d, &scratch);
+        int nans = 0;
+        for (int i = 0; i < d; i++) nans += isnan(in_order[i]);
+        CHECK(nans == 0, "q8_0 generation n=%d d=%d gs=%d, rows in order: %d outputs not written", n, d, gs, nans);
+        q8_runs = 2;
+        for (int t = 1; t <= 4; t += 3) {
+#ifdef _OPENMP
+            omp_set_num_threads(t);
+#endif
+            memset(runs, 0xff, sizeof(float) * d);
+            matmul(runs, x, mq, 1, n, d, &scratch);
+            CHECK(memcmp(in_order, runs, sizeof(float) * d) == 0,
+                  "q8_0 generation n=%d d=%d gs=%d, 2 runs on %d thread(s): other bits than the rows in order", n, d,
+                  gs, t);
+        }
+#ifdef _OPENMP
+        omp_set_num_threads(max_threads);
+#endif
+    }
+    use_simd = saved_simd, q8_runs = saved_runs;
+    free(x), free(w), free(ws), free(xs), free(in_order), free(runs), free(wq), free(xq);
+}
+
 /* The SIMD column kernel cuts k into passes and rows into groups
  * (kernels.c's COLS_K_BLOCK, COLS_GROUP_ROWS) and carries the sums between
  * passes, so each output must still be one FMA chain over k in order: equal,

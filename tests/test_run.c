@@ -126,6 +126,7 @@ int main(void) {
     test_loader();
     test_matmul_kernels();
     test_generation_rows();
+    test_generation_q8_runs();
     test_column_passes();
     test_q8_group_sizes();
     test_q8_rows_and_quantize();
