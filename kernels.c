@@ -164,7 +164,8 @@ static void dot_tile_f32_c(float *out, int ldo, const float *w, const float *x, 
  * with w_r[k] = w[r * w_row + k * w_col]: the rows of a matrix (w_col = 1),
  * or the columns of one (w_row = 1), against inputs transposed, the tokens
  * side by side in each row of xt. Blocks of matmul (rows of w against x
- * transposed) and both products of a tile of attention (kernels.c, section 3)
+ * transposed; the SIMD version reads them in panels of a tile's tokens, see
+ * cols_f32) and both products of a tile of attention (kernels.c, section 3)
  * are this product. */
 static void cols_f32_c(float *out, int ldo, int by_rows, const float *w, size_t w_row, size_t w_col, int rows, int n,
                        const float *xt, int ldx, int B) {
@@ -449,7 +450,7 @@ static void dot_f32_avx(float *out, const float *w, const float *x, int n) {
     *out = sum;
 }
 
-/* out[r * step] = w_r . x for the 8 rows w_r = w + r * step * n (one
+/* out[r * step] = w_r . x for the R <= 8 rows w_r = w + r * step * n (one
  * token), one SIMD_FLOATS-lane sum per row over its vectors in order, then
  * its lanes added (vf_sum): the same arithmetic for every row whatever the
  * rows beside it, or none (R = 1). Each vector of x, loaded once, meets the
@@ -472,10 +473,11 @@ static inline __attribute__((always_inline)) void dot_rows_apart(float *out, con
  * it takes row i of every run together (dot_rows_apart, rows len apart), the
  * last (b - a) % 8 rows one at a time. Each stream then reads its run's rows
  * one after the other, long enough for the hardware prefetcher to follow.
- * On the AMD EPYC (Zen 3, AVX2) 8 consecutive rows side by side streamed a
- * model's matrices at 16-18 GB/s on one thread, 8 runs 19-23 (a program
- * streaming SmolLM2's and 110M's matrices per token through both,
- * docs/performance.md); one row at a time was slower than either there.
+ * On the AMD EPYC (Zen 3, AVX2), a program streaming SmolLM2's matrices
+ * per token: 8 consecutive rows side by side 30.5 tokens/s on one thread and
+ * 43.9 on two, 8 runs 38.8 and 49.8 (docs/performance.md, with 110M's shape
+ * and `run` itself); one row at a time was level with 8 consecutive rows on
+ * one thread and slower on two.
  * Every row's sum is the same arithmetic (dot_rows_apart), so the result
  * does not depend on the thread count. n a multiple of SIMD_FLOATS. */
 static void dot_rows_streams(float *out, const float *w, const float *x, int n, int d) {
@@ -755,7 +757,8 @@ static void cols_q8(float *out, int ldo, const int8_t *w, const float *ws, const
  * which the hardware prefetcher follows best on the Intel VM (measured there:
  * 4 rows side by side streamed 15-25% slower for float32, and 25% slower for
  * q8_0); on AMD float32 rows go 8 side by side from 8 runs of rows
- * (dot_rows_streams, which matmul calls instead). They sum in another order
+ * (dot_rows_streams) and q8_0 rows from 2 runs in turn (dot_q8_runs), which
+ * matmul calls instead. They sum in another order
  * than the tiles (float rounding; the tests bound it). */
 static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
 #if HAVE_SIMD
@@ -766,8 +769,10 @@ static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, in
 #endif
     dot_tile_f32_c(out, ldo, w, x, R, T, n);
 }
-/* dot_tile_q8_c for one row and one token (gs a multiple of 32): the
- * widest kernel there is. */
+#if HAVE_SIMD
+/* out = sum over groups g of ws[g] * xs[g] * (sum of w[i] * x[i] over the
+ * group): dot_tile_q8_c for one row and one token (gs a multiple of 32), by
+ * the widest kernel there is. */
 static void dot_q8_row(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n, int gs) {
 #if HAVE_Q8_AVX512
     if (gs == 32) {
@@ -778,35 +783,7 @@ static void dot_q8_row(float *out, const int8_t *w, const float *ws, const int8_
     if (gs == 32) dot_q8_avx(out, w, ws, x, xs, n, 32);
     else dot_q8_avx(out, w, ws, x, xs, n, gs);
 }
-
-/* out = w x for one token and q8_0 rows w (d, n) on AMD (q8_runs = 2),
- * x quantized (x_q, x_scale): a thread's rows a..b-1 (the d rows shared out
- * evenly) are 2 runs of len = (b - a) / 2 rows, taken in turn, row i of one
- * run then row i of the other (the last row left over alone), each through
- * dot_q8_row and its prefetch: two streams, each long, where a thread's rows
- * in order were one. Each row's sum is dot_q8_row's, so the result is the
- * same bits as the rows in order, on any number of threads. On the AMD EPYC
- * (AVX2), interleaved, 5 runs, medians: 110M q8_0 generation 107.9 -> 119.5
- * tokens/s on one thread, 166.5 -> 195.2 on two; SmolLM2 88.8 -> 106.2 and
- * 134.5 -> 138.2; 4 and 8 runs taken in turn were slower than one
- * (docs/performance.md). gs a multiple of 32. */
-static void dot_q8_runs(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n, int d,
-                        int gs) {
-#pragma omp parallel if ((long)n * d >= PARALLEL_MIN_WORK)
-    {
-        int threads = 1, t = 0;
-#ifdef _OPENMP
-        threads = omp_get_num_threads(), t = omp_get_thread_num();
 #endif
-        int per = (d + threads - 1) / threads, a = t * per < d ? t * per : d, b = a + per < d ? a + per : d;
-        int len = (b - a) / 2, groups = n / gs;
-        for (int i = 0; i < 2 * len; i++) {
-            size_t r = (size_t)a + (size_t)(i % 2) * len + i / 2; // row i/2 of run i%2
-            dot_q8_row(out + r, w + r * n, ws + r * groups, x, xs, n, gs);
-        }
-        if ((b - a) % 2) dot_q8_row(out + b - 1, w + (size_t)(b - 1) * n, ws + (size_t)(b - 1) * groups, x, xs, n, gs);
-    }
-}
 
 static void dot_tile_q8(float *out, int ldo, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int R,
                         int T, int n, int gs) {
@@ -826,6 +803,43 @@ static void dot_tile_q8(float *out, int ldo, const int8_t *w, const float *ws, c
 #endif
     dot_tile_q8_c(out, ldo, w, ws, x, xs, R, T, n, gs);
 }
+
+#if HAVE_SIMD
+/* out = w x for one token and q8_0 rows w (d, n) on AMD (q8_runs = 2),
+ * x quantized (x_q, x_scale): a thread's rows a..b-1 (the d rows shared out
+ * evenly) are 2 runs of len = (b - a) / 2 rows, taken in turn, row i of one
+ * run then row i of the other (the last row left over alone), each through
+ * dot_q8_row and its prefetch: two streams, each long, where a thread's rows
+ * in order were one. Each row's sum is dot_q8_row's, so the result is the
+ * same bits as the rows in order, on any number of threads. On the AMD EPYC
+ * (AVX2), interleaved, 5 runs, medians: 110M q8_0 generation 107.9 -> 119.5
+ * tokens/s on one thread, 166.5 -> 195.2 on two; SmolLM2 88.8 -> 106.2 and
+ * 134.5 -> 138.2; 4 and 8 runs taken in turn were no faster than the rows
+ * in order (docs/performance.md). gs a multiple of 32. */
+#ifdef TESTING
+int q8_runs_calls; // kernels.h: how often dot_q8_runs ran (the tests' check that it did)
+#endif
+static void dot_q8_runs(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n, int d,
+                        int gs) {
+#ifdef TESTING
+    q8_runs_calls++;
+#endif
+#pragma omp parallel if ((long)n * d >= PARALLEL_MIN_WORK)
+    {
+        int threads = 1, t = 0;
+#ifdef _OPENMP
+        threads = omp_get_num_threads(), t = omp_get_thread_num();
+#endif
+        int per = (d + threads - 1) / threads, a = t * per < d ? t * per : d, b = a + per < d ? a + per : d;
+        int len = (b - a) / 2, groups = n / gs;
+        for (int i = 0; i < 2 * len; i++) {
+            size_t r = (size_t)a + (size_t)(i % 2) * len + i / 2; // row i/2 of run i%2
+            dot_q8_row(out + r, w + r * n, ws + r * groups, x, xs, n, gs);
+        }
+        if ((b - a) % 2) dot_q8_row(out + b - 1, w + (size_t)(b - 1) * n, ws + (size_t)(b - 1) * groups, x, xs, n, gs);
+    }
+}
+#endif
 
 /* ==========================================================================
  * 3. Attention over the cache
@@ -1410,18 +1424,21 @@ static void q8_group_sums(int32_t *sums, const int8_t *w, int rows, int n, int g
 /* x (B, n) transposed into panels of COLS_TOKENS tokens, the column
  * kernel's tiles: token b = i * COLS_TOKENS + j goes to
  *   xt[i * n * COLS_TOKENS + k * COLS_TOKENS + j] = x[b * n + k]
- * and tokens B..ldx-1 are zero. A tile's tokens lie one after the other
- * over k, so that a pass over k reads contiguous memory: in rows of all the
- * block's tokens side by side (xt[k * ldx + b]), a tile's 64-byte lines for
- * consecutive k were ldx floats apart, 512 bytes for a block of 128, and
- * fell into an eighth of the L1 cache's sets, which then held 4 KiB of them,
- * not the pass's 16 KiB. The panels gave matmul 1.10x the rate on 110M's
- * shapes (q8_0 dequantized, 128 tokens, one thread: 77 -> 85 GFLOP/s of the
- * core's 94 on the AMD EPYC; docs/performance.md). */
-static void transpose_block(float *xt, const float *x, int B, int ldx, int n) {
+ * for tokens b < padded (B rounded up to SIMD_FLOATS), tokens B..padded-1
+ * zero; the last panel's tokens from padded on are neither written nor read
+ * (the column kernel reads T tokens rounded up to SIMD_FLOATS). A tile's
+ * tokens lie one after the other over k, so that a pass over k reads
+ * contiguous memory: in rows of all the block's tokens side by side
+ * (xt[k * padded + b]), a tile's 64-byte lines for consecutive k were padded
+ * floats apart, 512 bytes for a block of 128, and fell into an eighth of the
+ * L1 cache's sets, which then held 4 KiB of them, not the pass's 16 KiB. The
+ * panels gave matmul 1.10x the rate on 110M's shapes (q8_0 dequantized, 128
+ * tokens, one thread: 77 -> 85 GFLOP/s of the core's 94 on the AMD EPYC;
+ * docs/performance.md). */
+static void transpose_block(float *xt, const float *x, int B, int padded, int n) {
     int b0; // 8 tokens at a time: 8 rows of x read side by side; in parallel (run alone it took 2.5% of a prompt)
 #pragma omp parallel for private(b0) if ((long)B * n >= PARALLEL_MIN_WORK)
-    for (b0 = 0; b0 < ldx; b0 += 8) {
+    for (b0 = 0; b0 < padded; b0 += 8) {
         float *panel = xt + (size_t)(b0 / COLS_TOKENS) * n * COLS_TOKENS + b0 % COLS_TOKENS;
         for (int k = 0; k < n; k++)
             for (int b = b0; b < b0 + 8; b++)
@@ -1432,8 +1449,10 @@ static void transpose_block(float *xt, const float *x, int B, int ldx, int n) {
 /* out = x @ w^T        x (B, n), w (d, n) -> out (B, d)
  * w is float32 or q8_0 (q8_method says how); kernels.h says which
  * scratch each needs. Chunks of ROW_CHUNK rows are split across threads; a
- * chunk, once loaded, serves all B tokens. Each output is computed by the
- * same code whatever the thread count. */
+ * chunk, once loaded, serves all B tokens (one token on AMD: each thread
+ * takes an even share of the rows in runs, dot_rows_streams and
+ * dot_q8_runs). Each output is computed by the same code whatever the thread
+ * count. */
 void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const MatmulScratch *scratch) {
     int q8 = w.type == WEIGHT_Q8_0, gs = w.group_size, method = q8 ? q8_method(scratch, B, gs) : -1;
     int dequant = method == Q8_ROWS, int8 = q8 && !dequant, ldx = simd_round_up(B);

@@ -46,7 +46,7 @@ extern int prefetch_f32;
  * (any other value acts as 1), chosen from the CPU by kernels_init(): 8 on
  * AMD, 1 elsewhere. With 8, each thread reads its rows as 8 runs, one row of
  * each at a time (kernels.c's dot_rows_streams): on a Zen 3 core with AVX2
- * 110M's and SmolLM2's float32 generation measured 1.2-1.4x faster than 8
+ * 110M's and SmolLM2's float32 generation measured 1.14-1.4x faster than 8
  * consecutive rows side by side, which were 1.2-1.3x faster than one row at a
  * time (docs/performance.md; AVX-512 builds on AMD take 8 too, not measured).
  * On the Intel VM 4 consecutive rows side by side streamed 15-25% slower than
@@ -59,14 +59,17 @@ extern int f32_rows_together;
  * Zen 3 core, docs/performance.md), 1 elsewhere (not measured on Intel).
  * Each row is the same sum either way: the same bits (the tests check). */
 extern int q8_runs;
+#ifdef TESTING
+extern int q8_runs_calls; // how often the 2-run kernel ran (tests/test_kernels.c checks that it did)
+#endif
 void kernels_init(void); // the CPU's choices above; call once, before the first matmul
 
 /* Floats per vector of the float32 SIMD kernels (kernels.c: the column
  * kernel, the one-row kernel, the attention tiles' softmax), the widest the
  * compiler targets: 16 where -march=native finds AVX-512 (twice AVX2's
- * floating-point rate on the machines that have it), else 8. Buffers the
- * column kernel reads whole vectors of (matmul's x_t) are padded to a
- * multiple of it. */
+ * floating-point rate on the machines that have it), else 8. The column
+ * kernel reads whole vectors of tokens: matmul writes its x_t up to B
+ * rounded up to this (and allocates it rounded up to COLS_TOKENS, below). */
 #if HAVE_SIMD && defined(__AVX512F__)
 #define SIMD_FLOATS 16
 #else

@@ -119,11 +119,14 @@ void test_generation_rows(void) {
  * bits, on 1 thread and on 4, for group sizes 32 (the widest kernel) and 64.
  * Outputs are NaN before each call; d = 301: threads' shares and runs with
  * rows left over. The rows-in-order result is checked against the portable
- * kernel by test_matmul_kernels. */
+ * kernel by test_matmul_kernels. In a SIMD build the 2-run kernel must have
+ * run (its call count); the portable build has no runs and compares the rows
+ * in order with themselves. */
 void test_generation_q8_runs(void) {
     int n = 256, d = 301;
     float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * d * n), *ws = malloc(sizeof(float) * d * n / 32);
-    float *xs = malloc(sizeof(float) * n / 32), *in_order = malloc(sizeof(float) * d), *runs = malloc(sizeof(float) * d);
+    float *xs = malloc(sizeof(float) * n / 32), *in_order = malloc(sizeof(float) * d);
+    float *runs = malloc(sizeof(float) * d);
     int8_t *wq = malloc((size_t)d * n), *xq = malloc((size_t)n);
     fill_randn(x, n, 1.0f);
     fill_randn(w, (size_t)d * n, 1.0f);
@@ -143,6 +146,9 @@ void test_generation_q8_runs(void) {
         for (int i = 0; i < d; i++) nans += isnan(in_order[i]);
         CHECK(nans == 0, "q8_0 generation n=%d d=%d gs=%d, rows in order: %d outputs not written", n, d, gs, nans);
         q8_runs = 2;
+#if HAVE_SIMD && defined(TESTING)
+        int calls = q8_runs_calls;
+#endif
         for (int t = 1; t <= 4; t += 3) {
 #ifdef _OPENMP
             omp_set_num_threads(t);
@@ -153,6 +159,10 @@ void test_generation_q8_runs(void) {
                   "q8_0 generation n=%d d=%d gs=%d, 2 runs on %d thread(s): other bits than the rows in order", n, d,
                   gs, t);
         }
+#if HAVE_SIMD && defined(TESTING)
+        CHECK(q8_runs_calls == calls + 2, "q8_0 generation gs=%d: 2-run kernel ran %d times in 2 calls (expected 2)",
+              gs, q8_runs_calls - calls);
+#endif
 #ifdef _OPENMP
         omp_set_num_threads(max_threads);
 #endif
@@ -203,7 +213,7 @@ void test_column_passes(void) {
  * 16 with AVX2; for the q8_0 column kernel, of 32 and 8) and n % 8 != 0. */
 void test_matmul_kernels(void) {
     int shapes[][3] = {{1, 288, 36}, {5, 288, 37}, {32, 64, 16}, {7, 172, 9}, {2, 96, 5}, {3, 512, 12},
-                       {17, 100, 30}, {32, 768, 13}, {70, 96, 29}, {128, 64, 7}};
+                       {17, 100, 30}, {32, 768, 13}, {70, 96, 29}, {128, 64, 7}, {45, 96, 29}};
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
         int B = shapes[c][0], n = shapes[c][1], d = shapes[c][2], gs = n % 32 == 0 ? 32 : 4;
         float *x = malloc(sizeof(float) * B * n), *w = malloc(sizeof(float) * d * n);
@@ -235,7 +245,7 @@ void test_matmul_kernels(void) {
         CHECK(worst < 2e-4 && worst_ref < 2e-4, "f32 matmul B=%d n=%d d=%d: simd vs portable %.3g, vs reference %.3g",
               B, n, d, worst, worst_ref);
         // Token b alone (generation's one-row kernel, four partial sums, or 8
-        // rows side by side, one sum each: kernels.h's f32_rows_together, both
+        // runs' rows side by side, one sum each: kernels.h's f32_rows_together, both
         // run here whatever the CPU) gives its row of the block (one FMA chain
         // per output) up to the summation order: the same 2e-4.
         use_simd = HAVE_SIMD;
