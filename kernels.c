@@ -467,6 +467,19 @@ static inline __attribute__((always_inline)) void dot_rows_apart(float *out, con
     for (int r = 0; r < R; r++) out[r * step] = vf_sum(acc[r]);
 }
 
+/* Inside a parallel region: the calling thread's share a..b-1 of d rows,
+ * ceil(d / threads) each in thread order, so the last threads may get fewer
+ * or none (b = a). */
+static void thread_rows(int d, int *a, int *b) {
+    int threads = 1, t = 0;
+#ifdef _OPENMP
+    threads = omp_get_num_threads(), t = omp_get_thread_num();
+#endif
+    int per = (d + threads - 1) / threads;
+    *a = t * per < d ? t * per : d;
+    *b = *a + per < d ? *a + per : d;
+}
+
 /* out = w x for one token and float32 rows w (d, n) on AMD
  * (f32_rows_together = 8), in 8 streams per thread: a thread's rows a..b-1
  * (the d rows shared out evenly) are 8 runs of len = (b - a) / 8 rows, and
@@ -483,11 +496,8 @@ static inline __attribute__((always_inline)) void dot_rows_apart(float *out, con
 static void dot_rows_streams(float *out, const float *w, const float *x, int n, int d) {
 #pragma omp parallel if ((long)n * d >= PARALLEL_MIN_WORK)
     {
-        int threads = 1, t = 0;
-#ifdef _OPENMP
-        threads = omp_get_num_threads(), t = omp_get_thread_num();
-#endif
-        int per = (d + threads - 1) / threads, a = t * per < d ? t * per : d, b = a + per < d ? a + per : d;
+        int a, b;
+        thread_rows(d, &a, &b);
         int len = (b - a) / 8;
         for (int i = 0; i < len; i++)
             dot_rows_apart(out + a + i, w + (size_t)(a + i) * n, x, n, (size_t)len, 8);
@@ -826,11 +836,8 @@ static void dot_q8_runs(float *out, const int8_t *w, const float *ws, const int8
 #endif
 #pragma omp parallel if ((long)n * d >= PARALLEL_MIN_WORK)
     {
-        int threads = 1, t = 0;
-#ifdef _OPENMP
-        threads = omp_get_num_threads(), t = omp_get_thread_num();
-#endif
-        int per = (d + threads - 1) / threads, a = t * per < d ? t * per : d, b = a + per < d ? a + per : d;
+        int a, b;
+        thread_rows(d, &a, &b);
         int len = (b - a) / 2, groups = n / gs;
         for (int i = 0; i < 2 * len; i++) {
             size_t r = (size_t)a + (size_t)(i % 2) * len + i / 2; // row i/2 of run i%2
