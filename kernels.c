@@ -21,6 +21,7 @@
 #endif
 #include "kernels.h"
 #if HAVE_SIMD
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -29,12 +30,23 @@ int prefetch_f32 = 1;
 int f32_rows_together = 1;
 int q8_runs = 1;
 
+#if HAVE_SIMD
+/* The CPU's family from cpuid leaf 1 (the base family, plus the extended
+ * family where the base is 15): 25 for AMD's Zen 3 and Zen 4, 26 for Zen 5. */
+static int cpu_family(void) {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+    unsigned base = (eax >> 8) & 0xf;
+    return (int)(base == 0xf ? base + ((eax >> 20) & 0xff) : base);
+}
+#endif
+
 void kernels_init(void) {
 #if HAVE_SIMD
     __builtin_cpu_init();
     int amd = __builtin_cpu_is("amd");
     prefetch_f32 = !amd;
-    f32_rows_together = amd ? 8 : 1;
+    f32_rows_together = !amd ? 1 : cpu_family() >= 26 ? 4 : 8;
     q8_runs = amd ? 2 : 1;
 #endif
 }
@@ -481,27 +493,33 @@ static void thread_rows(int d, int *a, int *b) {
 }
 
 /* out = w x for one token and float32 rows w (d, n) on AMD
- * (f32_rows_together = 8), in 8 streams per thread: a thread's rows a..b-1
- * (the d rows shared out evenly) are 8 runs of len = (b - a) / 8 rows, and
- * it takes row i of every run together (dot_rows_apart, rows len apart), the
- * last (b - a) % 8 rows one at a time. Each stream then reads its run's rows
- * one after the other, long enough for the hardware prefetcher to follow.
- * On the AMD EPYC (Zen 3, AVX2), a program streaming SmolLM2's matrices
- * per token: 8 consecutive rows side by side 30.5 tokens/s on one thread and
- * 43.9 on two, 8 runs 38.8 and 49.8 (docs/performance.md, with 110M's shape
- * and `run` itself); one row at a time was level with 8 consecutive rows on
- * one thread and slower on two.
- * Every row's sum is the same arithmetic (dot_rows_apart), so the result
- * does not depend on the thread count. n a multiple of SIMD_FLOATS. */
-static void dot_rows_streams(float *out, const float *w, const float *x, int n, int d) {
+ * (f32_rows_together = runs, 4 or 8), in `runs` streams per thread: a
+ * thread's rows a..b-1 (the d rows shared out evenly) are `runs` runs of
+ * len = (b - a) / runs rows, and it takes row i of every run together
+ * (dot_rows_apart, rows len apart), the last (b - a) % runs rows one at a
+ * time. Each stream then reads its run's rows one after the other, long
+ * enough for the hardware prefetcher to follow.
+ * On the AMD EPYC with Zen 3 cores (AVX2), a program streaming SmolLM2's
+ * matrices per token: 8 consecutive rows side by side 30.5 tokens/s on one
+ * thread and 43.9 on two, 8 runs 38.8 and 49.8, 4 runs 34.7 and 48.5; one
+ * row at a time was level with 8 consecutive rows on one thread and slower on
+ * two. On the Zen 5 EPYC (AVX-512) 4 runs were the fastest, 8 runs 8-12%
+ * slower on one thread (docs/performance.md, with `run` itself).
+ * Every row's sum is the same arithmetic (dot_rows_apart) whatever `runs`,
+ * so the result depends neither on it nor on the thread count. n a multiple
+ * of SIMD_FLOATS. */
+static void dot_rows_streams(float *out, const float *w, const float *x, int n, int d, int runs) {
 #pragma omp parallel if ((long)n * d >= PARALLEL_MIN_WORK)
     {
         int a, b;
         thread_rows(d, &a, &b);
-        int len = (b - a) / 8;
-        for (int i = 0; i < len; i++)
-            dot_rows_apart(out + a + i, w + (size_t)(a + i) * n, x, n, (size_t)len, 8);
-        for (int r = a + 8 * len; r < b; r++) dot_rows_apart(out + r, w + (size_t)r * n, x, n, 1, 1);
+        int len = (b - a) / runs;
+        for (int i = 0; i < len; i++) {
+            const float *first = w + (size_t)(a + i) * n; // row i of the first run
+            if (runs == 8) dot_rows_apart(out + a + i, first, x, n, (size_t)len, 8);
+            else dot_rows_apart(out + a + i, first, x, n, (size_t)len, 4);
+        }
+        for (int r = a + runs * len; r < b; r++) dot_rows_apart(out + r, w + (size_t)r * n, x, n, 1, 1);
     }
 }
 
@@ -766,8 +784,8 @@ static void cols_q8(float *out, int ldo, const int8_t *w, const float *ws, const
  * scratch), which read the rows one after the other: one sequential stream,
  * which the hardware prefetcher follows best on the Intel VM (measured there:
  * 4 rows side by side streamed 15-25% slower for float32, and 25% slower for
- * q8_0); on AMD float32 rows go 8 side by side from 8 runs of rows
- * (dot_rows_streams) and q8_0 rows from 2 runs in turn (dot_q8_runs), which
+ * q8_0); on AMD float32 rows go 4 or 8 side by side from as many runs of
+ * rows (dot_rows_streams) and q8_0 rows from 2 runs in turn (dot_q8_runs), which
  * matmul calls instead. They sum in another order
  * than the tiles (float rounding; the tests bound it). */
 static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
@@ -1469,8 +1487,8 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
         pack_q8_block(scratch->x_qt, scratch->x_scale_t, scratch->x_q, scratch->x_scale, B, ldx, n, gs);
 #endif
 #if HAVE_SIMD
-    if (use_simd && B == 1 && !q8 && f32_rows_together == 8 && n % SIMD_FLOATS == 0) {
-        dot_rows_streams(out, (const float *)w.values, x, n, d); // one token, float32 rows, on AMD
+    if (use_simd && B == 1 && !q8 && (f32_rows_together == 4 || f32_rows_together == 8) && n % SIMD_FLOATS == 0) {
+        dot_rows_streams(out, (const float *)w.values, x, n, d, f32_rows_together); // one token, float32 rows, on AMD
         return;
     }
     if (use_simd && B == 1 && int8 && q8_runs == 2 && gs % 32 == 0) { // one token, q8_0 rows, on AMD

@@ -42,16 +42,19 @@ extern int use_simd;
  * every CPU (faster on both). */
 extern int prefetch_f32;
 
-/* How many float32 rows generation's kernel streams side by side, 1 or 8
+/* How many float32 rows generation's kernel streams side by side, 1, 4 or 8
  * (any other value acts as 1), chosen from the CPU by kernels_init(): 8 on
- * AMD, 1 elsewhere. With 8, each thread reads its rows as 8 runs, one row of
- * each at a time (kernels.c's dot_rows_streams): on a Zen 3 core with AVX2
- * 110M's and SmolLM2's float32 generation measured 1.14-1.4x faster than 8
- * consecutive rows side by side, which were 1.2-1.3x faster than one row at a
- * time (docs/performance.md; AVX-512 builds on AMD take 8 too, not measured).
- * On the Intel VM 4 consecutive rows side by side streamed 15-25% slower than
- * one (kernels.c); 8 runs were not measured there. It changes the summation
- * order (float rounding, bounded by the tests, which run both). */
+ * AMD before Zen 5 (CPU family 25 and below), 4 on Zen 5 and later (family
+ * 26 and up), 1 elsewhere. With 4 or 8, each thread reads its rows as that
+ * many runs, one row of each at a time (kernels.c's dot_rows_streams): on a
+ * Zen 3 core with AVX2 110M's and SmolLM2's float32 generation measured
+ * 1.14-1.4x faster with 8 runs than with 8 consecutive rows side by side,
+ * which were 1.2-1.3x faster than one row at a time; on a Zen 5 core with
+ * AVX-512 4 runs were 8-12% faster than 8 on one thread (docs/performance.md;
+ * Zen 4 takes 8, not measured). On the Intel VM 4 consecutive rows side by
+ * side streamed 15-25% slower than one (kernels.c); runs were not measured
+ * there. 4 and 8 runs give the same bits; one row at a time sums in another
+ * order (float rounding, bounded by the tests, which run all three). */
 extern int f32_rows_together;
 /* How many runs of its rows a thread reads in turn in q8_0 generation, 1 or
  * 2 (any other value acts as 1), chosen from the CPU by kernels_init(): 2 on

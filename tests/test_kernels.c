@@ -58,19 +58,21 @@ static void check_int8_blocks(const float *x, const int8_t *wq, const float *ws,
 }
 
 /* Generation's float32 matmul (one token) in a matrix big enough to be
- * split between threads, rows one at a time and 8 side by side from 8 runs
- * of each thread's rows (f32_rows_together): against matmul_reference within
- * test_matmul_kernels' 2e-4 (below), and the same bits on 1 thread and on 4
- * (one row at a time: chunks of ROW_CHUNK rows; 8 runs: every row's sum is
- * the same arithmetic, whatever rows it runs beside). In a SIMD
- * build the two settings must also give other bits somewhere (four partial
- * sums a row against one), so that the 8-row kernel is known to have run.
+ * split between threads, rows one at a time and 4 or 8 side by side from as
+ * many runs of each thread's rows (f32_rows_together): against
+ * matmul_reference within test_matmul_kernels' 2e-4 (below), and the same
+ * bits on 1 thread and on 4 (one row at a time: chunks of ROW_CHUNK rows;
+ * runs: every row's sum is the same arithmetic, whatever rows it runs
+ * beside, so 4 and 8 runs give the same bits too). In a SIMD build the runs
+ * must also give other bits than one row at a time somewhere (four partial
+ * sums a row against one), so that the runs' kernel is known to have run.
  * Outputs are set to NaN before each call: a pass that writes nothing fails.
  * d = 301: chunks and runs with rows left over. */
 void test_generation_rows(void) {
     int n = 256, d = 301;
     float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * d * n);
     float *one = malloc(sizeof(float) * d), *four = malloc(sizeof(float) * d), *by_row = malloc(sizeof(float) * d);
+    float *four_runs = malloc(sizeof(float) * d);
     double *ref = malloc(sizeof(double) * d);
     fill_randn(x, n, 1.0f);
     fill_randn(w, (size_t)d * n, 1.0f);
@@ -82,7 +84,9 @@ void test_generation_rows(void) {
 #endif
     int saved_simd = use_simd, saved_together = f32_rows_together;
     use_simd = HAVE_SIMD;
-    for (int together = 1; together <= 8; together += 7) {
+    const int settings[] = {1, 4, 8};
+    for (int k = 0; k < 3; k++) {
+        int together = settings[k];
         f32_rows_together = together;
         for (int t = 0; t < 2; t++) {
 #ifdef _OPENMP
@@ -101,16 +105,21 @@ void test_generation_rows(void) {
         CHECK(memcmp(one, four, sizeof(float) * d) == 0,
               "generation matmul n=%d d=%d, %d rows together: 1 and 4 threads give other sums", n, d, together);
         if (together == 1) memcpy(by_row, one, sizeof(float) * d);
+        if (together == 4) memcpy(four_runs, one, sizeof(float) * d);
     }
+    CHECK(memcmp(four_runs, one, sizeof(float) * d) == 0,
+          "generation matmul n=%d d=%d: 4 and 8 runs of rows give other sums", n, d);
 #if HAVE_SIMD
     CHECK(memcmp(by_row, one, sizeof(float) * d) != 0,
           "generation matmul n=%d d=%d: 8 rows together gave the one-row kernel's bits (did it run?)", n, d);
+    CHECK(memcmp(by_row, four_runs, sizeof(float) * d) != 0,
+          "generation matmul n=%d d=%d: 4 rows together gave the one-row kernel's bits (did it run?)", n, d);
 #endif
 #ifdef _OPENMP
     omp_set_num_threads(max_threads);
 #endif
     use_simd = saved_simd, f32_rows_together = saved_together;
-    free(x), free(w), free(one), free(four), free(by_row), free(ref);
+    free(x), free(w), free(one), free(four), free(by_row), free(four_runs), free(ref);
 }
 
 /* q8_0 generation (one token) with each thread's rows in 2 runs taken in
@@ -244,13 +253,15 @@ void test_matmul_kernels(void) {
         }
         CHECK(worst < 2e-4 && worst_ref < 2e-4, "f32 matmul B=%d n=%d d=%d: simd vs portable %.3g, vs reference %.3g",
               B, n, d, worst, worst_ref);
-        // Token b alone (generation's one-row kernel, four partial sums, or 8
-        // runs' rows side by side, one sum each: kernels.h's f32_rows_together, both
-        // run here whatever the CPU) gives its row of the block (one FMA chain
-        // per output) up to the summation order: the same 2e-4.
+        // Token b alone (generation's one-row kernel, four partial sums, or 4
+        // or 8 runs' rows side by side, one sum each: kernels.h's
+        // f32_rows_together, all run here whatever the CPU) gives its row of
+        // the block (one FMA chain per output) up to the summation order: the
+        // same 2e-4.
         use_simd = HAVE_SIMD;
         int saved_together = f32_rows_together, saved_prefetch = prefetch_f32;
-        for (int together = 1; together <= 8; together += 7) {
+        for (int together = 1; together <= 8; together *= 2) {
+            if (together == 2) continue; // 1, 4, 8
             f32_rows_together = together;
             double worst_alone = 0;
             for (int b = 0; b < B; b++) {
