@@ -648,34 +648,69 @@ static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const i
 
 #if SIMD_FLOATS == 16 && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define HAVE_Q8_AVX512 1
-/* dot_q8_avx for gs = 32 with 512-bit vectors and VNNI: two groups per
- * vector, eight per step. abs(w) and x with w's sign (AVX-512 has no
- * sign_epi8: x negated where w < 0, by mask; exact for every int8 weight, as
- * in group_dot_i8_avx), one VNNI product into 16 int32
- * lanes (lanes 0-7 group g, 8-15 group g+1), converted and scaled by
- * [d_g x 8 | d_g+1 x 8], d = ws * xs, eight of which are computed at once.
- * About half the instructions per weight byte of the 256-bit kernel; the
- * groups past the last multiple of 8 go through it. */
-static void dot_q8_32_avx512(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n) {
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+/* dot_q8_avx for gs = 32 with 512-bit vectors and VNNI, for one row w0 (two
+ * = 0) or two rows w0 and w1 (two = 1; scales ws0, ws1, sums out0, out1):
+ * two groups per vector, eight per step. abs(w) and x with w's sign
+ * (AVX-512 has no sign_epi8: x negated where w < 0, by mask; exact for every
+ * int8 weight, as in group_dot_i8_avx), one VNNI product into 16 int32 lanes
+ * (lanes 0-7 group g, 8-15 group g+1), converted and scaled by [d_g x 8 |
+ * d_g+1 x 8], d = ws * xs, eight of which are computed at once. About half
+ * the instructions per weight byte of the 256-bit kernel; the groups past the
+ * last multiple of 8 go through it. Each row's sum is the same arithmetic
+ * with one row or two: two rows (dot_q8_runs) share x's loads and keep two
+ * streams of loads in flight where one row kept one. The two rows' steps
+ * go side by side, both loads first: the same kernel written over an array
+ * of rows, or with one row's steps after the other's, ran 10-25% slower on
+ * the Zen 5 EPYC. */
+static inline __attribute__((always_inline)) void dot_q8_32_avx512(float *out0, float *out1, const int8_t *w0,
+                                                                  const int8_t *w1, const float *ws0,
+                                                                  const float *ws1, const int8_t *x,
+                                                                  const float *xs, int n, int two) {
+    __m512 acc0[4], acc1[4];
+    for (int p = 0; p < 4; p++) acc0[p] = _mm512_setzero_ps(), acc1[p] = _mm512_setzero_ps();
     const __m512i zero = _mm512_setzero_si512();
     const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0); // lane i: i / 8
     int groups = n / 32, g = 0;
     for (; g + 8 <= groups; g += 8) {
-        for (int p = 0; p < 4; p++) prefetch_ahead(w + (size_t)(g + 2 * p) * 32);
-        __m512 d = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_loadu_ps(ws + g), _mm256_loadu_ps(xs + g)));
+        for (int p = 0; p < 4; p++) {
+            prefetch_ahead(w0 + (size_t)(g + 2 * p) * 32);
+            if (two) prefetch_ahead(w1 + (size_t)(g + 2 * p) * 32);
+        }
+        __m256 x_scales = _mm256_loadu_ps(xs + g);
+        __m512 d0 = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_loadu_ps(ws0 + g), x_scales));
+        __m512 d1 = two ? _mm512_castps256_ps512(_mm256_mul_ps(_mm256_loadu_ps(ws1 + g), x_scales)) : d0;
         for (int p = 0; p < 4; p++) { // groups g + 2p, g + 2p + 1
             __m512i xv = _mm512_loadu_si512(x + (size_t)(g + 2 * p) * 32);
-            __m512i wv = _mm512_loadu_si512(w + (size_t)(g + 2 * p) * 32);
-            __m512i sx = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), zero, xv);
-            __m512i isum = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv), sx);
             __m512i pick = _mm512_add_epi32(_mm512_set1_epi32(2 * p), halves); // lanes 0-7: d[2p], 8-15: d[2p+1]
-            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(pick, d), acc[p]);
+            __m512i wv0 = _mm512_loadu_si512(w0 + (size_t)(g + 2 * p) * 32), wv1 = wv0, sx1 = wv0, i1 = wv0;
+            if (two) wv1 = _mm512_loadu_si512(w1 + (size_t)(g + 2 * p) * 32);
+            __m512i sx0 = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv0), zero, xv);
+            if (two) sx1 = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv1), zero, xv);
+            __m512i i0 = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv0), sx0);
+            if (two) i1 = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(wv1), sx1);
+            acc0[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_permutexvar_ps(pick, d0), acc0[p]);
+            if (two) acc1[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_permutexvar_ps(pick, d1), acc1[p]);
         }
     }
-    float rest = 0.0f;
-    if (g < groups) dot_q8_avx(&rest, w + (size_t)g * 32, ws + g, x + (size_t)g * 32, xs + g, n - g * 32, 32);
-    *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) + rest;
+    float rest0 = 0.0f, rest1 = 0.0f;
+    if (g < groups) {
+        dot_q8_avx(&rest0, w0 + (size_t)g * 32, ws0 + g, x + (size_t)g * 32, xs + g, n - g * 32, 32);
+        if (two) dot_q8_avx(&rest1, w1 + (size_t)g * 32, ws1 + g, x + (size_t)g * 32, xs + g, n - g * 32, 32);
+    }
+    __m512 sum0 = _mm512_add_ps(_mm512_add_ps(acc0[0], acc0[1]), _mm512_add_ps(acc0[2], acc0[3]));
+    *out0 = _mm512_reduce_add_ps(sum0) + rest0;
+    if (two) {
+        __m512 sum1 = _mm512_add_ps(_mm512_add_ps(acc1[0], acc1[1]), _mm512_add_ps(acc1[2], acc1[3]));
+        *out1 = _mm512_reduce_add_ps(sum1) + rest1;
+    }
+}
+
+/* dot_q8_32_avx512 for two rows (dot_q8_runs), kept a function of its own
+ * (not inlined into the parallel loop), as it was measured. */
+static __attribute__((noinline)) void dot_q8_32_avx512_pair(float *out0, float *out1, const int8_t *w0,
+                                                            const int8_t *w1, const float *ws0, const float *ws1,
+                                                            const int8_t *x, const float *xs, int n) {
+    dot_q8_32_avx512(out0, out1, w0, w1, ws0, ws1, x, xs, n, 1);
 }
 #else
 #define HAVE_Q8_AVX512 0
@@ -804,7 +839,7 @@ static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, in
 static void dot_q8_row(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n, int gs) {
 #if HAVE_Q8_AVX512
     if (gs == 32) {
-        dot_q8_32_avx512(out, w, ws, x, xs, n);
+        dot_q8_32_avx512(out, NULL, w, NULL, ws, NULL, x, xs, n, 0);
         return;
     }
 #endif
@@ -837,13 +872,17 @@ static void dot_tile_q8(float *out, int ldo, const int8_t *w, const float *ws, c
  * x quantized (x_q, x_scale): a thread's rows a..b-1 (the d rows shared out
  * evenly) are 2 runs of len = (b - a) / 2 rows, taken in turn, row i of one
  * run then row i of the other (the last row left over alone), each through
- * dot_q8_row and its prefetch: two streams, each long, where a thread's rows
- * in order were one. Each row's sum is dot_q8_row's, so the result is the
- * same bits as the rows in order, on any number of threads. On the AMD EPYC
- * (AVX2), interleaved, 5 runs, medians: 110M q8_0 generation 107.9 -> 119.5
- * tokens/s on one thread, 166.5 -> 195.2 on two; SmolLM2 88.8 -> 106.2 and
- * 134.5 -> 138.2; 4 and 8 runs taken in turn were no faster than the rows
- * in order (docs/performance.md). gs a multiple of 32. */
+ * dot_q8_row and its prefetch, or with AVX-512 and gs = 32 both rows in one
+ * pass (dot_q8_32_avx512_pair): two streams, each long, where a thread's
+ * rows in order were one. Each row's sum is dot_q8_row's, so the result is
+ * the same bits as the rows in order, on any number of threads. On the AMD
+ * EPYC with Zen 3 cores (AVX2), interleaved, 5 runs, medians: 110M q8_0
+ * generation 107.9 -> 119.5 tokens/s on one thread, 166.5 -> 195.2 on two;
+ * SmolLM2 88.8 -> 106.2 and 134.5 -> 138.2; 4 and 8 runs taken in turn were
+ * no faster than the rows in order. On the Zen 5 EPYC (AVX-512) the two rows
+ * in one pass gave SmolLM2 1.08-1.21x the rate of the two in turn, 110M the
+ * same; 4 runs' rows in one pass were slower (docs/performance.md). gs a
+ * multiple of 32. */
 #ifdef TESTING
 int q8_runs_calls; // kernels.h: how often dot_q8_runs ran (the tests' check that it did)
 #endif
@@ -857,9 +896,17 @@ static void dot_q8_runs(float *out, const int8_t *w, const float *ws, const int8
         int a, b;
         thread_rows(d, &a, &b);
         int len = (b - a) / 2, groups = n / gs;
-        for (int i = 0; i < 2 * len; i++) {
-            size_t r = (size_t)a + (size_t)(i % 2) * len + i / 2; // row i/2 of run i%2
+        for (int i = 0; i < len; i++) {
+            size_t r = (size_t)a + i, next = r + len; // row i of the first run, row i of the second
+#if HAVE_Q8_AVX512
+            if (gs == 32) {
+                dot_q8_32_avx512_pair(out + r, out + next, w + r * n, w + next * n, ws + r * groups,
+                                      ws + next * groups, x, xs, n);
+                continue;
+            }
+#endif
             dot_q8_row(out + r, w + r * n, ws + r * groups, x, xs, n, gs);
+            dot_q8_row(out + next, w + next * n, ws + next * groups, x, xs, n, gs);
         }
         if ((b - a) % 2) dot_q8_row(out + b - 1, w + (size_t)(b - 1) * n, ws + (size_t)(b - 1) * groups, x, xs, n, gs);
     }

@@ -125,14 +125,16 @@ void test_generation_rows(void) {
 /* q8_0 generation (one token) with each thread's rows in 2 runs taken in
  * turn (q8_runs = 2, AMD's setting) against the rows in order (q8_runs = 1):
  * every row goes through the same kernel, so the outputs must be the same
- * bits, on 1 thread and on 4, for group sizes 32 (the widest kernel) and 64.
+ * bits, on 1 thread and on 4, for group sizes 32 (the widest kernel, which
+ * takes a run's two rows in one pass with AVX-512) and 64. n = 256: whole
+ * steps of 8 groups; n = 576 (SmolLM2's dim): 2 groups left over at 32.
  * Outputs are NaN before each call; d = 301: threads' shares and runs with
  * rows left over. The rows-in-order result is checked against the portable
  * kernel by test_matmul_kernels. In a SIMD build the 2-run kernel must have
  * run (its call count); the portable build has no runs and compares the rows
  * in order with themselves. */
-void test_generation_q8_runs(void) {
-    int n = 256, d = 301;
+static void generation_q8_runs(int n) {
+    int d = 301;
     float *x = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * d * n), *ws = malloc(sizeof(float) * d * n / 32);
     float *xs = malloc(sizeof(float) * n / 32), *in_order = malloc(sizeof(float) * d);
     float *runs = malloc(sizeof(float) * d);
@@ -178,6 +180,10 @@ void test_generation_q8_runs(void) {
     }
     use_simd = saved_simd, q8_runs = saved_runs;
     free(x), free(w), free(ws), free(xs), free(in_order), free(runs), free(wq), free(xq);
+}
+void test_generation_q8_runs(void) {
+    generation_q8_runs(256);
+    generation_q8_runs(576);
 }
 
 /* The SIMD column kernel cuts k into passes and rows into groups
