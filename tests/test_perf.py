@@ -318,6 +318,25 @@ def test_bench_report_names_cpu_and_date(tmp_path):
     assert "| 1.50x | llama.cpp >= 1.2x: yes |" in prompt
 
 
+def test_bench_names_cpu_generation_and_build(tmp_path):
+    """The report's machine line gives the first CPU's family, model and
+    widest vectors (two CPUs named "AMD EPYC" can be generations apart), and
+    how ./run was compiled, calling a build without -march=native portable."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+                    "model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_vnni\n\n"
+                    "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 1\nflags\t\t: fpu avx2\n")
+    assert bench.cpu_details(info) == "family 26, model 2, AVX-512"
+    info.write_text("cpu family\t: 6\nmodel\t\t: 85\nflags\t\t: fpu sse2 avx2 fma\n")
+    assert bench.cpu_details(info) == "family 6, model 85, AVX2"
+    assert bench.cpu_details(tmp_path / "absent") == "family unknown"
+    assert bench.run_build(tmp_path) == "built by an unknown command"
+    (tmp_path / ".run.cmd").write_text("cc -O3 -march=native -fopenmp\n")
+    assert bench.run_build(tmp_path) == "built with `cc -O3 -march=native -fopenmp`"
+    (tmp_path / ".run.cmd").write_text("cc -O2 -fopenmp\n")
+    assert bench.run_build(tmp_path).endswith("(portable: no SIMD kernels)")
+
+
 def test_bench_reads_peak_and_peer_output():
     """peak.c's lines, llama-bench's JSON and llama-perplexity's timing line,
     as those programs print them."""

@@ -47,7 +47,9 @@ What it does:
      an estimate of the attention's (the window's time minus that of the same
      tokens in windows of 256);
   6. prints the tables (markdown) headed by the CPU's model name and the date,
-     and writes them to --out (default DIR/bench.md).
+     with its family, model and widest vectors and the command ./run was
+     compiled with (make's .run.cmd), and writes them to --out (default
+     DIR/bench.md).
 
 It is a benchmark, not a test: it exits 0 whatever the numbers are, and a
 failed run is reported in the table instead of stopping the benchmark. On a
@@ -553,8 +555,9 @@ def report(a, peers, rows, long_rows, limits_table, started):
     limits = [streaming_limit(limits_table["read_at"].get((mib(r["bytes"]["run"]), r["threads"])), streamed(r))
               for r in rows]
     lines = [f"# make bench: {cpu_model()}, {started:%Y-%m-%d}", "",
-             f"- machine: {cpu_model()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end; "
-             f"run at {git_commit(ROOT)}; {peers.describe()}",
+             f"- machine: {cpu_model()} ({cpu_details()}), {os.cpu_count()} cores, load average "
+             f"{os.getloadavg()[0]:.2f} at the end; run at {git_commit(ROOT)}, {run_build(ROOT)}; "
+             f"{peers.describe()}",
              f"- {a.reps} repetitions per figure, interleaved (each repetition runs every program once, "
              f"in rotating order); median (min-max) tokens/s; generation = {a.gen_tokens} tokens after a "
              "one-token prompt, prompt = the tokens column",
@@ -586,6 +589,36 @@ def cpu_model():
                     if line.startswith("model name"))
     except (OSError, StopIteration):
         return "unknown CPU"
+
+
+def cpu_details(cpuinfo="/proc/cpuinfo"):
+    """The first CPU's family and model numbers and its widest vector
+    instructions, from cpuinfo: the model name alone ("AMD EPYC") does not
+    tell one generation from another."""
+    fields = {}
+    try:
+        for line in open(cpuinfo):
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if not line.strip() and fields:
+                break  # the first CPU's block ends
+            fields.setdefault(key, value.strip())
+    except OSError:
+        return "family unknown"
+    flags = set(fields.get("flags", "").split())
+    vectors = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}, {vectors}"
+
+
+def run_build(folder):
+    """How ./run was compiled, from the command make keeps in .run.cmd: a
+    portable build (no -march=native) streams at a fraction of the SIMD
+    kernels' rate, so the report says which it measured."""
+    try:
+        cmd = (folder / ".run.cmd").read_text().strip()
+    except OSError:
+        return "built by an unknown command"
+    return f"built with `{cmd}`" + ("" if "-march=native" in cmd else " (portable: no SIMD kernels)")
 
 
 def git_commit(folder):
