@@ -59,8 +59,10 @@ extern int f32_rows_together;
 /* How many runs of its rows a thread reads in turn in q8_0 generation, 1 or
  * 2 (any other value acts as 1), chosen from the CPU by kernels_init(): 2 on
  * AMD (kernels.c's dot_q8_runs: 1.03-1.2x the rate of the rows in order on a
- * Zen 3 core, docs/performance.md), 1 elsewhere (not measured on Intel).
- * Each row is the same sum either way: the same bits (the tests check). */
+ * Zen 3 core; with AVX-512 the two runs' rows go through one pass, 1.04-1.2x
+ * the rate of the two in turn on a Zen 5 core; docs/performance.md), 1
+ * elsewhere (not measured on Intel). Each row is the same sum either way:
+ * the same bits (the tests check). */
 extern int q8_runs;
 #ifdef TESTING
 extern int q8_runs_calls; // how often the 2-run kernel ran (tests/test_kernels.c checks that it did)
