@@ -503,12 +503,13 @@ static void thread_rows(int d, int *a, int *b) {
  * matrices per token: 8 consecutive rows side by side 30.5 tokens/s on one
  * thread and 43.9 on two, 8 runs 38.8 and 49.8, 4 runs 34.7 and 48.5; one
  * row at a time was level with 8 consecutive rows on one thread and slower on
- * two. On the Zen 5 EPYC (AVX-512) 4 runs were the fastest, 8 runs 8-12%
- * slower on one thread (docs/performance.md, with `run` itself).
+ * two. On the Zen 5 EPYC (AVX-512) 4 runs were the fastest, 8-12% faster
+ * than 8 runs on one thread (docs/performance.md, with `run` itself).
  * Every row's sum is the same arithmetic (dot_rows_apart) whatever `runs`,
  * so the result depends neither on it nor on the thread count. n a multiple
  * of SIMD_FLOATS. */
 static void dot_rows_streams(float *out, const float *w, const float *x, int n, int d, int runs) {
+    runs = runs == 8 ? 8 : 4; // the two the loop below takes
 #pragma omp parallel if ((long)n * d >= PARALLEL_MIN_WORK)
     {
         int a, b;
@@ -646,8 +647,7 @@ static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const i
     *out = hsum_avx(_mm256_add_ps(acc0, acc1));
 }
 
-#if SIMD_FLOATS == 16 && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define HAVE_Q8_AVX512 1
+#if HAVE_Q8_AVX512
 /* dot_q8_avx for gs = 32 with 512-bit vectors and VNNI, for one row w0 (two
  * = 0) or two rows w0 and w1 (two = 1; scales ws0, ws1, sums out0, out1):
  * two groups per vector, eight per step. abs(w) and x with w's sign
@@ -660,7 +660,7 @@ static inline __attribute__((always_inline)) void dot_q8_avx(float *out, const i
  * with one row or two: two rows (dot_q8_runs) share x's loads and keep two
  * streams of loads in flight where one row kept one. The two rows' steps
  * go side by side, both loads first: the same kernel written over an array
- * of rows, or with one row's steps after the other's, ran 10-25% slower on
+ * of rows, or with one row's steps after the other's, ran 8-28% slower on
  * the Zen 5 EPYC. */
 static inline __attribute__((always_inline)) void dot_q8_32_avx512(float *out0, float *out1, const int8_t *w0,
                                                                   const int8_t *w1, const float *ws0,
@@ -710,10 +710,12 @@ static inline __attribute__((always_inline)) void dot_q8_32_avx512(float *out0, 
 static __attribute__((noinline)) void dot_q8_32_avx512_pair(float *out0, float *out1, const int8_t *w0,
                                                             const int8_t *w1, const float *ws0, const float *ws1,
                                                             const int8_t *x, const float *xs, int n) {
+#ifdef TESTING
+#pragma omp atomic
+    q8_pair_calls++;
+#endif
     dot_q8_32_avx512(out0, out1, w0, w1, ws0, ws1, x, xs, n, 1);
 }
-#else
-#define HAVE_Q8_AVX512 0
 #endif
 
 #if HAVE_Q8_COLS
@@ -820,8 +822,8 @@ static void cols_q8(float *out, int ldo, const int8_t *w, const float *ws, const
  * which the hardware prefetcher follows best on the Intel VM (measured there:
  * 4 rows side by side streamed 15-25% slower for float32, and 25% slower for
  * q8_0); on AMD float32 rows go 4 or 8 side by side from as many runs of
- * rows (dot_rows_streams) and q8_0 rows from 2 runs in turn (dot_q8_runs), which
- * matmul calls instead. They sum in another order
+ * rows (dot_rows_streams) and q8_0 rows from 2 runs, in turn or in one pass
+ * (dot_q8_runs), which matmul calls instead. They sum in another order
  * than the tiles (float rounding; the tests bound it). */
 static void dot_tile_f32(float *out, int ldo, const float *w, const float *x, int R, int T, int n) {
 #if HAVE_SIMD
@@ -872,19 +874,20 @@ static void dot_tile_q8(float *out, int ldo, const int8_t *w, const float *ws, c
  * x quantized (x_q, x_scale): a thread's rows a..b-1 (the d rows shared out
  * evenly) are 2 runs of len = (b - a) / 2 rows, taken in turn, row i of one
  * run then row i of the other (the last row left over alone), each through
- * dot_q8_row and its prefetch, or with AVX-512 and gs = 32 both rows in one
+ * dot_q8_row and its prefetch, or with AVX-512 VNNI and gs = 32 both rows in one
  * pass (dot_q8_32_avx512_pair): two streams, each long, where a thread's
  * rows in order were one. Each row's sum is dot_q8_row's, so the result is
  * the same bits as the rows in order, on any number of threads. On the AMD
  * EPYC with Zen 3 cores (AVX2), interleaved, 5 runs, medians: 110M q8_0
  * generation 107.9 -> 119.5 tokens/s on one thread, 166.5 -> 195.2 on two;
  * SmolLM2 88.8 -> 106.2 and 134.5 -> 138.2; 4 and 8 runs taken in turn were
- * no faster than the rows in order. On the Zen 5 EPYC (AVX-512) the two rows
- * in one pass gave SmolLM2 1.08-1.21x the rate of the two in turn, 110M the
- * same; 4 runs' rows in one pass were slower (docs/performance.md). gs a
- * multiple of 32. */
+ * no faster than the rows in order. On the Zen 5 EPYC (AVX-512 VNNI) the
+ * two rows in one pass gave SmolLM2 1.15-1.2x the rate of the two in turn,
+ * 110M 0.97-1.13x; 4 runs' rows in one pass were slower
+ * (docs/performance.md). gs a multiple of 32. */
 #ifdef TESTING
 int q8_runs_calls; // kernels.h: how often dot_q8_runs ran (the tests' check that it did)
+int q8_pair_calls; // kernels.h: how often dot_q8_32_avx512_pair ran
 #endif
 static void dot_q8_runs(float *out, const int8_t *w, const float *ws, const int8_t *x, const float *xs, int n, int d,
                         int gs) {

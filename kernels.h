@@ -59,13 +59,15 @@ extern int f32_rows_together;
 /* How many runs of its rows a thread reads in turn in q8_0 generation, 1 or
  * 2 (any other value acts as 1), chosen from the CPU by kernels_init(): 2 on
  * AMD (kernels.c's dot_q8_runs: 1.03-1.2x the rate of the rows in order on a
- * Zen 3 core; with AVX-512 the two runs' rows go through one pass, 1.04-1.2x
- * the rate of the two in turn on a Zen 5 core; docs/performance.md), 1
+ * Zen 3 core; with AVX-512 VNNI and groups of 32 the two runs' rows go
+ * through one pass: SmolLM2 1.15-1.2x, 110M 0.97-1.13x the rate of the two
+ * in turn on a Zen 5 core; docs/performance.md), 1
  * elsewhere (not measured on Intel). Each row is the same sum either way:
  * the same bits (the tests check). */
 extern int q8_runs;
 #ifdef TESTING
 extern int q8_runs_calls; // how often the 2-run kernel ran (tests/test_kernels.c checks that it did)
+extern int q8_pair_calls; // how often its two-row pass ran (AVX-512 VNNI builds, gs 32)
 #endif
 void kernels_init(void); // the CPU's choices above; call once, before the first matmul
 
@@ -88,6 +90,13 @@ void kernels_init(void); // the CPU's choices above; call once, before the first
 #define HAVE_Q8_COLS 1
 #else
 #define HAVE_Q8_COLS 0
+#endif
+/* 1 where generation's q8_0 kernel for groups of 32 uses 512-bit vectors
+ * (kernels.c's dot_q8_32_avx512): AVX-512 BW and VNNI. */
+#if HAVE_SIMD && SIMD_FLOATS == 16 && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define HAVE_Q8_AVX512 1
+#else
+#define HAVE_Q8_AVX512 0
 #endif
 /* n rounded up to a whole number of vectors */
 static inline int simd_round_up(int n) { return (n + SIMD_FLOATS - 1) / SIMD_FLOATS * SIMD_FLOATS; }

@@ -333,6 +333,8 @@ def test_bench_names_cpu_generation_and_build(tmp_path):
     assert bench.run_build(tmp_path) == "built by an unknown command"
     (tmp_path / ".run.cmd").write_text("cc -O3 -march=native -fopenmp\n")
     assert bench.run_build(tmp_path) == "built with `cc -O3 -march=native -fopenmp`"
+    (tmp_path / ".run.cmd").write_text("cc -O3 -march=x86-64-v3 -fopenmp\n")
+    assert "portable" not in bench.run_build(tmp_path)
     (tmp_path / ".run.cmd").write_text("cc -O2 -fopenmp\n")
     assert bench.run_build(tmp_path).endswith("(portable: no SIMD kernels)")
 

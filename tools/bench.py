@@ -585,8 +585,8 @@ def report(a, peers, rows, long_rows, limits_table, started):
 
 def cpu_model():
     try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                    if line.startswith("model name"))
+        with open("/proc/cpuinfo") as lines:
+            return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
     except (OSError, StopIteration):
         return "unknown CPU"
 
@@ -597,12 +597,14 @@ def cpu_details(cpuinfo="/proc/cpuinfo"):
     tell one generation from another."""
     fields = {}
     try:
-        for line in open(cpuinfo):
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if not line.strip() and fields:
-                break  # the first CPU's block ends
-            fields.setdefault(key, value.strip())
+        with open(cpuinfo) as lines:
+            for line in lines:
+                if not line.strip():
+                    if fields:
+                        break  # the first CPU's block ends
+                    continue
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         return "family unknown"
     flags = set(fields.get("flags", "").split())
@@ -612,13 +614,15 @@ def cpu_details(cpuinfo="/proc/cpuinfo"):
 
 def run_build(folder):
     """How ./run was compiled, from the command make keeps in .run.cmd: a
-    portable build (no -march=native) streams at a fraction of the SIMD
-    kernels' rate, so the report says which it measured."""
+    portable build (no -march=, no -mavx2: `make portable`) streams at a
+    fraction of the SIMD kernels' rate, so the report says which it
+    measured."""
     try:
         cmd = (folder / ".run.cmd").read_text().strip()
     except OSError:
         return "built by an unknown command"
-    return f"built with `{cmd}`" + ("" if "-march=native" in cmd else " (portable: no SIMD kernels)")
+    simd = "-march=" in cmd or "-mavx2" in cmd
+    return f"built with `{cmd}`" + ("" if simd else " (portable: no SIMD kernels)")
 
 
 def git_commit(folder):
