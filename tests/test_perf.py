@@ -321,7 +321,8 @@ def test_bench_report_names_cpu_and_date(tmp_path):
 def test_bench_names_cpu_generation_and_build(tmp_path):
     """The report's machine line gives the first CPU's family, model and
     widest vectors (two CPUs named "AMD EPYC" can be generations apart), and
-    how ./run was compiled, calling a build without -march=native portable."""
+    how ./run was compiled, calling a build with neither -march= nor -mavx2
+    portable."""
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
                     "model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_vnni\n\n"

@@ -554,8 +554,9 @@ def report(a, peers, rows, long_rows, limits_table, started):
     fma, read, how = limits_table["fma"], limits_table["read"], limits_table["how"]
     limits = [streaming_limit(limits_table["read_at"].get((mib(r["bytes"]["run"]), r["threads"])), streamed(r))
               for r in rows]
-    lines = [f"# make bench: {cpu_model()}, {started:%Y-%m-%d}", "",
-             f"- machine: {cpu_model()} ({cpu_details()}), {os.cpu_count()} cores, load average "
+    cpu = cpu_model()
+    lines = [f"# make bench: {cpu}, {started:%Y-%m-%d}", "",
+             f"- machine: {cpu} ({cpu_details()}), {os.cpu_count()} cores, load average "
              f"{os.getloadavg()[0]:.2f} at the end; run at {git_commit(ROOT)}, {run_build(ROOT)}; "
              f"{peers.describe()}",
              f"- {a.reps} repetitions per figure, interleaved (each repetition runs every program once, "
