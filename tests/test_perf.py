@@ -294,10 +294,33 @@ def test_bench_shares_never_above_100_percent():
     assert len(shares) == 6 and max(shares) == 100 and min(shares) == 60, shares  # 9 / 15 GB/s
     assert "20.0 (llama2.c, above peak.c)" in lines[3] and "above" not in lines[2]
     assert "| 1.11x | 1.05x |" in lines[2] and "| 0.86x | 0.75x |" in lines[3]  # run / llama.cpp, run / llama2.c
-    assert "llama2.c >= 1.0x: yes, llama.cpp >= 1.1x: yes" in lines[2]
-    assert "llama2.c >= 1.0x: no, llama.cpp >= 1.1x: no" in lines[3]
+    # beside each target, the limit over the peer's GB/s: 15 / 9.5 and 15 / 9.0, then 20 / 20 and 20 / 17.5
+    assert ("llama2.c >= 1.0x: yes (the limit allows 1.58x), llama.cpp >= 1.1x: yes (the limit allows 1.67x)"
+            in lines[2])
+    assert ("llama2.c >= 1.0x: no (the limit allows 1.00x), llama.cpp >= 1.1x: no (the limit allows 1.14x)"
+            in lines[3])
     # no figure at all: no limit, no share
     assert bench.streaming_limit(None, {"run": None}) == (None, None)
+
+
+def test_bench_read_limit_measured_in_the_rotation(tmp_path):
+    """A row's read limit is peak.c's rate measured between the programs'
+    runs (row["read"], its median) when there is one, not the figure
+    measured once at the end; tools/peak.c --threads N measures that thread
+    count alone, and measure_read reads its line."""
+    size = 500_000_000
+    row = bench_row("110M", "f32", 1, {"run": 20.0, "llama.cpp": 18.0}, dict.fromkeys(bench.PROGRAMS, size))
+    row["read"] = (18.0, 16.0, 30.0)
+    a = types.SimpleNamespace(reps=3, gen_tokens=200)
+    at_end = {"fma": {}, "read": {}, "how": {}, "read_at": {(bench.mib(size), 1): 40.0}}
+    lines = bench.report(a, peer_tools.Peers(tmp_path / "none"), [row], [], at_end, bench.datetime.datetime.now())
+    gen = next(line for line in lines if line.startswith("| 110M | f32 | 1 |"))
+    assert "10.0 (56%)" in gen and "| 18.0 |" in gen and "(the limit allows 2.00x)" in gen, gen  # 18 / 9 GB/s
+    exe = bench.build_peak(tmp_path)
+    assert exe is not None
+    p = subprocess.run([str(exe), "--read", "8", "--threads", "1"], capture_output=True, text=True)
+    assert p.returncode == 0 and re.fullmatch(r"read threads 1 MiB 8: [\d.]+ GB/s \(.*\)\n", p.stdout), p
+    assert bench.measure_read(exe, 8, 1) > 0
 
 
 def test_bench_report_names_cpu_and_date(tmp_path):
@@ -409,13 +432,15 @@ def test_build_peers_arguments(tmp_path):
 
 
 def test_peak_arguments(tmp_path):
-    """tools/peak.c builds without warnings and refuses a bad --read size
-    with one line and exit 2 (its measurements are the bench's)."""
+    """tools/peak.c builds without warnings and refuses a bad --read size or
+    --threads count with one line and exit 2 (its measurements are the
+    bench's)."""
     exe = tmp_path / "peak"
     cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-std=c11", "-Wall", "-Wextra", "-o", str(exe),
                          str(ROOT / "tools" / "peak.c")], capture_output=True, text=True)
     assert cc.returncode == 0 and cc.stderr == "", cc.stderr
-    for bad in (["--read", "x"], ["--read", "0"], ["--read", "8,"], ["--read"], ["--what"]):
+    for bad in (["--read", "x"], ["--read", "0"], ["--read", "8,"], ["--read"], ["--what"], ["--threads"],
+                ["--threads", "0"], ["--threads", "65"], ["--threads", "2x"]):
         p = subprocess.run([str(exe)] + bad, capture_output=True, text=True)
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stdout == "", (bad, p)
 

@@ -34,12 +34,15 @@ What it does:
      times the bytes of its model file it reads per token (all of them, but
      an embedding table that is not also the classifier) is the bytes it
      reads per second, shown against this machine's read limit for a working
-     set of that size (tools/peak.c --read: the fastest of several read loops
-     over an array of that size, at that thread count; a model that fits in
-     the L3 cache reads faster than one that does not). Where a program
+     set of that size (tools/peak.c --read --threads: the fastest of several
+     read loops over an array of that size, at that thread count; a model
+     that fits in the L3 cache reads faster than one that does not),
+     measured as one more program in each repetition, since on a shared
+     machine the memory's rate moves with its other users. Where a program
      streams faster than peak.c read, peak.c's figure is too low: the limit
      becomes that program's rate and the table says so; no share exceeds
-     100%;
+     100%. The limit over llama.cpp's rate is the most any program could
+     lead it by in that row, shown beside each target;
   5. long-window perplexity, where extrapolation sweeps spend their time:
      the 15M shape (float32) scoring one window of --long-ctx tokens at the
      highest thread count, run (-m ppl, the whole process / windows) beside
@@ -307,9 +310,11 @@ def measure_llama2c(a, peers, w, threads):
     return dict(gen=rate(a.gen_tokens, gen, one))
 
 
-def measure(a, peers, w, threads):
+def measure(a, peers, w, threads, peak=None):
     """One row: every program on one model at one thread count, a.reps
-    interleaved repetitions, summarized as {program: {figure: stats}}."""
+    interleaved repetitions, summarized as {program: {figure: stats}}, and
+    the read limit for the model's size (peak: tools/peak.c's executable)
+    measured in the same rotation, its stats in GB/s as row["read"]."""
     text, n_prompt = prompt_text(a.run, w["ckpt"], w["tok"], a.prompt_tokens)
     short, n_short = prompt_text(a.run, w["ckpt"], w["tok"], 1)
     measures = [("run", lambda: measure_run(a, w, threads, text, n_prompt, short, n_short))]
@@ -317,31 +322,54 @@ def measure(a, peers, w, threads):
         measures.append(("llama.cpp", lambda: measure_llama_cpp(a, peers, w, threads, n_prompt - n_short)))
     if w["llama2c"]:
         measures.append(("llama2.c", lambda: measure_llama2c(a, peers, w, threads)))
+    files = {"run": w["ckpt"], "llama.cpp": w["gguf"], "llama2.c": w["llama2c"]}
+    size = mib(peer_tools.streamed_bytes(w["ckpt"]))
+    if peak:
+        measures.append(("read limit", lambda: measure_read(peak, size, threads)))
     results = interleaved(measures, a.reps)
+    read = results.pop("read limit", None)
     summary = {name: {key: stats([r.get(key) for r in reps]) for key in reps[0]}
                for name, reps in results.items()}
-    files = {"run": w["ckpt"], "llama.cpp": w["gguf"], "llama2.c": w["llama2c"]}
     row = dict(model=w["model"], dtype=w["dtype"], threads=threads, n_prompt=n_prompt - n_short, dims=w["dims"],
-               bytes={name: peer_tools.streamed_bytes(files[name]) for name in summary}, figures=summary)
+               bytes={name: peer_tools.streamed_bytes(files[name]) for name in summary}, figures=summary,
+               read=stats(read) if read else None)
     print(f"bench: {w['model']} {w['dtype']} {threads} thread(s): " +
           "; ".join(f"{name} gen {fmt(s.get('gen'))}, prompt {fmt(s.get('prompt'))}"
-                    for name, s in summary.items()), file=sys.stderr)
+                    for name, s in summary.items()) + f"; read limit {fmt(row['read'])} GB/s", file=sys.stderr)
     return row
 
 
 # ---- this machine's limits --------------------------------------------------
 
-def peaks(directory, sizes_mib):
-    """This machine's limits from tools/peak.c (built with cc -O2
-    -march=native -fopenmp): {"fma": {threads: GFLOP/s}, "read": {threads:
-    GB/s over 1 GiB}, "read_at": {(MiB, threads): GB/s}, "how": {threads:
-    the fastest read loop}}; empty tables when it does not build or run."""
-    table = {"fma": {}, "read": {}, "read_at": {}, "how": {}}
+def build_peak(directory):
+    """tools/peak.c built with cc -O2 -march=native -fopenmp into directory:
+    its path, or None when it does not build (said on stderr)."""
     exe = directory / "peak"
     cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-o", str(exe), str(ROOT / "tools" / "peak.c")],
                         capture_output=True, text=True)
     if cc.returncode != 0:
         print(f"bench: cannot build tools/peak.c: {cc.stderr[-300:]}", file=sys.stderr)
+        return None
+    return exe
+
+
+def measure_read(peak, size_mib, threads):
+    """The read limit, one repetition: peak.c's fastest read loop over
+    size_mib MiB at `threads` threads (GB/s), None when it failed."""
+    r = timed([peak, "--read", str(size_mib), "--threads", str(threads)], threads)
+    table = {"fma": {}, "read": {}, "read_at": {}, "how": {}}
+    for line in (r.stdout.splitlines() if r else []):
+        parse_peak_line(line, table)
+    return next((v for (_, t), v in table["read_at"].items() if t == threads), None)
+
+
+def peaks(exe, sizes_mib):
+    """This machine's limits from tools/peak.c's executable (build_peak):
+    {"fma": {threads: GFLOP/s}, "read": {threads: GB/s over 1 GiB},
+    "read_at": {(MiB, threads): GB/s}, "how": {threads: the fastest read
+    loop}}; empty tables when there is none."""
+    table = {"fma": {}, "read": {}, "read_at": {}, "how": {}}
+    if not exe:
         return table
     runs = [[str(exe)]] + ([[str(exe), "--read", ",".join(str(m) for m in sorted(sizes_mib))]] if sizes_mib else [])
     for cmd in runs:
@@ -466,14 +494,19 @@ def ratio(x, y):
     return f"{x / y:.2f}x" if x and y else "-"
 
 
-def gen_targets(row):
-    """The generation targets of a row ("llama2.c >= 1.0x: yes, ..."), "" where none."""
+def gen_targets(row, limit=None):
+    """The generation targets of a row ("llama2.c >= 1.0x: yes, ..."), "" where
+    none; with the row's read limit (GB/s), each also says how far ahead of
+    that peer the limit lets any program be: the limit over the peer's
+    streaming rate ("llama.cpp >= 1.1x: no (the limit allows 1.08x)")."""
     run = median(row["figures"]["run"].get("gen"))
+    rates = streamed(row)
     parts = []
     for peer, goal in GEN_TARGETS.get(row["dtype"], ()):
         other = median(row["figures"].get(peer, {}).get("gen"))
         if run and other:
-            parts.append(f"{peer} >= {goal:.1f}x: {'yes' if run / other >= goal else 'no'}")
+            room = f" (the limit allows {limit / rates[peer]:.2f}x)" if limit and rates.get(peer) else ""
+            parts.append(f"{peer} >= {goal:.1f}x: {'yes' if run / other >= goal else 'no'}{room}")
     return ", ".join(parts)
 
 
@@ -497,7 +530,7 @@ def generation_table(rows, limits):
                      f"| {fmt(gen['llama.cpp'])} | {fmt(gen['llama2.c'])} "
                      f"| {ratio(median(gen['run']), median(gen['llama.cpp']))} "
                      f"| {ratio(median(gen['run']), median(gen['llama2.c']))} | {shares} | {lim} "
-                     f"| {mem:.0f} | {gen_targets(row)} |" if mem else
+                     f"| {mem:.0f} | {gen_targets(row, limit)} |" if mem else
                      f"| {row['model']} | {row['dtype']} | {row['threads']} | failed | | | | | | | | |")
     return lines
 
@@ -552,8 +585,8 @@ def long_table(rows, fma):
 def report(a, peers, rows, long_rows, limits_table, started):
     """The whole report as lines: what ran where and when, then the tables."""
     fma, read, how = limits_table["fma"], limits_table["read"], limits_table["how"]
-    limits = [streaming_limit(limits_table["read_at"].get((mib(r["bytes"]["run"]), r["threads"])), streamed(r))
-              for r in rows]
+    limits = [streaming_limit(median(r.get("read")) or limits_table["read_at"].get((mib(r["bytes"]["run"]), r["threads"])),
+                              streamed(r)) for r in rows]
     cpu = cpu_model()
     lines = [f"# make bench: {cpu}, {started:%Y-%m-%d}", "",
              f"- machine: {cpu} ({cpu_details()}), {os.cpu_count()} cores, load average "
@@ -568,8 +601,10 @@ def report(a, peers, rows, long_rows, limits_table, started):
              ("; ".join(f"{t} thread(s) {g:.1f} GB/s ({how.get(t, '')})" for t, g in sorted(read.items()))
               or "unknown"),
              "- read limit of a row: peak.c's fastest read loop over an array the size of run's model file at "
-             "that thread count, or the fastest program's streaming rate where that is higher (the table says "
-             "so); GB/s streamed = tok/s x the bytes of the program's model file it reads per token", ""]
+             "that thread count, measured in the row's rotation like a program (median), or the fastest "
+             "program's streaming rate where that is higher (the table says so); GB/s streamed = tok/s x the "
+             "bytes of the program's model file it reads per token; \"the limit allows\" = the read limit over "
+             "that peer's GB/s, the most any program could lead it by", ""]
     if rows:
         lines += ["## Generation", ""] + generation_table(rows, limits) + ["", "## Prompts", ""] + \
             prompt_table(rows, fma) + [""]
@@ -661,15 +696,16 @@ def main(argv=None):
     peers = peer_tools.Peers(a.peers)
     print(f"bench: {peers.describe()}", file=sys.stderr)
     rows, long_rows = [], []
+    peak = build_peak(directory)
     try:
         for w in workloads(a, directory, peers):
             for threads in [int(t) for t in a.threads.split(",")]:
-                rows.append(measure(a, peers, w, threads))
+                rows.append(measure(a, peers, w, threads, peak))
         if a.long_ctx:
             long_rows = long_windows(a, directory, peers, tokenizer(directory))
     except Exception as e:  # a benchmark reports what it has, it does not fail
         print(f"bench: stopped early: {e}", file=sys.stderr)
-    limits = peaks(directory, {mib(r["bytes"]["run"]) for r in rows})
+    limits = peaks(peak, {mib(r["bytes"]["run"]) for r in rows if not r.get("read")})
     lines = report(a, peers, rows, long_rows, limits, started)
     print("\n".join(lines))
     out = pathlib.Path(a.out) if a.out else directory / "bench.md"

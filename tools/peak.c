@@ -6,6 +6,8 @@
  *   ./peak --read MIB,...   read rate over arrays of those sizes only (a
  *                           working set that fits in a cache reads faster)
  *   ./peak --all ...        also every read variant's figure, not only the best
+ *   ./peak --threads N ...  at N threads only (the bench measures the read
+ *                           limit this way between the programs' runs)
  *
  * FMA: each thread runs 12 independent chains of fused multiply-adds on
  * vectors of the widest width the compiler targets (AVX-512: 16 floats, AVX2:
@@ -204,8 +206,8 @@ static double read_rate(const ReadVariant *v, const vec *a, size_t n, int thread
     return (double)bytes * passes / best;
 }
 
-static int fma_rates(int cores, volatile float *sink);
-static int read_rates(int cores, size_t bytes, int whole_gib, int all, volatile float *sink);
+static int fma_rates(int lo, int hi, volatile float *sink);
+static int read_rates(int lo, int hi, size_t bytes, int whole_gib, int all, volatile float *sink);
 
 /* The sizes of a --read list ("60,438.5"): their count, or -1 when the list
  * is not positive numbers of MiB separated by single commas. */
@@ -222,7 +224,8 @@ static int parse_sizes(const char *list, double *mib) {
     }
 }
 
-/* Arguments: --read MIB[,MIB...] and --all; exit 2 with a message for anything else. */
+/* Arguments: --read MIB[,MIB...], --threads N and --all; exit 2 with a
+ * message for anything else. */
 int main(int argc, char **argv) {
     int cores = 1;
 #ifdef _OPENMP
@@ -230,7 +233,7 @@ int main(int argc, char **argv) {
 #endif
     volatile float sink = 0;
     double mib[MAX_SIZES];
-    int n_sizes = 0, all = 0;
+    int n_sizes = 0, all = 0, only_threads = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--all") == 0) {
             all = 1;
@@ -245,28 +248,40 @@ int main(int argc, char **argv) {
                         "got '%s'\n", MAX_SIZES, argv[i]);
                 return 2;
             }
+        } else if (strcmp(argv[i], "--threads") == 0) {
+            char *end = NULL;
+            long n = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (i + 1 == argc || *end || end == argv[i + 1] || n < 1 || n > 64) {
+                fprintf(stderr, "peak: --threads: expected a whole number from 1 to 64, got '%s'\n",
+                        i + 1 < argc ? argv[i + 1] : "nothing");
+                return 2;
+            }
+            only_threads = (int)n;
+            i++;
         } else {
-            fprintf(stderr, "peak: unknown argument '%s'; expected --read MIB[,MIB...] or --all\n", argv[i]);
+            fprintf(stderr, "peak: unknown argument '%s'; expected --read MIB[,MIB...], --threads N or --all\n",
+                    argv[i]);
             return 2;
         }
     }
+    int lo = only_threads ? only_threads : 1, hi = only_threads ? only_threads : cores;
     if (n_sizes == 0) {
-        fma_rates(cores, &sink);
-        if (read_rates(cores, (size_t)1 << 30, 1, all, &sink)) return 1;
+        fma_rates(lo, hi, &sink);
+        if (read_rates(lo, hi, (size_t)1 << 30, 1, all, &sink)) return 1;
     }
     for (int i = 0; i < n_sizes; i++)
-        if (read_rates(cores, (size_t)(mib[i] * (1 << 20)), 0, all, &sink)) return 1;
+        if (read_rates(lo, hi, (size_t)(mib[i] * (1 << 20)), 0, all, &sink)) return 1;
     return sink == 12345.0f; // never: keeps the sums alive
 }
 
-/* The thread counts measured: 1, then every core. */
-#define EVERY_THREAD_COUNT(threads, cores) \
-    for (int threads = 1; threads <= cores; threads = threads == 1 && cores > 1 ? cores : threads + cores)
+/* The thread counts measured: lo, then hi (1 and every core, or the one
+ * count --threads gives). */
+#define EVERY_THREAD_COUNT(threads, lo, hi) for (int threads = lo; threads <= hi; threads = threads < hi ? hi : hi + 1)
 
 /* Prints "fma threads N: G GFLOP/s (W-bit vectors)", best of REPS. */
-static int fma_rates(int cores, volatile float *sink) {
+static int fma_rates(int lo, int hi, volatile float *sink) {
     long iters = 20000000; // about 0.2 s per thread at a few GHz
-    EVERY_THREAD_COUNT(threads, cores) {
+    EVERY_THREAD_COUNT(threads, lo, hi) {
         double best = 0;
         for (int rep = 0; rep < REPS; rep++) {
             double start = seconds();
@@ -288,7 +303,7 @@ static int fma_rates(int cores, volatile float *sink) {
  * each thread count; prints the best per thread count ("read threads N: ..."
  * for the 1 GiB default, "read threads N MiB M: ..." for --read sizes), and
  * every variant with --all. Returns 1 when out of memory. */
-static int read_rates(int cores, size_t bytes, int whole_gib, int all, volatile float *sink) {
+static int read_rates(int lo, int hi, size_t bytes, int whole_gib, int all, volatile float *sink) {
     enum { MAX_THREAD_COUNTS = 2 };
     double best[MAX_THREAD_COUNTS] = {0};
     char best_name[MAX_THREAD_COUNTS][96] = {{0}};
@@ -302,7 +317,7 @@ static int read_rates(int cores, size_t bytes, int whole_gib, int all, volatile 
         }
         mib = n * sizeof(vec) / 1048576.0;
         int t = 0;
-        EVERY_THREAD_COUNT(threads, cores) {
+        EVERY_THREAD_COUNT(threads, lo, hi) {
             for (int v = 0; v < N_VARIANTS; v++) {
                 double rate = read_rate(&READ_VARIANTS[v], a, n, threads, sink);
                 char name[96];
@@ -316,7 +331,7 @@ static int read_rates(int cores, size_t bytes, int whole_gib, int all, volatile 
         munmap(a, n * sizeof(vec));
     }
     int t = 0;
-    EVERY_THREAD_COUNT(threads, cores) {
+    EVERY_THREAD_COUNT(threads, lo, hi) {
         if (whole_gib)
             printf("read threads %d: %.1f GB/s (%s)\n", threads, best[t] / 1e9, best_name[t]);
         else
