@@ -323,6 +323,44 @@ def test_bench_read_limit_measured_in_the_rotation(tmp_path):
     assert bench.measure_read(exe, 8, 1) > 0
 
 
+def test_bench_measure_puts_the_read_limit_in_the_rotation(monkeypatch):
+    """measure() runs peak.c (--read the model's MiB --threads N) once per
+    repetition among the programs, keeps the figures' stats as row["read"]
+    and nowhere else (not a program: no bytes, no figures); without peak.c
+    there is no such member. measure_read picks the line of its thread count."""
+    calls, order = [], []
+    monkeypatch.setattr(bench, "prompt_text", lambda *args, **kw: ("text", 10))
+    monkeypatch.setattr(peer_tools, "streamed_bytes", lambda path: 100 * 2**20)
+
+    def fake_run(*args):
+        order.append("run")
+        return dict(gen=50.0, prompt=500.0, mem=100.0)
+
+    def fake_read(peak, size, threads):
+        order.append("read")
+        calls.append((peak, size, threads))
+        return [20.0, 30.0, 25.0][len(calls) - 1]
+    monkeypatch.setattr(bench, "measure_run", fake_run)
+    monkeypatch.setattr(bench, "measure_read", fake_read)
+    a = types.SimpleNamespace(reps=3, run="run", prompt_tokens=300)
+    w = dict(model="110M", dtype="f32", ckpt="ckpt", tok="tok", dims=bench.SHAPES["110M"], gguf=None, llama2c=None)
+    row = bench.measure(a, None, w, 2, peak="peak")
+    assert calls == [("peak", 100, 2)] * 3 and order == ["run", "read", "read", "run", "run", "read"]
+    assert row["read"] == (25.0, 20.0, 30.0) and set(row["figures"]) == set(row["bytes"]) == {"run"}
+    assert bench.measure(a, None, w, 2)["read"] is None and len(calls) == 3
+
+    seen = []
+
+    def fake_timed(cmd, threads):
+        seen.append([str(c) for c in cmd])
+        return bench.Timed(1.0, 1.0, "read threads 1 MiB 8: 9.0 GB/s (x)\nread threads 2 MiB 8: 5.0 GB/s (x)\n", "")
+    monkeypatch.undo()
+    monkeypatch.setattr(bench, "timed", fake_timed)
+    assert bench.measure_read("peak", 8, 2) == 5.0 and seen == [["peak", "--read", "8", "--threads", "2"]]
+    monkeypatch.setattr(bench, "timed", lambda cmd, threads: None)  # peak.c failed: no figure
+    assert bench.measure_read("peak", 8, 2) is None
+
+
 def test_bench_report_names_cpu_and_date(tmp_path):
     """The report starts with the CPU's model name (from /proc/cpuinfo) and
     the date; a peer without figures shows "-", never a ratio."""
@@ -337,6 +375,9 @@ def test_bench_report_names_cpu_and_date(tmp_path):
     assert "no peers in" in text and "tools/build_peers.sh" in text
     gen = next(line for line in lines if line.startswith("| SmolLM2 | q8_0 | 2 | 100.0"))
     assert "| 1.25x | - |" in gen and "llama.cpp >= 1.2x: yes" in gen and "(25%)" in gen  # 15.1 of 60 GB/s
+    # run at the 60 GB/s limit: 60e9 / 151e6 = 397 tok/s, 4.97x llama.cpp's 80 (not 60 / 11.6 GB/s = 5.17x:
+    # the files differ in size)
+    assert "llama.cpp >= 1.2x: yes (the limit allows 4.97x)" in gen
     prompt = next(line for line in lines if line.startswith("| SmolLM2 | q8_0 | 2 | 300 |"))
     assert "| 1.50x | llama.cpp >= 1.2x: yes |" in prompt
 
@@ -440,7 +481,32 @@ def test_peak_arguments(tmp_path):
                          str(ROOT / "tools" / "peak.c")], capture_output=True, text=True)
     assert cc.returncode == 0 and cc.stderr == "", cc.stderr
     for bad in (["--read", "x"], ["--read", "0"], ["--read", "8,"], ["--read"], ["--what"], ["--threads"],
-                ["--threads", "0"], ["--threads", "65"], ["--threads", "2x"]):
+                ["--threads", "0"], ["--threads", "65"], ["--threads", "2x"], ["--threads", "-1"], ["--threads", ""],
+                ["--threads", "3 "], ["--threads", "99999999999999999999"]):
+        p = subprocess.run([str(exe)] + bad, capture_output=True, text=True)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stdout == "", (bad, p)
+        assert bad[0] != "--threads" or p.stderr.startswith("peak: --threads: expected a whole number"), p
+
+
+def test_stream_tool(tmp_path):
+    """tools/stream.c builds with kernels.c without warnings, in the SIMD and
+    the portable build; on a small shape both ways print one line with the
+    shape's bytes per token (2 layers of dim 64, hidden 128, kv_dim 32, and a
+    100-row classifier: 2 * (2*64*64 + 2*32*64 + 3*128*64) + 100*64 floats);
+    bad arguments get one line and exit 2."""
+    for flags in (["-O3", "-march=native"], ["-O2"]):
+        exe = tmp_path / "stream"
+        cc = subprocess.run(["cc", *flags, "-fno-trapping-math", "-fopenmp", "-std=c11", "-Wall", "-Wextra", "-o",
+                             str(exe), str(ROOT / "tools" / "stream.c"), str(ROOT / "kernels.c"), "-lm"],
+                            capture_output=True, text=True)
+        assert cc.returncode == 0 and cc.stderr == "", cc.stderr
+        floats = 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64) + 100 * 64
+        for way in ("kernel", "bare"):
+            p = subprocess.run([str(exe), way, "64", "128", "2", "32", "100", "5"], capture_output=True, text=True)
+            assert p.returncode == 0 and re.fullmatch(
+                rf"{way}: [\d.]+ tokens/s \(median of 5\), {floats * 4 / 1e6:.1f} MB per token\n", p.stdout), p
+    for bad in ([], ["kernel"], ["fast", "64", "128", "2", "32", "100"], ["bare", "0", "128", "2", "32", "100"],
+                ["bare", "64", "128", "2", "32", "100", "1001"], ["bare", "64", "x", "2", "32", "100"]):
         p = subprocess.run([str(exe)] + bad, capture_output=True, text=True)
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stdout == "", (bad, p)
 

@@ -41,8 +41,9 @@ What it does:
      machine the memory's rate moves with its other users. Where a program
      streams faster than peak.c read, peak.c's figure is too low: the limit
      becomes that program's rate and the table says so; no share exceeds
-     100%. The limit over llama.cpp's rate is the most any program could
-     lead it by in that row, shown beside each target;
+     100%. Beside each target, the tokens/s run would reach streaming at the
+     limit over the peer's tokens/s: the most run could lead that peer by in
+     that row;
   5. long-window perplexity, where extrapolation sweeps spend their time:
      the 15M shape (float32) scoring one window of --long-ctx tokens at the
      highest thread count, run (-m ppl, the whole process / windows) beside
@@ -266,7 +267,8 @@ def rate(tokens, t_long, t_short):
 def interleaved(measures, reps):
     """{name: [one result per repetition]}: each repetition calls every
     (name, function) of measures once, starting one further along the list
-    each time, so that no program always runs first or after the same one."""
+    each time, so that no program always runs first (the cyclic order stays:
+    each runs after the same one but once per cycle, when it runs first)."""
     results = {name: [] for name, _ in measures}
     for rep in range(reps):
         k = rep % len(measures)
@@ -345,8 +347,12 @@ def build_peak(directory):
     """tools/peak.c built with cc -O2 -march=native -fopenmp into directory:
     its path, or None when it does not build (said on stderr)."""
     exe = directory / "peak"
-    cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-o", str(exe), str(ROOT / "tools" / "peak.c")],
-                        capture_output=True, text=True)
+    try:
+        cc = subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-o", str(exe),
+                             str(ROOT / "tools" / "peak.c")], capture_output=True, text=True)
+    except OSError as e:  # no cc
+        print(f"bench: cannot build tools/peak.c: {e}", file=sys.stderr)
+        return None
     if cc.returncode != 0:
         print(f"bench: cannot build tools/peak.c: {cc.stderr[-300:]}", file=sys.stderr)
         return None
@@ -497,15 +503,17 @@ def ratio(x, y):
 def gen_targets(row, limit=None):
     """The generation targets of a row ("llama2.c >= 1.0x: yes, ..."), "" where
     none; with the row's read limit (GB/s), each also says how far ahead of
-    that peer the limit lets any program be: the limit over the peer's
-    streaming rate ("llama.cpp >= 1.1x: no (the limit allows 1.08x)")."""
+    that peer the limit lets run be: the tokens/s run would reach streaming
+    its model file's bytes at the limit, over the peer's tokens/s ("llama.cpp
+    >= 1.1x: no (the limit allows 1.08x)"). The files differ in size (q8_0's
+    scales), so this is not the limit over the peer's GB/s."""
     run = median(row["figures"]["run"].get("gen"))
-    rates = streamed(row)
     parts = []
     for peer, goal in GEN_TARGETS.get(row["dtype"], ()):
         other = median(row["figures"].get(peer, {}).get("gen"))
         if run and other:
-            room = f" (the limit allows {limit / rates[peer]:.2f}x)" if limit and rates.get(peer) else ""
+            at_limit = limit * 1e9 / row["bytes"]["run"] if limit and row["bytes"].get("run") else None
+            room = f" (the limit allows {at_limit / other:.2f}x)" if at_limit else ""
             parts.append(f"{peer} >= {goal:.1f}x: {'yes' if run / other >= goal else 'no'}{room}")
     return ", ".join(parts)
 
@@ -585,8 +593,9 @@ def long_table(rows, fma):
 def report(a, peers, rows, long_rows, limits_table, started):
     """The whole report as lines: what ran where and when, then the tables."""
     fma, read, how = limits_table["fma"], limits_table["read"], limits_table["how"]
-    limits = [streaming_limit(median(r.get("read")) or limits_table["read_at"].get((mib(r["bytes"]["run"]), r["threads"])),
-                              streamed(r)) for r in rows]
+    at_end = limits_table["read_at"]
+    limits = [streaming_limit(median(r.get("read")) or at_end.get((mib(r["bytes"]["run"]), r["threads"])), streamed(r))
+              for r in rows]
     cpu = cpu_model()
     lines = [f"# make bench: {cpu}, {started:%Y-%m-%d}", "",
              f"- machine: {cpu} ({cpu_details()}), {os.cpu_count()} cores, load average "
@@ -603,8 +612,8 @@ def report(a, peers, rows, long_rows, limits_table, started):
              "- read limit of a row: peak.c's fastest read loop over an array the size of run's model file at "
              "that thread count, measured in the row's rotation like a program (median), or the fastest "
              "program's streaming rate where that is higher (the table says so); GB/s streamed = tok/s x the "
-             "bytes of the program's model file it reads per token; \"the limit allows\" = the read limit over "
-             "that peer's GB/s, the most any program could lead it by", ""]
+             "bytes of the program's model file it reads per token; \"the limit allows\" = run's tok/s if it "
+             "streamed its file at the read limit, over that peer's tok/s: the most run could lead it by", ""]
     if rows:
         lines += ["## Generation", ""] + generation_table(rows, limits) + ["", "## Prompts", ""] + \
             prompt_table(rows, fma) + [""]

@@ -1,5 +1,6 @@
 /* peak.c: this machine's peaks, for tools/bench.py: the floating-point rate
- * and the memory read rate, each at 1 thread and then at every core.
+ * and the memory read rate, each at 1 thread and then at every core (or at
+ * the one thread count --threads gives).
  *
  *   cc -O2 -march=native -fopenmp -o peak tools/peak.c
  *   ./peak                  FMA rate, and read rate over a 1 GiB array
@@ -252,8 +253,10 @@ int main(int argc, char **argv) {
             char *end = NULL;
             long n = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
             if (i + 1 == argc || *end || end == argv[i + 1] || n < 1 || n > 64) {
-                fprintf(stderr, "peak: --threads: expected a whole number from 1 to 64, got '%s'\n",
-                        i + 1 < argc ? argv[i + 1] : "nothing");
+                if (i + 1 == argc)
+                    fprintf(stderr, "peak: --threads: expected a whole number from 1 to 64, got nothing\n");
+                else
+                    fprintf(stderr, "peak: --threads: expected a whole number from 1 to 64, got '%s'\n", argv[i + 1]);
                 return 2;
             }
             only_threads = (int)n;
@@ -275,8 +278,9 @@ int main(int argc, char **argv) {
 }
 
 /* The thread counts measured: lo, then hi (1 and every core, or the one
- * count --threads gives). */
-#define EVERY_THREAD_COUNT(threads, lo, hi) for (int threads = lo; threads <= hi; threads = threads < hi ? hi : hi + 1)
+ * count --threads gives): at most two, read_rates' MAX_THREAD_COUNTS. */
+#define EVERY_THREAD_COUNT(threads, lo, hi) \
+    for (int threads = (lo); threads <= (hi); threads = threads < (hi) ? (hi) : (hi) + 1)
 
 /* Prints "fma threads N: G GFLOP/s (W-bit vectors)", best of REPS. */
 static int fma_rates(int lo, int hi, volatile float *sink) {
