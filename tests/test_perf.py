@@ -504,9 +504,10 @@ def test_stream_tool(tmp_path):
         for way in ("kernel", "bare"):
             p = subprocess.run([str(exe), way, "64", "128", "2", "32", "100", "5"], capture_output=True, text=True)
             assert p.returncode == 0 and re.fullmatch(
-                rf"{way}: [\d.]+ tokens/s \(median of 5\), {floats * 4 / 1e6:.1f} MB per token\n", p.stdout), p
+                rf"{way}: [\d.]+ tokens/s \(median of 5\), {floats * 4 / 1e6:.3f} MB per token\n", p.stdout), p
     for bad in ([], ["kernel"], ["fast", "64", "128", "2", "32", "100"], ["bare", "0", "128", "2", "32", "100"],
-                ["bare", "64", "128", "2", "32", "100", "1001"], ["bare", "64", "x", "2", "32", "100"]):
+                ["bare", "64", "128", "2", "32", "100", "1001"], ["bare", "64", "x", "2", "32", "100"],
+                ["kernel", "64", "128", "2", "128", "100"]):  # kv_dim above dim
         p = subprocess.run([str(exe)] + bad, capture_output=True, text=True)
         assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stdout == "", (bad, p)
 
