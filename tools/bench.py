@@ -325,15 +325,15 @@ def measure(a, peers, w, threads, peak=None):
     if w["llama2c"]:
         measures.append(("llama2.c", lambda: measure_llama2c(a, peers, w, threads)))
     files = {"run": w["ckpt"], "llama.cpp": w["gguf"], "llama2.c": w["llama2c"]}
-    size = mib(peer_tools.streamed_bytes(w["ckpt"]))
+    sizes = {name: peer_tools.streamed_bytes(files[name]) for name, _ in measures}  # bytes read per token
     if peak:
-        measures.append(("read limit", lambda: measure_read(peak, size, threads)))
+        measures.append(("read limit", lambda: measure_read(peak, mib(sizes["run"]), threads)))
     results = interleaved(measures, a.reps)
     read = results.pop("read limit", None)
     summary = {name: {key: stats([r.get(key) for r in reps]) for key in reps[0]}
                for name, reps in results.items()}
     row = dict(model=w["model"], dtype=w["dtype"], threads=threads, n_prompt=n_prompt - n_short, dims=w["dims"],
-               bytes={name: peer_tools.streamed_bytes(files[name]) for name in summary}, figures=summary,
+               bytes={name: sizes[name] for name in summary}, figures=summary,
                read=stats(read) if read else None)
     print(f"bench: {w['model']} {w['dtype']} {threads} thread(s): " +
           "; ".join(f"{name} gen {fmt(s.get('gen'))}, prompt {fmt(s.get('prompt'))}"
@@ -359,11 +359,16 @@ def build_peak(directory):
     return exe
 
 
+def empty_limits():
+    """The tables peaks() fills from peak.c's lines (parse_peak_line), empty."""
+    return {"fma": {}, "read": {}, "read_at": {}, "how": {}}
+
+
 def measure_read(peak, size_mib, threads):
     """The read limit, one repetition: peak.c's fastest read loop over
     size_mib MiB at `threads` threads (GB/s), None when it failed."""
     r = timed([peak, "--read", str(size_mib), "--threads", str(threads)], threads)
-    table = {"fma": {}, "read": {}, "read_at": {}, "how": {}}
+    table = empty_limits()
     for line in (r.stdout.splitlines() if r else []):
         parse_peak_line(line, table)
     return next((v for (_, t), v in table["read_at"].items() if t == threads), None)
@@ -374,7 +379,7 @@ def peaks(exe, sizes_mib):
     {"fma": {threads: GFLOP/s}, "read": {threads: GB/s over 1 GiB},
     "read_at": {(MiB, threads): GB/s}, "how": {threads: the fastest read
     loop}}; empty tables when there is none."""
-    table = {"fma": {}, "read": {}, "read_at": {}, "how": {}}
+    table = empty_limits()
     if not exe:
         return table
     runs = [[str(exe)]] + ([[str(exe), "--read", ",".join(str(m) for m in sorted(sizes_mib))]] if sizes_mib else [])
