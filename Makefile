@@ -36,13 +36,14 @@ OMP ?= -fopenmp
 WARN = -std=c11 -Wall -Wextra
 FP = -fno-trapping-math
 LDLIBS = -lm
-# run.c is the model and main; every other mode and the command line are files
-# of their own; filekind.c says what a file given in the wrong place is (a GGUF
-# as the checkpoint, ...). LIB: all of them but run.c's main, for the tests
-# (which build run.c with -DTESTING, leaving main out).
+# run.c is the model and main; keys.c the long-context key strategies its RoPE
+# stage calls; messages.c the one-line messages and stdout; every other mode
+# and the command line are files of their own; filekind.c says what a file
+# given in the wrong place is (a GGUF as the checkpoint, ...). The tests build
+# all of them with -DTESTING, which leaves run.c's main out.
 MODES = chat.c lineedit.c ppl.c attn_stats.c passkey.c tokenize.c rope_mode.c info.c cli.c
-SRC = run.c $(MODES) filekind.c kernels.c tokenizer.c
-HDR = model.h run.h modes.h cli.h chat.h lineedit.h ppl.h attn_stats.h passkey.h tokenizer.h kernels.h filekind.h \
+SRC = run.c keys.c messages.c $(MODES) filekind.c kernels.c tokenizer.c
+HDR = model.h run.h keys.h messages.h modes.h cli.h chat.h lineedit.h ppl.h attn_stats.h passkey.h tokenizer.h kernels.h filekind.h \
 	unicode_tables.h
 
 # Sanitizer build: AddressSanitizer (out-of-bounds, use-after-free, leaks) and

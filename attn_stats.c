@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include "attn_stats.h"
+#include "keys.h"
 #include "modes.h"
 
 AttnStats *attn_stats_new(const Transformer *t, int n_positions) {

@@ -1,23 +1,26 @@
 /* run.c: inference for Llama-architecture models in plain C; the model.
  *
  * Read it top to bottom; the sections follow the data:
- *   1. errors and timing
- *   2. checkpoint: the model in memory; header -> validate -> expected size
+ *   1. checkpoint: the model in memory; header -> validate -> expected size
  *      == file size -> mmap -> weight pointers
- *   3. RoPE: inverse frequencies (every scaling method) -> cos/sin table,
+ *   2. RoPE: inverse frequencies (every scaling method) -> cos/sin table,
  *      built once; the rotation; the RoPE stage of each layer, which switches
- *      on the key strategy (KeyStrategy, run.h)
- *   4. building and freeing the model: checkpoint + position settings + RoPE
+ *      on the key strategy (KeyStrategy, run.h): keys rotated once is written
+ *      out here, the three long-context strategies are one call each into
+ *      keys.c
+ *   3. building and freeing the model: checkpoint + position settings + RoPE
  *      table + run state
- *   5. ops: rmsnorm, matmul, softmax, attention, swiglu, residual_add, each
+ *   4. ops: rmsnorm, matmul, softmax, attention, swiglu, residual_add, each
  *      one formula (matmul's as a plain loop; attention calls kernels.c for
  *      its products over the KV cache)
- *   6. forward: a block of tokens through every layer, as a sequence of those
+ *   5. forward: a block of tokens through every layer, as a sequence of those
  *      ops and the RoPE stage
- *   7. sampler: repetition penalty -> temperature -> top-k -> top-p -> min-p -> draw
- *   8. generate: prompt -> prefill -> sample, print, feed back
- *   9. main: the command line (cli.c) -> the model -> the mode (left out when
+ *   6. sampler: repetition penalty -> temperature -> top-k -> top-p -> min-p -> draw
+ *   7. generate: prompt -> prefill -> sample, print, feed back
+ *   8. main: the command line (cli.c) -> the model -> the mode (left out when
  *      the tests build with -DTESTING)
+ * Errors and timing are messages.c's: die() and notice() print one
+ * line to stderr, out_write() the output to stdout.
  * run.h declares what the other files use from here; model.h describes the
  * checkpoint format and the weights' shapes. The other modes live in files of
  * their own (modes.h lists them: chat.c, ppl.c, passkey.c, tokenize.c,
@@ -48,130 +51,12 @@
 
 #include "attn_stats.h"
 #include "filekind.h"
+#include "keys.h"
 #include "modes.h"
 #include "run.h"
 
 /* ==========================================================================
- * 1. Errors and timing
- *
- * The loader and the builder report a bad input by returning a negative code
- * with a one-line message in an err buffer (model.h's fail), so that the tests
- * can call them; the modes and main print such a message and exit with die(),
- * and so do the few steps that cannot go on (out of memory, a forward step
- * that failed). A message never lands in the middle of a line of output
- * (out_write, notice).
- * ========================================================================== */
-
-#ifdef FUZZING
-jmp_buf *die_jump;
-#endif
-
-/* stdout carries the output (the generated text, a table, JSON) and stderr
- * the messages; on a terminal, or with 2>&1, the two land in one place. A
- * message printed while stdout holds a partial line would be glued to it
- * ("...on one corner andgenerate: the context ..."), so every message that can
- * follow output starts a line of its own: the code that writes a partial line
- * to stdout (generated text, chat's labels, passkey's rows and JSON) writes
- * through out_write or out_printf, which remember whether the last byte ended a
- * line, and a message (notice, die) first ends that line. The newline goes to
- * stderr, never to stdout, so that stdout's bytes stay exactly the output (a
- * file of generated text gets no newline it did not generate), and only when
- * stdout and stderr are one file (the same terminal, pipe or file): written
- * apart, stderr gets no blank line. Output that is printed after the last
- * message (ppl's report, tokenize's ids, -m rope) needs no tracking. */
-static int stdout_line_open; // out_write left a partial line that no newline (on stdout, or before a
-                             // message on stderr) has ended yet
-
-/* Write n bytes to stdout, remembering whether they end a line. */
-void out_write(const char *bytes, size_t n) {
-    if (n == 0) return;
-    fwrite(bytes, 1, n, stdout);
-    stdout_line_open = bytes[n - 1] != '\n';
-}
-
-/* printf to stdout, remembering whether the text ends a line. */
-void out_printf(const char *fmt, ...) {
-    char small[256], *text = small;
-    va_list ap, again;
-    va_start(ap, fmt);
-    va_copy(again, ap);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n >= (int)sizeof small) { // longer: format it again into a buffer of its size
-        text = malloc((size_t)n + 1);
-        if (!text) die(EXIT_BAD_INPUT, "out of memory");
-        vsnprintf(text, (size_t)n + 1, fmt, again);
-    }
-    va_end(again);
-    if (n > 0) out_write(text, (size_t)n);
-    if (text != small) free(text);
-}
-
-/* The open line ended without a byte from this program: a terminal's echo of
- * the Enter that ended the user's line (chat). */
-void out_line_ended(void) { stdout_line_open = 0; }
-
-/* Whether stdout and stderr are one file (one terminal, one pipe, one file, as
- * 2>&1 makes them), where their bytes interleave. */
-static int stdout_is_stderr(void) {
-    struct stat out, err;
-    return fstat(STDOUT_FILENO, &out) == 0 && fstat(STDERR_FILENO, &err) == 0 && out.st_dev == err.st_dev &&
-           out.st_ino == err.st_ino;
-}
-
-/* One message line on stderr, starting a line of its own: stdout's pending
- * bytes go first (fflush; a failure stays in ferror for flush_stdout to
- * report), then a newline on stderr if they left a line open where stderr
- * lands, then the message. */
-static void message_line(const char *fmt, va_list ap) {
-    fflush(stdout);
-    if (stdout_line_open && stdout_is_stderr()) fputc('\n', stderr);
-    stdout_line_open = 0;
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-}
-
-/* Print one line to stderr (message_line): the notices a run prints beside
- * its output (a full context, a cell's result, a note). */
-void notice(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    message_line(fmt, ap);
-    va_end(ap);
-}
-
-/* Print one line to stderr (message_line) and exit with `code`. Every message
- * names the file or flag at fault and what was expected; nothing is printed
- * to stdout. */
-void die(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    message_line(fmt, ap);
-    va_end(ap);
-#ifdef FUZZING
-    if (die_jump) longjmp(*die_jump, code);
-#endif
-    exit(code);
-}
-
-/* Flush stdout and exit with a one-line message if a write to it failed (a
- * full disk, /dev/full): output that was lost is a failure, never exit 0. A
- * reader that closed a pipe ends the program at once instead, quietly, by
- * SIGPIPE's default action, as for cat or grep. */
-void flush_stdout(void) {
-    errno = 0;
-    if (fflush(stdout) != 0 || ferror(stdout))
-        die(EXIT_BAD_INPUT, "stdout: write failed: %s", errno ? strerror(errno) : "output error");
-}
-
-double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* ==========================================================================
- * 2. Checkpoint: the model in memory; header -> validation -> size check ->
+ * 1. Checkpoint: the model in memory; header -> validation -> size check ->
  *    mmap -> weight pointers
  * ========================================================================== */
 
@@ -513,7 +398,7 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
 }
 
 /* ==========================================================================
- * 3. RoPE: inverse frequencies -> cos/sin table -> the RoPE stage
+ * 2. RoPE: inverse frequencies -> cos/sin table -> the RoPE stage
  *
  * RoPE rotates pair i of every q and k head by the angle pos * inv_freq[i],
  * with inv_freq[i] = base^(-2i/rot_dim), for i < n_pairs = rot_dim/2. A
@@ -611,20 +496,12 @@ void rope_fill_table(float *cos_out, float *sin_out, int first_row, int n_rows, 
 
 /* Whether the frequencies depend on the sequence length: dynamic NTK's base
  * grows with it, LongRoPE switches factor arrays past L. */
-static int rope_length_dependent(const RopeConfig *r) {
+int rope_length_dependent(const RopeConfig *r) {
     return r->scaling == ROPE_DYNAMIC || r->scaling == ROPE_LONGROPE;
 }
 
-/* The length a table is built for, for a sequence of length S: L while S <= L;
- * past it dynamic NTK needs S itself, LongRoPE only "longer than L" (L + 1). */
-static int rope_table_length(const RopeConfig *r, int S) {
-    int L = r->orig_ctx;
-    if (S <= L) return L;
-    return r->scaling == ROPE_LONGROPE ? L + 1 : S;
-}
-
 /* Rows [first, first + n) of the table, for a sequence of length len. */
-static void rope_build_rows(Transformer *t, int len, int first, int n) {
+void rope_build_rows(Transformer *t, int len, int first, int n) {
     RunState *st = &t->state;
     int n_pairs = t->rope.rot_dim / 2;
     double mscale;
@@ -641,7 +518,7 @@ static void rope_build_rows(Transformer *t, int len, int first, int n) {
  *          length S = p + 1; cached keys keep that rotation. So row p is
  *          simply built for length max(p + 1, L), and the table never changes.
  *   exact: every key is re-rotated for the current length (pre-RoPE cache);
- *          rope_sync_length rebuilds rows 0..pos once pos + 1 > L. */
+ *          keys.c's rope_sync_length rebuilds rows 0..pos once pos + 1 > L. */
 static void rope_build_table(Transformer *t) {
     int L = t->rope.orig_ctx, n = t->n_ctx;
     if (!rope_length_dependent(&t->rope) || t->table_rows > n) { // one table; with sinks in blocks, the rows
@@ -656,20 +533,6 @@ static void rope_build_table(Transformer *t) {
     else if (t->rope.scaling == ROPE_LONGROPE) rope_build_rows(t, L + 1, L, n - L); // long factors
     else
         for (int p = L; p < n; p++) rope_build_rows(t, p + 1, p, 1);                // a base per length
-}
-
-/* The exact variant: before the token at pos, make the rows up to pos right
- * for the current length S = pos + 1 (back to the short-sequence rows when
- * S <= L: a new sequence started). Dynamic NTK rebuilds rows 0..pos for every
- * new length (later rows are rebuilt before they are used); LongRoPE rebuilds
- * the whole table when the sequence crosses L, in either direction. */
-static void rope_sync_length(Transformer *t, int pos) {
-    if (!rope_length_dependent(&t->rope) || !t->pos.dynamic_exact) return;
-    int S = rope_table_length(&t->rope, pos + 1);
-    if (S == t->table_len) return;
-    int whole = S == t->rope.orig_ctx || t->rope.scaling == ROPE_LONGROPE;
-    rope_build_rows(t, S, 0, whole ? t->n_ctx : pos + 1);
-    t->table_len = S;
 }
 
 /* Rotate the first rot_dim dims of each head, row b by table row b:
@@ -696,198 +559,32 @@ void rope(float *vec, const float *cos, const float *sin, int B, int n_heads, in
     }
 }
 
-/* Attention sinks (--sinks n_sinks, StreamingLLM; docs/rope.md §13): the
- * cache holds n_ctx tokens. Once it is full, the token at position pos >=
- * n_ctx takes the slot of the oldest token after the n_sinks sinks,
- *   slot(pos)  = n_sinks + (pos - n_sinks) mod R,   R = n_ctx - n_sinks,
- * and positions become places in the cache: the newest token is at n_ctx - 1
- * and the one in slot j at
- *   place(j)   = j                                  (j < n_sinks: a sink)
- *              = n_ctx - 1 - (slot(pos) - j) mod R  (the rest, oldest first).
- * Before the cache is full (and without sinks) slot and place are pos. */
-int cache_slot(const Transformer *t, int pos) {
-    int n_sinks = t->pos.n_sinks, R = t->n_ctx - n_sinks;
-    return t->keys != KEYS_SINKS || pos < t->n_ctx ? pos : n_sinks + (pos - n_sinks) % R;
-}
-
-int cache_place(const Transformer *t, int slot, int pos) {
-    int n_sinks = t->pos.n_sinks, R = t->n_ctx - n_sinks;
-    if (t->keys != KEYS_SINKS || pos < t->n_ctx || slot < n_sinks) return slot;
-    return t->n_ctx - 1 - ((cache_slot(t, pos) - slot) % R + R) % R;
-}
-
-/* Self-Extend: how many cached keys the query at position `last` reads at
- * their group positions: the keys W or more tokens back, 0..last-W. */
-static int grouped_keys(const Transformer *t, int last) {
-    int W = t->pos.se_window;
-    return t->keys == KEYS_SELF_EXTEND && last >= W ? last - W + 1 : 0;
-}
-
-/* Keys before RoPE in the cache: rotate the cached keys the queries at
- * positions pos .. pos+B-1 read (slots 0..pos+B-1, or the whole cache once
- * sinks have wrapped it) into key_rot at their own positions (their places,
- * with sinks), and with Self-Extend into key_grouped at their group positions
- * floor(j / G) (j: the key's position). One query (B = 1) reads each key one
- * way only (grouped when it lies W or more positions back), so only that
- * rotation is made; a block makes both for every key, since
- * attention_block's tiles across the line compute both scores for all their
- * keys (and keep one).
- * keys: one layer's (n_ctx, kv_dim) of t->kv_type; key_rot, key_grouped:
- * (n_ctx, kv_dim) float32. */
-void rotate_cached_keys(float *key_rot, float *key_grouped, const void *keys, int pos, int B, const Transformer *t) {
-    const Config *c = &t->config;
-    int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, n_pairs = t->rope.rot_dim / 2;
-    int last = pos + B - 1, n = last < t->n_ctx ? last + 1 : t->n_ctx, G = t->pos.se_group, i;
-    int n_grouped = grouped_keys(t, last);
-    // keys first_own..n-1 at their own positions, keys 0..end_grouped-1 at their group positions
-    int first_own = B == 1 ? n_grouped : 0, end_grouped = B == 1 || !n_grouped ? n_grouped : n;
-#pragma omp parallel for private(i) if ((long)n * kv_dim >= PARALLEL_MIN_WORK)
-    for (i = 0; i < n; i++)
-        for (int grouped = 0; grouped < 2; grouped++) {
-            if (grouped ? i >= end_grouped : i < first_own) continue;
-            int key_pos = grouped ? i / G : cache_place(t, i, last);
-            float *k = (grouped ? key_grouped : key_rot) + (size_t)i * kv_dim;
-            kv_load(k, keys, t->kv_type, (size_t)i * kv_dim, kv_dim);
-            rope(k, t->state.rope_cos + (size_t)key_pos * n_pairs, t->state.rope_sin + (size_t)key_pos * n_pairs, 1,
-                 c->n_kv_heads, head_size, t->rope.rot_dim, t->rope.layout);
-        }
-}
-
-/* Write rows src[0..B) (kv_dim values each) of the tokens at pos0.. into
- * their slots of one layer's cache: the positions, or in the rolling cache of
- * sinks cache_slot's slots (consecutive, but where the rolling part wraps
- * around; a block longer than it leaves the last tokens there). */
-static void cache_store(const Transformer *t, void *cache, int pos0, int B, const float *src) {
-    int kv_dim = t->config.dim / t->config.n_heads * t->config.n_kv_heads;
-    for (int b = 0, run; b < B; b += run) {
-        int slot = cache_slot(t, pos0 + b);
-        for (run = 1; b + run < B && cache_slot(t, pos0 + b + run) == slot + run; run++) {}
-        kv_store(cache, t->kv_type, (size_t)slot * kv_dim, src + (size_t)b * kv_dim, run * kv_dim);
-    }
-}
-
-/* (b): whether the queries at positions pos0 .. pos0+B-1 share one table:
- * their lengths pos + 1 give one rope_table_length (all within L, or with
- * LongRoPE all past it; past L dynamic NTK gives every length its own). */
-static int block_shares_table(const Transformer *t, int pos0, int B) {
-    return rope_table_length(&t->rope, pos0 + 1) == rope_table_length(&t->rope, pos0 + B);
-}
-
-/* (b), a block whose queries do not share a table: for each query, the rows
- * of the table of its own length that attention_block's frames need
- * (kernels.h's QueryFrames): the fine rows 0..ATT_KEYS-1, pair-major, and the
- * coarse rows pos - ATT_KEYS u (row u of every query side by side), each made
- * as rope_fill_table makes a table row. Once per block (every layer reads
- * them); ATT_KEYS + pos / ATT_KEYS + 1 rows a query where the token path
- * rebuilds pos + 1. */
-static void build_frames(Transformer *t, int pos0, int B) {
-    RunState *st = &t->state;
-    QueryFrames *f = &st->frames;
-    int n_pairs = t->rope.rot_dim / 2, b;
-    // in parallel from a few thousand sines and cosines (each costs tens of multiply-adds) on
-#pragma omp parallel for private(b) if ((long)B * n_pairs * ATT_KEYS >= 4096)
-    for (b = 0; b < B; b++) {
-        int pos = pos0 + b;
-        double *inv_freq = st->frame_freq + (size_t)b * n_pairs, mscale;
-        rope_frequencies(&t->rope, pos + 1, inv_freq, &mscale); // the frequencies of length pos + 1
-        float *fine_cos = (float *)f->fine_cos + (size_t)b * n_pairs * ATT_KEYS;
-        float *fine_sin = (float *)f->fine_sin + (size_t)b * n_pairs * ATT_KEYS;
-        for (int i = 0; i < n_pairs; i++) // pair i's rows 0..ATT_KEYS-1 side by side
-            rope_fill_table(fine_cos + (size_t)i * ATT_KEYS, fine_sin + (size_t)i * ATT_KEYS, 0, ATT_KEYS,
-                            inv_freq + i, 1, mscale);
-        for (int u = 0; u * ATT_KEYS <= pos; u++) {
-            size_t at = ((size_t)u * f->block + b) * n_pairs;
-            rope_fill_table((float *)f->coarse_cos + at, (float *)f->coarse_sin + at, pos - u * ATT_KEYS, 1,
-                            inv_freq, n_pairs, mscale);
-        }
-    }
-}
-
-/* What the RoPE stage needs once per block, before the layers: with (b), the
- * frames of a block whose queries do not share a table. */
-static void rope_prepare(Transformer *t, int B, int pos0) {
-    if (t->keys == KEYS_PER_LENGTH && !block_shares_table(t, pos0, B)) build_frames(t, pos0, B);
-}
-
-/* (d) with a block (B > 1) at positions pos0..: the keys its queries see,
- * laid out in one frame in which every key keeps its distance to every
- * query (docs/rope.md §13):
- *   rows 0 .. n_sinks-1: the sinks, at their places (their positions)
- *   rows n_sinks ..:     the other keys, from lo (the oldest the block's first
- *                        query sees) to the block's last: row = position - shift,
- *                        shift = lo - n_sinks
- * Query b sits at row pos0 - shift + b and sees the R = n_ctx - n_sinks rows
- * up to its own (a sliding window of R) and the sinks. A non-sink key's score
- * depends only on the distance between the two rows (one set of frequencies
- * for the whole table: block_limit), and that is the distance between their
- * places in the cache. A sink sits at its place, but a query's place
- * (n_ctx - 1 once the cache is full) is not its row: each query gets a second
- * rotation, at its place, for the sinks (attention_block's second queries).
- * Keys go into key_rot, rotated at their rows, and values into value_rows,
- * float32: the block's own from st->k and st->v, the older ones from their
- * slots, before the block's tokens take their slots (where they evict keys
- * its first queries still see). Rotates st->q at its rows and copies it into
- * q_second at the places. */
-static CacheView sinks_block(Transformer *t, void *key_cache, void *value_cache, int B, int pos0) {
-    const Config *c = &t->config;
-    const RopeConfig *r = &t->rope;
-    RunState *st = &t->state;
-    int head_size = c->dim / c->n_heads, kv_dim = head_size * c->n_kv_heads, n_pairs = r->rot_dim / 2;
-    int n_sinks = t->pos.n_sinks, R = t->n_ctx - n_sinks;
-    int lo = pos0 - R + 1 > n_sinks ? pos0 - R + 1 : n_sinks, shift = lo - n_sinks, n_rows = pos0 + B - shift, row;
-#pragma omp parallel for private(row) if ((long)n_rows * kv_dim >= PARALLEL_MIN_WORK)
-    for (row = 0; row < n_rows; row++) {
-        int pos = row < n_sinks ? row : row + shift; // the key's position in the text
-        float *k = st->key_rot + (size_t)row * kv_dim, *v = st->value_rows + (size_t)row * kv_dim;
-        if (pos >= pos0) { // one of the block's
-            memcpy(k, st->k + (size_t)(pos - pos0) * kv_dim, (size_t)kv_dim * sizeof(float));
-            memcpy(v, st->v + (size_t)(pos - pos0) * kv_dim, (size_t)kv_dim * sizeof(float));
-        } else {
-            size_t at = (size_t)cache_slot(t, pos) * kv_dim;
-            kv_load(k, key_cache, t->kv_type, at, kv_dim);
-            kv_load(v, value_cache, t->kv_type, at, kv_dim);
-        }
-        rope(k, st->rope_cos + (size_t)row * n_pairs, st->rope_sin + (size_t)row * n_pairs, 1, c->n_kv_heads,
-             head_size, r->rot_dim, r->layout);
-    }
-    memcpy(st->q_second, st->q, (size_t)B * c->dim * sizeof(float));
-    for (int b = 0; b < B; b++) { // the second rotation: at the query's place, for the sinks
-        size_t place = (size_t)cache_place(t, cache_slot(t, pos0 + b), pos0 + b) * n_pairs;
-        rope(st->q_second + (size_t)b * c->dim, st->rope_cos + place, st->rope_sin + place, 1, c->n_heads,
-             head_size, r->rot_dim, r->layout);
-    }
-    size_t first = (size_t)(pos0 - shift) * n_pairs; // the block's rows
-    rope(st->q, st->rope_cos + first, st->rope_sin + first, B, c->n_heads, head_size, r->rot_dim, r->layout);
-    cache_store(t, key_cache, pos0, B, st->k);
-    cache_store(t, value_cache, pos0, B, st->v);
-    return (CacheView){st->key_rot, KV_F32, st->value_rows, KV_F32, pos0 - shift, R,
-                       {st->q_second, st->key_rot, 0, n_sinks}, NULL};
-}
-
 /* The RoPE stage of one layer: give the block's queries and keys their
  * positions, put the keys and values into the layer's cache, and say how
  * attention reads it (CacheView). It switches on the key strategy
- * (KeyStrategy, set when the model is built); the rest of the forward pass
- * never knows which one runs:
+ * (KeyStrategy, set when the model is built); each long-context strategy is
+ * one call into keys.c, and the rest of the forward pass never knows which
+ * one runs:
  *   (a) KEYS_ROTATED_ONCE (every method, the default): q and k are rotated
  *      by the table rows of their positions; keys enter the cache rotated and
- *      keep that rotation for good.
- *   (b) KEYS_PER_LENGTH (--rope-dynamic exact): the table depends on the
- *      sequence length, so keys enter the cache unrotated (a pre-RoPE cache).
- *      Queries that share a table (one token; a block within L) have every
- *      cached key rotated anew for them; a block past L, whose every query
- *      has a length and a table of its own, leaves q and the keys unrotated,
- *      and attention rotates them per query from its frame (build_frames).
- *   (c) KEYS_SELF_EXTEND (--self-extend G W): keys enter unrotated too; a key
- *      W or more tokens back is rotated at its group position floor(j/G) and
- *      scored against a second query rotated at floor(pos/G) + W - floor(W/G);
- *      nearer keys keep their own positions. Neither rotation depends on the
- *      query, so a block rotates each key both ways once (key_rot,
- *      key_grouped) and attention picks per pair.
- *   (d) KEYS_SINKS (--sinks n_sinks): keys enter unrotated; once the cache is
- *      full each new token overwrites the oldest after the sinks, and every
- *      key is rotated at its place in the cache (cache_slot, cache_place); a
- *      block at the distances to its queries instead (sinks_block).
+ *      keep that rotation for good. The whole of it is below.
+ *   (b) KEYS_PER_LENGTH (--rope-dynamic exact; per_length_keys): the table
+ *      depends on the sequence length, so keys enter the cache unrotated (a
+ *      pre-RoPE cache). Queries that share a table (one token; a block
+ *      within L) have every cached key rotated anew for them; a block past
+ *      L, whose every query has a length and a table of its own, leaves q
+ *      and the keys unrotated, and attention rotates them per query from its
+ *      frame (rope_prepare builds the frames once per block).
+ *   (c) KEYS_SELF_EXTEND (--self-extend G W; self_extend_keys): keys enter
+ *      unrotated too; a key W or more tokens back is rotated at its group
+ *      position floor(j/G) and scored against a second query rotated at
+ *      floor(pos/G) + W - floor(W/G); nearer keys keep their own positions.
+ *      Neither rotation depends on the query, so a block rotates each key
+ *      both ways once and attention picks per pair.
+ *   (d) KEYS_SINKS (--sinks n_sinks; sinks_keys): keys enter unrotated; once
+ *      the cache is full each new token overwrites the oldest after the
+ *      sinks, and every key is rotated at its place in the cache; a block at
+ *      the distances to its queries instead.
  * docs/rope.md §11 has the details, §10 Self-Extend's position map and §13
  * the sinks. In: st->q (B, n_heads, head_size), st->k and st->v
  * (B, kv_dim) from the projections; window: the layer's sliding window.
@@ -895,55 +592,27 @@ static CacheView sinks_block(Transformer *t, void *key_cache, void *value_cache,
  * written into key_cache and value_cache (one layer's (n_ctx, kv_dim)) at
  * their slots. */
 static CacheView rope_stage(Transformer *t, void *key_cache, void *value_cache, int B, int pos0, int window) {
+    switch (t->keys) {
+    case KEYS_PER_LENGTH: return per_length_keys(t, key_cache, value_cache, B, pos0, window);   // (b)
+    case KEYS_SELF_EXTEND: return self_extend_keys(t, key_cache, value_cache, B, pos0, window); // (c)
+    case KEYS_SINKS: return sinks_keys(t, key_cache, value_cache, B, pos0, window);             // (d)
+    case KEYS_ROTATED_ONCE: break;                                                              // (a), here
+    }
     const Config *c = &t->config;
     const RopeConfig *r = &t->rope;
     RunState *st = &t->state;
     int head_size = c->dim / c->n_heads, n_pairs = r->rot_dim / 2;
-    if (t->keys == KEYS_SINKS && B > 1) return sinks_block(t, key_cache, value_cache, B, pos0); // (d), a block
-    int slot = cache_slot(t, pos0), place = cache_place(t, slot, pos0); // pos0, unless sinks wrapped the cache
-    int frames = t->keys == KEYS_PER_LENGTH && !block_shares_table(t, pos0, B); // (b) past L
-    if (!frames) rope_sync_length(t, place + B - 1); // (b): table rows for the block's length
-    const float *cos_rows = st->rope_cos + (size_t)place * n_pairs; // (B, n_pairs): the B positions' rows
-    const float *sin_rows = st->rope_sin + (size_t)place * n_pairs;
-    CacheView view = {key_cache, t->kv_type, value_cache, t->kv_type, place, window, {NULL, NULL, 0, 0}, NULL};
-    int n_grouped = grouped_keys(t, pos0 + B - 1); // (c) only: keys W or more tokens before the last query
-    switch (t->keys) {
-    case KEYS_ROTATED_ONCE: // (a): q and k rotated; keys rotated once, as they enter the cache
-        rope(st->q, cos_rows, sin_rows, B, c->n_heads, head_size, r->rot_dim, r->layout);
-        rope(st->k, cos_rows, sin_rows, B, c->n_kv_heads, head_size, r->rot_dim, r->layout);
-        cache_store(t, key_cache, pos0, B, st->k);
-        cache_store(t, value_cache, pos0, B, st->v);
-        return view;
-    case KEYS_SELF_EXTEND: // (c): a copy of the queries rotated at their group positions; then as (b), (d)
-        if (n_grouped) {
-            int G = t->pos.se_group, W = t->pos.se_window;
-            memcpy(st->q_second, st->q, (size_t)B * c->dim * sizeof(float));
-            for (int b = 0; b < B; b++) {
-                size_t row = (size_t)((pos0 + b) / G + W - W / G) * n_pairs;
-                rope(st->q_second + (size_t)b * c->dim, st->rope_cos + row, st->rope_sin + row, 1, c->n_heads,
-                     head_size, r->rot_dim, r->layout);
-            }
-            view.second = (SecondQueries){st->q_second, st->key_grouped, W, 0};
-        }
-        // fall through
-    case KEYS_PER_LENGTH: // (b), (c), (d): keys enter the cache before RoPE; q and the cached keys rotated
-    case KEYS_SINKS:      // for this block (with frames: per query, by attention)
-        cache_store(t, key_cache, pos0, B, st->k);
-        cache_store(t, value_cache, pos0, B, st->v);
-        if (frames) {
-            view.frames = &st->frames;
-            return view;
-        }
-        rope(st->q, cos_rows, sin_rows, B, c->n_heads, head_size, r->rot_dim, r->layout);
-        rotate_cached_keys(st->key_rot, st->key_grouped, key_cache, pos0, B, t);
-        view.keys = st->key_rot, view.key_type = KV_F32;
-        return view;
-    }
-    return view; // not reached: every strategy is a case above
+    const float *cos_rows = st->rope_cos + (size_t)pos0 * n_pairs; // (B, n_pairs): the B positions' rows
+    const float *sin_rows = st->rope_sin + (size_t)pos0 * n_pairs;
+    rope(st->q, cos_rows, sin_rows, B, c->n_heads, head_size, r->rot_dim, r->layout);
+    rope(st->k, cos_rows, sin_rows, B, c->n_kv_heads, head_size, r->rot_dim, r->layout);
+    cache_store(t, key_cache, pos0, B, st->k);
+    cache_store(t, value_cache, pos0, B, st->v);
+    return (CacheView){key_cache, t->kv_type, value_cache, t->kv_type, pos0, window, {NULL, NULL, 0, 0}, NULL};
 }
 
 /* ==========================================================================
- * 4. Building and freeing the model: checkpoint + position settings + RoPE
+ * 3. Building and freeing the model: checkpoint + position settings + RoPE
  *    table + run state
  * ========================================================================== */
 
@@ -1168,7 +837,7 @@ void free_transformer(Transformer *t) {
 }
 
 /* ==========================================================================
- * 5. Ops: each is one formula; output first, inputs next, sizes last.
+ * 4. Ops: each is one formula; output first, inputs next, sizes last.
  *
  * The ops work on a block of B consecutive tokens at once (rows of a
  * (B, ...) array): generation uses B = 1; a prompt or a ppl window goes
@@ -1193,7 +862,7 @@ void rmsnorm(float *out, const float *x, const float *w, int B, int n, float eps
  * computes this same product over float32 or q8_0 weights with SIMD tiles
  * and threads; the tests check every one of its paths against this loop, and
  * `make reference` builds a ./run-reference whose forward pass calls this
- * loop instead (project, section 6). */
+ * loop instead (project, section 5). */
 void matmul_reference(float *out, const float *x, const float *w, int B, int n, int d) {
     for (int b = 0; b < B; b++)
         for (int i = 0; i < d; i++) {
@@ -1319,7 +988,7 @@ void residual_add(float *x, const float *y, int n) {
 }
 
 /* ==========================================================================
- * 6. Forward pass: B tokens at positions pos0.. -> logits
+ * 5. Forward pass: B tokens at positions pos0.. -> logits
  * ========================================================================== */
 
 /* out = x @ w_l^T + b_l for layer l's rows of a stacked matrix w (n_layers, d, n)
@@ -1447,7 +1116,7 @@ void forward_failed(const Transformer *t, int status, int token, int pos) {
 }
 
 /* ==========================================================================
- * 7. Sampler
+ * 6. Sampler
  *
  * Order, applied to the logits of each step:
  *   1. repetition penalty over the last repeat_last_n tokens (llama.cpp's
@@ -1569,7 +1238,7 @@ int sample(Sampler *sampler, float *logits, const int *history, int n) {
 }
 
 /* ==========================================================================
- * 8. Generate: prompt -> prefill -> sample, print, feed back
+ * 7. Generate: prompt -> prefill -> sample, print, feed back
  *
  * The decode step here is shared with chat (chat.c); the other modes are in
  * files of their own (modes.h).
@@ -1748,7 +1417,7 @@ void generate_mode(const ModeInput *in) {
 }
 
 /* ==========================================================================
- * 9. main: the command line (cli.c) -> the model -> the mode
+ * 8. main: the command line (cli.c) -> the model -> the mode
  * ========================================================================== */
 #ifndef TESTING
 

@@ -12,36 +12,13 @@
 #include <stdio.h>
 
 #include "kernels.h"
+#include "messages.h"
 #include "model.h"
 #include "tokenizer.h"
 
 #define PI 3.14159265358979323846 /* M_PI is not in strict C11 */
 
-/* ---- 1. Errors and timing ------------------------------------------------ */
-
-/* Exit codes: 0 ok, 1 = bad input or runtime failure, 2 = bad usage. */
-enum { EXIT_BAD_INPUT = 1, EXIT_USAGE = 2 };
-
-/* stdout through these remembers whether its last byte ended a line; the
- * code that can leave a partial line of output writes with them. */
-void out_write(const char *bytes, size_t n);
-void out_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* The open line was ended by a terminal's echo of the user's Enter. */
-void out_line_ended(void);
-/* Print one line to stderr; if stdout left a partial line where stderr lands
- * (one terminal, pipe or file), end it there first. */
-void notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* The same, then exit with `code`. */
-void die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
-#ifdef FUZZING
-#include <setjmp.h>
-extern jmp_buf *die_jump; // a fuzz target's landing point (tests/fuzz): die returns there instead of exiting
-#endif
-/* Flush stdout; exit with a message if a write to it failed. */
-void flush_stdout(void);
-double now_seconds(void);
-
-/* ---- 2. The model in memory ---------------------------------------------- */
+/* ---- 1. The model in memory ---------------------------------------------- */
 
 /* Sanity limits on header values: far above any model this program can run on
  * a CPU, low enough that every size below fits in 64 bits without overflow. */
@@ -103,7 +80,7 @@ typedef struct AttnStats AttnStats;
 
 /* Activations for a block of B <= FORWARD_BLOCK tokens, the KV cache and the
  * RoPE table. Owned by Transformer; allocated in build_transformer (run.c,
- * section 4), freed in free_transformer. */
+ * section 3), freed in free_transformer. */
 typedef struct {
     float *x;           // (B, dim) residual stream
     float *xb;          // (B, dim) normalized input / attention output
@@ -162,22 +139,23 @@ extern const char *const WEIGHT_NAMES[];
 extern const char *const DYNAMIC_NAMES[];
 extern const char *const KEY_NAMES[];
 
-/* Checkpoint loading (run.c, section 2); the three below it are for the tests. */
+/* Checkpoint loading (run.c, section 1); the three below it are for the tests. */
 int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len);
 int parse_header(const char *path, const unsigned char *h, size_t n_read, Config *c, RopeConfig *r, char *err,
                  size_t err_len);
 size_t place_tensors(const Config *c, RopeConfig *r, Weights *w, const char *map);
 size_t expected_file_size(const Config *c, const RopeConfig *r);
 
-/* ---- 3. RoPE ------------------------------------------------------------- */
+/* ---- 2. RoPE ------------------------------------------------------------- */
 
 void rope_frequencies(const RopeConfig *r, int cur_len, double *inv_freq, double *mscale);
 void rope_fill_table(float *cos_out, float *sin_out, int first_row, int n_rows, const double *inv_freq, int n_pairs,
                      double mscale);
 void rope(float *vec, const float *cos, const float *sin, int B, int n_heads, int head_size, int rot_dim, int layout);
-int cache_slot(const Transformer *t, int pos);
-int cache_place(const Transformer *t, int slot, int pos);
-void rotate_cached_keys(float *key_rot, float *key_grouped, const void *keys, int pos, int B, const Transformer *t);
+/* Whether the frequencies depend on the sequence length (dynamic NTK, LongRoPE). */
+int rope_length_dependent(const RopeConfig *r);
+/* Rows [first, first + n) of t's table, for a sequence of length len. */
+void rope_build_rows(Transformer *t, int len, int first, int n);
 
 /* The cache as attention reads it for a block, as the RoPE stage left it:
  * rows of keys and of values, and where the block's queries sit among them.
@@ -195,7 +173,7 @@ typedef struct {
                                // (kernels.h); NULL = rotated already
 } CacheView;
 
-/* ---- 4. Building the model ----------------------------------------------- */
+/* ---- 3. Building the model ----------------------------------------------- */
 
 /* What build_transformer returns besides 0. */
 enum { BUILD_BAD_INPUT = -1, BUILD_BAD_SETTINGS = -2 };
@@ -204,7 +182,7 @@ int build_transformer(Transformer *t, const char *path, const PositionOverrides 
 void free_transformer(Transformer *t);
 int block_limit(const Transformer *t);
 
-/* ---- 5. Ops -------------------------------------------------------------- */
+/* ---- 4. Ops -------------------------------------------------------------- */
 
 void rmsnorm(float *out, const float *x, const float *w, int B, int n, float eps);
 void matmul_reference(float *out, const float *x, const float *w, int B, int n, int d);
@@ -213,7 +191,7 @@ void attention(float *out, const float *q, const CacheView *view, int B, Transfo
 void swiglu(float *hb, const float *hb2, int n);
 void residual_add(float *x, const float *y, int n);
 
-/* ---- 6. Forward ---------------------------------------------------------- */
+/* ---- 5. Forward ---------------------------------------------------------- */
 
 /* Which logits forward_block computes: the classifier is the largest matrix
  * (vocab_size rows), so a prompt block that only fills the cache skips it. */
@@ -226,7 +204,7 @@ float *forward(Transformer *t, int token, int pos, int *status);
 float *prefill(Transformer *t, const int *tokens, int n, int pos0, int *status);
 void forward_failed(const Transformer *t, int status, int token, int pos) __attribute__((noreturn));
 
-/* ---- 7. Sampler ---------------------------------------------------------- */
+/* ---- 6. Sampler ---------------------------------------------------------- */
 
 typedef struct {
     float prob;
@@ -255,7 +233,7 @@ int argmax(const float *x, int n);
 void apply_repetition_penalty(Sampler *s, float *logits, const int *history, int n);
 int sample(Sampler *s, float *logits, const int *history, int n);
 
-/* ---- 8. Generate, and the decode step chat shares ------------------------- */
+/* ---- 7. Generate, and the decode step chat shares ------------------------- */
 
 /* Bytes of text encoded in one piece; longer texts go in pieces of this size
  * (tokenizer_encode_long: the same ids, memory that follows the ids). */

@@ -8,6 +8,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "check.h"
+#include "keys.h"
 #include "ppl.h"
 
 void test_ops(void) {
