@@ -73,7 +73,7 @@ FUZZ_SMOKE_SECONDS ?= 5
 FUZZ_RSS_MB ?= 1024
 FUZZ_SEEDS = tests/fuzz/build/seeds
 
-.PHONY: all build portable reference run test test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation \
+.PHONY: all build portable reference run test lint test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation \
 	bench venv venv-export smollm2 clean help FORCE
 
 all: build
@@ -85,7 +85,8 @@ help:
 	@echo "  make run          build ./run when needed, then generate text with the bundled model (models/)"
 	@echo "  make portable     build ./run with -O2 only (any x86-64 / ARM machine)"
 	@echo "  make reference    build ./run-reference: the plain formulas (matmul_reference, one-query attention), -O0 -g"
-	@echo "  make test         everything below marked (test): build, test-c, sanitize, fuzz-smoke, test-py"
+	@echo "  make test         everything below marked (test): build, lint, test-c, sanitize, fuzz-smoke, test-py"
+	@echo "  make lint         (test) the repository's rules (tools/lint.py): lengths, citations, links, ./run --help"
 	@echo "  make test-c       (test) the C unit tests: tests/test_run in four builds, tests/test_tokenizer"
 	@echo "  make sanitize     (test) the C tests and two pytest files under ASan + UBSan (gcc; clang too when present)"
 	@echo "  make fuzz-smoke   (test) each libFuzzer target over its seeds, then FUZZ_SMOKE_SECONDS (needs clang)"
@@ -283,8 +284,17 @@ fuzz-export: venv
 test-py: build reference tests/tok_driver venv
 	TOK_DRIVER=./tests/tok_driver $(PYTHON) -m pytest -q tests
 
-# Everything; pytest's summary is the closing line.
-test: build test-c sanitize fuzz-smoke test-py
+# The repository's rules (tools/lint.py, standard library only): run.c at most
+# 1,700 lines, functions at most 100 (outside tests/ and generated tables), no
+# document outside the repository and no machine's absolute path cited in docs
+# or comments, relative links of the .md files that resolve, ./run --help on
+# one screen. One line per breach; the exceptions, each with its reason, are in
+# tools/lint-allow.txt.
+lint: build venv
+	$(PYTHON) tools/lint.py --run ./run
+
+# Everything; pytest's summary is the closing line. lint first: it takes a second.
+test: build lint test-c sanitize fuzz-smoke test-py
 
 # The long-context study (tools/extrapolation.py): perplexity of every RoPE
 # method and attention sinks at 1x..16x the training length (bundled model,
