@@ -41,7 +41,7 @@ import prepare_data  # noqa: E402  (tools/prepare_data.py: the cleaning and the 
 
 # Measured on the committed model (see models/README.md): mean NLL in nats per
 # token of the excerpt (1,663 tokens), `run -m ppl --ctx 256`; torch's
-# evaluation in tools/train.py gives 3.8576594.
+# evaluation in tools/training/ (train.py) gives 3.8576594.
 EXPECTED_NLL = 3.857659
 # Why 0.02 nats: float32 summation order differs between compilers, -march,
 # batching and OpenMP thread counts, which moves this mean by about 1e-6 (torch

@@ -310,6 +310,10 @@ from pathlib import Path as _Path
 
 _sys.path.insert(0, str(_Path(__file__).resolve().parent.parent / "tools"))
 import extrapolation as ex  # noqa: E402
+# The module of Where and passkey_by_trials, and of the ROOT and run_json they read:
+# a test that replaces one of those replaces it there (ex.ROOT and ex.run_json are
+# the front's own names for them, which those functions never read).
+from extrapolation_study import commands as ex_commands  # noqa: E402
 
 
 def _study(kind="ppl", name="bundled", L=256, factors=(1, 4), rows=ex.ROWS, **kw):
@@ -975,7 +979,7 @@ def test_shown_paths_keep_a_linked_model_folder(tmp_path, monkeypatch):
     elsewhere.mkdir()
     (elsewhere / "model-q8_0.bin").write_bytes(b"")
     (root / "models" / "smollm2").symlink_to(elsewhere)
-    monkeypatch.setattr(ex, "ROOT", root)
+    monkeypatch.setattr(ex_commands, "ROOT", root)
     assert ex.Where().path(root / "models" / "smollm2" / "model-q8_0.bin") == "models/smollm2/model-q8_0.bin"
     assert ex.Where().path(elsewhere / "model-q8_0.bin") == "model-q8_0.bin"  # truly outside: its name
 
@@ -1040,13 +1044,13 @@ def test_run_cell_resumes_a_stopped_passkey_cell(tmp_path, monkeypatch):
         if len(calls) == 3:
             raise RuntimeError("./run: exit 130: stopped")
         return real(cmd, threads)
-    monkeypatch.setattr(ex, "run_json", stops_at_the_third)
+    monkeypatch.setattr(ex_commands, "run_json", stops_at_the_third)
     results = tmp_path / "cells"
     with pytest.raises(RuntimeError, match="stopped"):
         ex.run_cell(job, _PLAN, 1, results)
     assert [f.name for f in results.iterdir()] == [f"{job['name']}.parts"]
     assert len(list((results / f"{job['name']}.parts").iterdir())) == 2
-    monkeypatch.setattr(ex, "run_json", real)
+    monkeypatch.setattr(ex_commands, "run_json", real)
     rec = ex.run_cell(job, _PLAN, 1, results)
     assert rec["result"] == one_go and rec["resumed_trials"] == 2
     assert [f.name for f in results.iterdir()] == [f"{job['name']}.json"]

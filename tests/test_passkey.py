@@ -135,7 +135,7 @@ def test_skip_draws_runs_one_trial_of_a_longer_run_alone(filler, tmp_path):
     """--skip-draws n --trials 1 at one (length, depth): trial n of the whole run
     (counted over lengths, then depths, then trials), its key, start and
     prompt, and the same answer; what a study cell run a trial at a time
-    relies on (tools/extrapolation.py's passkey_by_trials)."""
+    relies on (passkey_by_trials, tools/extrapolation_study/commands.py)."""
     extra = []
     if filler == "book":
         book = tmp_path / "book.txt"

@@ -17,7 +17,8 @@ The cells:
           through a rolling cache of L with 4 sinks, the text cut into segments of
           4L tokens as the perplexity study cuts it; the mass on the sinks apart)
 
-The methods' settings are tools/extrapolation.py's (method_flags). Studies:
+The methods' settings are the extrapolation study's (method_flags,
+tools/extrapolation_study/config.py). Studies:
 
   bundled   models/model.bin, L = 256: the perplexity study's 16,384 tokens, 16
             windows at 4x (seconds a cell)
@@ -85,7 +86,7 @@ def parse_cell_name(name):
 
 
 def flags(method, k, L):
-    """The method's flags at k L (tools/extrapolation.py's), and YaRN without its temperature."""
+    """The method's flags at k L (the extrapolation study's), and YaRN without its temperature."""
     if method == "yarn-attn1":
         return ex.method_flags("yarn", k, L) + ["--rope-attn-factor", "1"]
     return ex.method_flags(method, k, L)

@@ -135,7 +135,7 @@ def snapshot(out, steps, plan):
 
 def eval_study(base, plan, work):
     """The training-free study whose cells the fine-tuned models get: its text or filler,
-    depths and trials (tools/extrapolation.py's settings)."""
+    depths and trials (the extrapolation study's settings, tools/extrapolation_study/)."""
     name = base
     cfg = dict(ex.FULL[name], factors=plan["factors"])
     studies = ex.make_studies({name: cfg}, work)
