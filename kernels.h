@@ -217,9 +217,9 @@ static inline uint16_t float_to_half(float x) {
  * head_size, portable loops in a build without them. */
 #define ATT_KEYS 48 /* keys per tile of attention_block */
 size_t attention_block_floats(int head_size, int heads_per_kv_head);
-/* Second queries (run.c's rope_stage, docs/rope.md §10 and §13): some keys
- * are scored against a second rotation of each query, and of those keys,
- * instead of q_b . k_t:
+/* Second queries (keys.c, through run.c's rope_stage; docs/rope.md §10 and
+ * §13): some keys are scored against a second rotation of each query, and of
+ * those keys, instead of q_b . k_t:
  *   Self-Extend (far = W > 0): the keys W or more positions before query
  *     b's, the query at its group position and the key at floor(t / G);
  *   attention sinks (n_sinks > 0): the rows 0..n_sinks-1, the query at its
@@ -231,11 +231,11 @@ typedef struct {
     int far;           // Self-Extend's neighbour window W; 0 = not Self-Extend
     int n_sinks;       // attention sinks: rows 0..n_sinks-1; 0 = none
 } SecondQueries;
-/* Per-query frames (run.c's rope_stage, docs/rope.md §11): with exact
- * dynamic NTK past the original context every query has RoPE frequencies of
- * its own, so q and the keys come unrotated and attention_block rotates them
- * per query, from rows of that query's own table (mscale * cos and sin of
- * row * inv_freq_i, for its sequence length):
+/* Per-query frames (keys.c's build_frames, through run.c's rope_stage;
+ * docs/rope.md §11): with exact dynamic NTK past the original context every
+ * query has RoPE frequencies of its own, so q and the keys come unrotated
+ * and attention_block rotates them per query, from rows of that query's own
+ * table (mscale * cos and sin of row * inv_freq_i, for its sequence length):
  *   fine:   rows c = 0 .. ATT_KEYS-1
  *   coarse: rows pos_b - ATT_KEYS * u for u = 0 .. pos_b / ATT_KEYS (pos_b = pos0 + b)
  * The key at t = ATT_KEYS * u + c is rotated by fine row c and query b by

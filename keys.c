@@ -261,7 +261,9 @@ CacheView per_length_keys(Transformer *t, void *key_cache, void *value_cache, in
 /* (c) KEYS_SELF_EXTEND: when some key lies W or more tokens before the last
  * query, a copy of the queries rotated at their group positions
  * floor(pos/G) + W - floor(W/G) (q_second), scored against those keys at
- * theirs (key_grouped); then every key as (b). */
+ * theirs (key_grouped); then every key as (b). The table never changes
+ * under Self-Extend (check_positions refuses it with dynamic NTK and
+ * LongRoPE), so the group rows are read before rotate_for_block's sync. */
 CacheView self_extend_keys(Transformer *t, void *key_cache, void *value_cache, int B, int pos0, int window) {
     const Config *c = &t->config;
     const RopeConfig *r = &t->rope;

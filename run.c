@@ -620,10 +620,11 @@ static CacheView rope_stage(Transformer *t, void *key_cache, void *value_cache, 
  * key strategy has a form for a block (rope_stage). One case goes one token
  * at a time: attention sinks with dynamic NTK or LongRoPE and a cache longer
  * than L, whose table rows past L each have frequencies of their own, so that
- * a key's score is no function of its distance to the query (sinks_block
- * needs one). `make reference` takes exact dynamic NTK and sinks one token at
- * a time too: their token path, which the tests compare with the blocks,
- * and so do attention statistics (from the one-query path's weights). */
+ * a key's score is no function of its distance to the query (keys.c's
+ * sinks_block needs one). `make reference` takes exact dynamic NTK and sinks
+ * one token at a time too: their token path, which the tests compare with the
+ * blocks, and so do attention statistics (from the one-query path's
+ * weights). */
 int block_limit(const Transformer *t) {
 #ifdef REFERENCE
     if (t->keys == KEYS_PER_LENGTH || t->keys == KEYS_SINKS || t->state.attn_stats) return 1;

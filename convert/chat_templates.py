@@ -2,7 +2,7 @@
 templates run renders, and fills in a tokenizer's chat fields and stop ids.
 
 A source's chat template is a Jinja program. run renders a few fixed
-templates (run.c, render_chat), so this module names the one a source's
+templates (chat.c, render_chat), so this module names the one a source's
 template is by markers in its text, without evaluating any Jinja, and keeps
 the two texts a template may add on its own: a default system prompt
 (SmolLM2, Qwen2.5) and a fixed text before every system prompt (Llama 3.1's

@@ -1,6 +1,6 @@
 """Attention sinks (--sinks n, StreamingLLM): a rolling cache of --ctx tokens
 that keeps its first n tokens and evicts the oldest of the rest, every key
-rotated at its place in the cache (run.c cache_slot / cache_place, docs/rope.md
+rotated at its place in the cache (keys.c cache_slot / cache_place, docs/rope.md
 §13).
 
 The reference is a float64 numpy forward pass written here step by step with
