@@ -290,8 +290,8 @@ test-py: build reference tests/tok_driver venv
 # or comments, relative links of the .md files that resolve, ./run --help on
 # one screen. One line per breach; the exceptions, each with its reason, are in
 # tools/lint-allow.txt.
-lint: build venv
-	$(PYTHON) tools/lint.py --run ./run
+lint: build
+	$(BASE_PYTHON) tools/lint.py --run ./run
 
 # Everything; pytest's summary is the closing line. lint first: it takes a second.
 test: build lint test-c sanitize fuzz-smoke test-py

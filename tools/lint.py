@@ -9,33 +9,49 @@ Each rule keeps the project readable by someone who has only a clone of it:
   function-length  a C or Python function holds at most 100 lines, outside
                    tests/ and outside data tables (a generated file that says
                    "generated ... do not edit" in its first lines).
-  outside-doc      documentation and comments cite no document a clone lacks:
-                   no path that leaves the repository (but the shared inputs,
-                   see OUTSIDE_OK), and no name of a document (*.md, *.rst,
-                   *.pdf) that no file of the repository has, such as the
-                   team's notes kept beside the repository. A public URL is
-                   not a breach: every reader can follow it, as they can
-                   the papers the docs cite by author and year.
+  outside-doc      documentation and comments cite no document a clone lacks.
+                   A path that leaves the repository is a breach: one that
+                   begins with ../ (unless, read from the file's folder, it
+                   is a file of the repository) or with shared/ (the shared
+                   folder beside the repository, named as from its parent),
+                   but for the shared inputs (see OUTSIDE_OK). A relative path of a document (*.md,
+                   *.rst, *.pdf) with a slash in it must be a file of the
+                   repository, read from the root or from the file's folder;
+                   a folder written in capitals (DIR, OUT) is a placeholder.
+                   A document named alone (no slash) must be the name of a
+                   file of the repository: the team's notes kept beside the
+                   repository are not. Other files (*.txt, *.json, *.bin) may
+                   be named by a path the repository lacks: commands make
+                   them (texts/, models/smollm2/, results). A public URL is
+                   not a breach: every reader can follow it, as they can the
+                   papers the docs cite by author and year.
   machine-path     documentation and comments hold no absolute path of one
-                   machine: a folder under home, Users, root, work, mnt, media
-                   or scratch at the top of the file system, a Windows drive
-                   path, a file: or localhost URL, or a temporary folder that
-                   pytest or Python's tempfile made under tmp. Any other path
-                   under tmp is the same scratch folder on every machine, and
-                   dev, proc, usr are the system's: these are not flagged.
-  link             a relative link of a markdown file (inline, image or
-                   reference-style; outside code) leads to a file of the
-                   repository and, with #anchor on a .md file, to a heading
-                   of it (GitHub's slug) or an <a name|id=...> in it.
+                   machine: a folder under home, Users, root, work, mnt,
+                   media, scratch, data, opt, srv, nfs, gpfs or lustre at the
+                   top of the file system, or under var/folders (macOS's
+                   temporary folders); a path in the home folder, written
+                   with a tilde or with the HOME variable (but .cache,
+                   .config and .local in it, the per-user folders every
+                   system names alike); a Windows drive path; a file: or
+                   localhost URL; or a temporary folder that pytest or
+                   Python's tempfile made under tmp. Any other path under
+                   tmp is the same scratch folder on every machine, and dev,
+                   proc, usr are the system's: these are not flagged.
+  link             a relative link of a markdown file (inline, image,
+                   reference-style, <a href> or <img src>; outside code)
+                   leads to a file of the repository and, with #anchor on a
+                   .md file, to a heading of it (GitHub's slug) or an
+                   <a name|id=...> in it.
   help-lines       `./run --help` fits one screen: at most 25 lines.
 
 Where each rule looks:
   documentation  every .md file, and every text file under docs/ (the study's
                  tables and cells included); .md files are also link-checked.
-  comments       the comments of the source outside tests/ (tests read the
-                 shared folder on purpose and say so): C and headers (/* */,
-                 //), Python (# and docstrings), shell scripts and the
-                 Makefile (lines that begin with #).
+  comments       the comments of the source, tests/ included (there, ../shared
+                 and its models and data are the inputs the tests read on
+                 purpose): C and headers (/* */, //), Python (# and
+                 docstrings), shell scripts and the Makefile (lines that
+                 begin with #).
 
 The files are those git knows: tracked, plus untracked ones that .gitignore
 does not exclude, so build outputs, virtual environments and downloaded
@@ -120,7 +136,7 @@ def read_text(path):
 
 
 def in_tests(name):
-    """tests/ is outside the function-length rule and the comment scan."""
+    """tests/ is outside the function-length rule (its comments are read)."""
     return name.startswith("tests/")
 
 
@@ -306,13 +322,27 @@ def hash_comments(text):
 STOP = r"""\s`'"()<>\[\]{},;|*"""
 # ../ at the start of a path, not inside one (a/../b) nor after $VAR
 RELATIVE_OUT = re.compile(rf"(?<![\w.~/$-])(?:\.\./)+[^{STOP}]*")
+# shared/... at the start of a path: the shared folder beside the repository,
+# named as from its parent (the repository has no shared/ of its own)
+SHARED_PATH = re.compile(rf"(?<![\w.~/$-])shared/[^{STOP}]*")
+# a document by its name alone (README.md), and by a relative path
+# (docs/rope.md, ./README.md); neither after / (the rest of a longer path),
+# $ (a variable) or ~
 DOC_NAME = re.compile(r"(?<![\w./$-])[\w-][\w.-]*\.(?:md|rst|pdf)\b(?![\w/-])")
+DOC_PATH = re.compile(r"(?<![\w./$~:-])(?:[\w.-]+/)+[\w.-]*\.(?:md|rst|pdf)\b(?![\w/-])")
+# a folder written in capitals (DIR/, OUT/) is a placeholder the reader fills in
+PLACEHOLDER = re.compile(r"(?:^|/)[A-Z][A-Z0-9_]*/")
+URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s<>\"'`)\]]*")
 MACHINE_PATH = re.compile(
-    rf"(?<![\w.~/:$-])/(?:home|root|Users|work|mnt|media|scratch)(?=/|[^\w.-]|$)[^{STOP}]*"
+    rf"(?<![\w.~/:$-])/(?:home|root|Users|work|mnt|media|scratch|data|opt|srv|nfs|gpfs|lustre|var/folders)"
+    rf"(?=/|[^\w.-]|$)[^{STOP}]*"
     rf"|(?<![\w.~/:$-])/tmp/(?:pytest-of-|tmp[a-z0-9_]{{8}}\b)[^{STOP}]*"
+    rf"|(?<![\w.~/:$-])(?:~|\$HOME|\$\{{HOME\}})/(?!\.(?:cache|config|local)(?:/|[^\w.-]|$))[^{STOP}]*"
     rf"|\bfile://[^{STOP}]*"
     rf"|\bhttps?://(?:localhost|127\.0\.0\.1)\b[^{STOP}]*"
     rf"|(?<![\w])[A-Z]:\\{{1,2}}[\w][^{STOP}]*")
+
+Repo = namedtuple("Repo", "files dirs doc_names")
 
 
 def clean(found):
@@ -332,24 +362,64 @@ def outside_path(found):
     return not any(rest == ok or (ok != "shared" and rest.startswith(ok + "/")) for ok in OUTSIDE_OK)
 
 
-def scan_citations(name, text, first_line, doc_names):
+def in_repo(name, path, repo):
+    """Whether a relative path, read from the repository root or from the
+    folder of file name, is a file or folder of the repository."""
+    for base in ("", posixpath.dirname(name)):
+        norm = posixpath.normpath(posixpath.join(base, path.rstrip("/")))
+        if norm in repo.files or norm in repo.dirs or (norm == "." and path):
+            return True
+    return False
+
+
+def cited_path_breach(name, path, repo):
+    """What is wrong with a relative path cited at file name: "outside" (it
+    leaves the repository, but for OUTSIDE_OK), "missing" (a document the
+    repository lacks) or None. path is a ../ or shared/ path (any file) or a
+    path of a document (*.md, *.rst, *.pdf)."""
+    if in_repo(name, path.split("#")[0], repo) or PLACEHOLDER.search(path):
+        return None
+    norm = posixpath.normpath(path)
+    if norm.startswith("../") or norm == "..":
+        return "outside" if outside_path(norm) else None
+    if (norm + "/").startswith("shared/"):
+        return "outside" if outside_path("../" + norm) else None
+    return "missing" if re.search(r"\.(?:md|rst|pdf)$", norm) else None
+
+
+def cited_paths(line):
+    """The relative paths a line cites: ../ paths and shared/ paths (of any
+    file), then paths of documents that are not part of one of those."""
+    found, taken = [], []
+    for pattern in (RELATIVE_OUT, SHARED_PATH, DOC_PATH):
+        for m in pattern.finditer(line):
+            if not any(start <= m.start() < end for start, end in taken):
+                taken.append(m.span())
+                found.append(clean(m.group(0)))
+    return found
+
+
+def scan_citations(name, text, first_line, repo):
     """Breaches of outside-doc and machine-path in one piece of text (a
     comment, or a whole document) starting at first_line of file name."""
     found = []
     for k, line in enumerate(text.split("\n")):
         at = first_line + k
-        for m in RELATIVE_OUT.finditer(line):
-            path = clean(m.group(0))
-            if outside_path(path):
-                found.append(Breach(name, at, "outside-doc", f"{name}:{path}",
-                                    "a path inside the repository or under ../shared/models or ../shared/data", path))
-        for m in DOC_NAME.finditer(line):
-            if m.group(0) not in doc_names:
-                found.append(Breach(name, at, "outside-doc", f"{name}:{m.group(0)}",
-                                    "a document of the repository", m.group(0)))
         for m in MACHINE_PATH.finditer(line):
             path = clean(m.group(0))
             found.append(Breach(name, at, "machine-path", f"{name}:{path}", "a path every clone has", path))
+        line = URL.sub(lambda u: " " * len(u.group(0)), line)  # a URL's path is the site's
+        for path in cited_paths(line):
+            why = cited_path_breach(name, path, repo)
+            if why == "outside":
+                found.append(Breach(name, at, "outside-doc", f"{name}:{path}",
+                                    "a path inside the repository or under ../shared/models or ../shared/data", path))
+            elif why == "missing":
+                found.append(Breach(name, at, "outside-doc", f"{name}:{path}", "a document of the repository", path))
+        for m in DOC_NAME.finditer(line):
+            if m.group(0) not in repo.doc_names:
+                found.append(Breach(name, at, "outside-doc", f"{name}:{m.group(0)}",
+                                    "a document of the repository", m.group(0)))
     return found
 
 
@@ -360,6 +430,7 @@ FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*(<[^>]*>|[^\s)]+)(?:\s+\"[^\"]*\")?\s*\)")
 REFERENCE_DEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)", re.M)
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+HTML_LINK = re.compile(r"<(?:a|img)\s[^>]*?\b(?:href|src)\s*=\s*[\"']([^\"']*)[\"']", re.I)
 HTML_ANCHOR = re.compile(r"<a\s[^>]*\b(?:name|id)\s*=\s*[\"']([^\"']+)[\"']", re.I)
 
 
@@ -393,11 +464,12 @@ def markdown_paragraphs(text):
 
 
 def markdown_links(text):
-    """(line, target) of each inline, image and reference-style link outside
-    code (fenced blocks and `code spans`); line: where its target is."""
+    """(line, target) of each inline, image and reference-style link, and
+    each <a href> and <img src>, outside code (fenced blocks and `code
+    spans`); line: where its target is."""
     for first, para in markdown_paragraphs(text):
         para = CODE_SPAN.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), para)
-        for m in list(INLINE_LINK.finditer(para)) + list(REFERENCE_DEF.finditer(para)):
+        for m in [m for r in (INLINE_LINK, REFERENCE_DEF, HTML_LINK) for m in r.finditer(para)]:
             yield first + para.count("\n", 0, m.start(1)), m.group(1).strip("<>")
 
 
@@ -455,11 +527,12 @@ def blank_link_targets(name, text):
         start, end = m.start(1) - m.start(0), m.end(1) - m.start(0)
         return m.group(0)[:start] + " " * (end - start) + m.group(0)[end:]
 
-    text = INLINE_LINK.sub(blank, text)
-    return REFERENCE_DEF.sub(blank, text)
+    for pattern in (INLINE_LINK, REFERENCE_DEF, HTML_LINK):
+        text = pattern.sub(blank, text)
+    return text
 
 
-def check_links(name, text, files, dirs, read):
+def check_links(name, text, repo, read):
     """Breaches of link (and of outside-doc, for a link out of the
     repository) in the markdown file name."""
     found = []
@@ -479,11 +552,11 @@ def check_links(name, text, files, dirs, read):
             found.append(Breach(name, line, "outside-doc", place, "a file of the repository", target))
             continue
         resolved = "" if resolved == "." else resolved
-        if resolved not in files and resolved not in dirs:
+        if resolved not in repo.files and resolved not in repo.dirs:
             found.append(Breach(name, line, "link", place, "a file of the repository",
                                 f"no {resolved or '.'}"))
             continue
-        if anchor and resolved.endswith(".md") and resolved in files:
+        if anchor and resolved.endswith(".md") and resolved in repo.files:
             anchor = urllib.parse.unquote(anchor)
             if anchor not in markdown_anchors(read(resolved) or ""):
                 found.append(Breach(name, line, "link", place,
@@ -496,7 +569,7 @@ def check_links(name, text, files, dirs, read):
 
 
 def parent_dirs(name):
-    """'a/b/c.md' -> ['a', 'a/b']: the folders a link may name."""
+    """'a/b/c' -> ['a', 'a/b']: the folders a link may name."""
     parts = name.split("/")[:-1]
     return ["/".join(parts[:k]) for k in range(1, len(parts) + 1)]
 
@@ -510,9 +583,8 @@ def check_tree(root, files):
             cache[name] = read_text(root / name)
         return cache[name]
 
-    doc_names = {posixpath.basename(n) for n in files}
-    dirs = {""} | {d for n in files for d in parent_dirs(n)}
-    files_set = set(files)
+    repo = Repo(files=set(files), dirs={""} | {d for n in files for d in parent_dirs(n)},
+                doc_names={posixpath.basename(n) for n in files})
     found = []
     for name in files:
         text = read(name)
@@ -524,15 +596,15 @@ def check_tree(root, files):
                                 f"at most {RUN_C_MAX_LINES} lines", f"{lines}"))
         is_doc = name.endswith(".md") or name.startswith("docs/")
         if is_doc:
-            found += scan_citations(name, blank_link_targets(name, text), 1, doc_names)
+            found += scan_citations(name, blank_link_targets(name, text), 1, repo)
         if name.endswith(".md"):
-            found += check_links(name, text, files_set, dirs, read)
-        if is_doc or in_tests(name):
+            found += check_links(name, text, repo, read)
+        if is_doc:
             continue
         comments, functions = [], []
         if name.endswith((".c", ".h")):
             comments = split_c(text)[1]
-            if not is_data_table(text):
+            if not is_data_table(text) and not in_tests(name):
                 functions = c_functions(text)
         elif name.endswith(".py"):
             try:
@@ -542,12 +614,12 @@ def check_tree(root, files):
                                     "Python that parses", f"a syntax error ({e.msg})"))
                 continue
             comments = python_comments(text, tree)
-            if not is_data_table(text):
+            if not is_data_table(text) and not in_tests(name):
                 functions = python_functions(tree)
         elif posixpath.basename(name) == "Makefile" or is_shell(name, text):
             comments = hash_comments(text)
         for line, comment in comments:
-            found += scan_citations(name, comment, line, doc_names)
+            found += scan_citations(name, comment, line, repo)
         for fname, first, last in functions:
             if last - first + 1 > FUNCTION_MAX_LINES:
                 found.append(Breach(name, first, "function-length", f"{name}:{fname}",
