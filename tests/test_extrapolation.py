@@ -900,8 +900,11 @@ def test_collect_refuses_what_is_not_one_plan_of_cells(tmp_path, capsys):
     refused([folder], "describes study bundled unlike")
     (folder / "bundled_ntk_4x.json").unlink()
     as_none = _json.loads((folder / "smollm2-passkey_yarn_2x.json").read_text())  # yarn at 1x: none's run
-    (other / "smollm2-passkey_yarn_1x.json").write_text(_json.dumps(dict(as_none, cell="smollm2-passkey_yarn_1x")))
+    (other / "smollm2-passkey_yarn_1x.json").write_text(_json.dumps(dict(as_none, cell="smollm2-passkey_yarn_1x",
+                                                                         result=dict(as_none["result"], k=1))))
     refused([folder, other], "cell smollm2-passkey_yarn_1x: expected a cell of its plan")
+    (other / "smollm2-passkey_yarn_1x.json").write_text(_json.dumps(dict(as_none, cell="smollm2-passkey_yarn_1x")))
+    refused([folder, other], "expected the result of smollm2-passkey_yarn_1x, got that of smollm2-passkey_yarn_2x")
     with pytest.raises(SystemExit) as e:
         ex.main(["--collect", str(folder), "--quick"])
     assert "takes its plan from the cell files" in str(e.value)

@@ -178,7 +178,7 @@ def run_cell(name, threads, results):
             texts = []
             for i, seg in enumerate(segs):
                 texts.append(Path(work) / f"segment-{i:04d}.txt")
-                texts[-1].write_text(seg, encoding="utf-8")
+                ex.write_text(texts[-1], seg)
         parts, ppls = [], []
         for i, text in enumerate(texts):
             stats_file = Path(work) / f"{name}.{i}.stats.json"
@@ -273,9 +273,70 @@ def bucket_label(start, end):
 # --------------------------------------------------------------------------
 # Collect
 
+# What the tables and plot read of a cell file, checked by cell_problem (the
+# kinds of tools/extrapolation_study/files.py's shape_problem; '?': may be null).
+CELL_FIELDS = dict(study="text", method="text", k="nonneg", L="positive", command="text", text_recipe="list",
+                   threads="positive", wall_s="nonneg", stats="object")
+STATS_FIELDS = dict(layers="positive", heads="positive", position_buckets="list", distance_buckets="list",
+                    entropy="list", mass="list", sink_mass="list?", sink_mass_by_position="list?")
+POSITION_FIELDS = dict(start="count", end="count", queries="count")
+DISTANCE_FIELDS = dict(start="count", end="count")
+
+
+def grid_problem(grid, shape, name):
+    """What is wrong with grid as nested lists of numbers of the given shape
+    (e.g. layers x heads x buckets), in a few words, or None."""
+    if not shape:
+        return None if ex.fits(grid, "number") else f"{name}: expected a number, got {json.dumps(grid)[:40]}"
+    if not isinstance(grid, list) or len(grid) != shape[0]:
+        return f"{name}: expected a list of {shape[0]}, got {json.dumps(grid)[:40]}"
+    for i, g in enumerate(grid):
+        problem = grid_problem(g, shape[1:], f"{name}[{i}]")
+        if problem:
+            return problem
+    return None
+
+
+def stats_problem(st):
+    """What is wrong with a cell's statistics for the tables and plot, or None:
+    buckets, and grids of layers x heads (x buckets) of numbers."""
+    problem = (ex.shape_problem(st, STATS_FIELDS, "stats")
+               or ex.list_problem(st["position_buckets"], POSITION_FIELDS, "stats.position_buckets")
+               or ex.list_problem(st["distance_buckets"], DISTANCE_FIELDS, "stats.distance_buckets"))
+    if problem:
+        return problem
+    if not any(b["queries"] for b in st["position_buckets"]):
+        return "stats.position_buckets: expected queries in one at least, got none"
+    lh, n_pos, n_dist = (st["layers"], st["heads"]), len(st["position_buckets"]), len(st["distance_buckets"])
+    grids = [("entropy", lh + (n_pos,)), ("mass", lh + (n_dist,)), ("sink_mass", lh),
+             ("sink_mass_by_position", lh + (n_pos,))]
+    for key, shape in grids:
+        problem = grid_problem(st[key], shape, f"stats.{key}") if st.get(key) else None
+        if problem:
+            return problem
+    return None
+
+
+def cell_problem(rec):
+    """What is wrong with an attention cell file's record for the tables and
+    plot, in a few words, or None: a field absent or of another kind, a
+    negative count, a study, method or factor not its name's."""
+    problem = ex.shape_problem(rec, CELL_FIELDS)
+    if problem:
+        return problem
+    try:
+        named = parse_cell_name(rec["cell"])
+    except ValueError as e:
+        return str(e)
+    if (rec["study"], rec["method"], rec["k"]) != named:
+        return f"expected the study, method and factor of {rec['cell']}, got {rec['study']}, {rec['method']}, " \
+            f"{rec['k']}"
+    return stats_problem(rec["stats"])
+
+
 def read_cells(folders):
     """{name: record} of the cell files in the folders; ValueError naming a bad file."""
-    return ex.read_cell_files(folders, "attn-*.json", CELL_FORMAT, "an attention")
+    return ex.read_cell_files(folders, "attn-*.json", CELL_FORMAT, "an attention", check=cell_problem)
 
 
 def study_tables(study, cells):
@@ -371,7 +432,7 @@ def plot(cells, studies, out):
                        "attention mass in the bucket, mean over layers and heads",
                        f"{study}: where the attention goes, at 1x and {K_MAX}x", ticks)
     fig.tight_layout()
-    fig.savefig(out / "attention.png", dpi=110)
+    ex.save_figure(fig, out / "attention.png")
     plt.close(fig)
     return "attention.png"
 
@@ -379,7 +440,7 @@ def plot(cells, studies, out):
 def collect(folders, out, studies):
     cells = read_cells(folders)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    ex.make_folder(out)
     studies = [s for s in studies if any(r["study"] == s for r in cells.values())]
     expected = [cell_name(s, m, k) for s in studies for m, k in cells_of(s)]
     missing = [n for n in expected if n not in cells]
@@ -395,9 +456,8 @@ def collect(folders, out, studies):
              + (f" Missing: {', '.join(missing)}." if missing else ""), ""]
     for s in studies:
         lines += study_tables(s, cells)
-    (out / "attention.md").write_text("\n".join(lines))
-    (out / "attention.json").write_text(json.dumps(dict(cells=[cells[n] for n in sorted(cells)], missing=missing))
-                                        + "\n")
+    ex.write_text(out / "attention.md", "\n".join(lines))
+    ex.write_json(out / "attention.json", dict(cells=[cells[n] for n in sorted(cells)], missing=missing))
     files = ["attention.md", "attention.json"]
     name = plot(cells, studies, out)
     return files + ([name] if name else []), missing
@@ -438,7 +498,7 @@ def main(argv=None):
                 print(" ".join(shlex.quote(a) for a in [".venv/bin/python", "tools/attention_study.py", "--cell", n,
                                                         "--threads", str(args.threads), "--results", str(results)]))
             return
-        if args.cell:
+        if args.cell is not None:
             try:
                 parse_cell_name(args.cell)
             except ValueError as e:

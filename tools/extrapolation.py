@@ -127,8 +127,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/: the study's 
 # Every name of the study, from the module that holds it (tools/extrapolation_study/):
 # tools/finetune_study.py, tools/attention_study.py and the tests use them as
 # extrapolation.NAME.
-from extrapolation_study.cells import (CELL_FORMAT, outcome, passkey_result, ppl_result,  # noqa: E402,F401
-                                       read_cells, run_cell, run_cells, study_from_record, study_record)
+from extrapolation_study.cells import (CELL_FORMAT, cell_problem, outcome, passkey_result,  # noqa: E402,F401
+                                       ppl_result, read_cells, result_problem, run_cell, run_cells,
+                                       study_from_record, study_record)
 from extrapolation_study.collect import (collect, cost_groups, fill_same_as_none, kept_trials,  # noqa: E402,F401
                                          missing_row, shown_folder, write_outputs)
 from extrapolation_study.commands import (ROOT, RUN, SHARED, Where, model_args,  # noqa: E402,F401
@@ -138,8 +139,11 @@ from extrapolation_study.config import (ANSWER_TOKENS, CHAT_ANSWER_TOKENS, DEPTH
                                         FULL, METHODS, QUICK, ROWS, SINKS, SMOL_FACTORS,
                                         SMOL_PASSKEY_FACTORS, Z95, cell_name, factor_label, method_flags,
                                         num, parse_cell_name, self_extend_group, self_extend_reach)
-from extrapolation_study.fanout import (check_fanout_args, fanout_parser, read_cell_files,  # noqa: E402,F401
-                                        report_written, run_pool, write_cell_file)
+from extrapolation_study.fanout import (check_fanout_args, collect_folders, fanout_parser,  # noqa: E402,F401
+                                        read_cell_files, report_written, run_pool, write_cell_file)
+from extrapolation_study.files import (OutputError, fits, folder_problem, list_problem, make_folder,  # noqa: E402,F401
+                                       read_json, save_figure, shape_problem, write_json, write_output,
+                                       write_text)
 from extrapolation_study.modes import (cell_main, collect_main, default_out, list_main,  # noqa: E402,F401
                                        prepare, stream_cell_main, study_main)
 from extrapolation_study.plan import (Study, all_jobs, cell_command, config_cells, job_cost,  # noqa: E402,F401
@@ -204,13 +208,25 @@ def plan_from_args(args):
     return make_plan(args.quick, names, args.tokens, model)
 
 
+def check_folders(args):
+    """Exits with one line for an empty --cell, or an --out or --results that is
+    there but not a folder (a file, a device), before anything runs."""
+    if args.cell is not None and not args.cell.strip():
+        sys.exit(f"extrapolation: --cell {args.cell!r}: expected a cell's name (--list names them), got an empty one")
+    for flag, v in (("--out", args.out), ("--results", args.results)):
+        problem = folder_problem(flag, v) if v is not None else None
+        if problem:
+            sys.exit(f"extrapolation: {problem}")
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    modes = [m for m, on in (("--list", args.list), ("--cell", args.cell), ("--collect", args.collect),
+    modes = [m for m, on in (("--list", args.list), ("--cell", args.cell is not None), ("--collect", args.collect),
                              ("--stream-cell", args.stream_cell), ("--replot", args.replot)) if on]
     if len(modes) > 1:
         sys.exit(f"extrapolation: expected at most one of --list, --cell, --collect, --stream-cell, --replot, got "
                  f"{' and '.join(modes)}")
+    check_folders(args)
     if args.replot:
         out = args.out or ROOT / "docs" / "extrapolation"
         try:
@@ -239,7 +255,7 @@ def main(argv=None):
     plan = plan_from_args(args)
     if args.list:
         list_main(plan, args.threads or 1, args.results or Path("results"))
-    elif args.cell:
+    elif args.cell is not None:
         cell_main(args.cell, plan, args.threads or 1, args.results or Path("results"))
     else:
         cpus = os.cpu_count() or 1

@@ -70,11 +70,18 @@ import math
 import sys
 from pathlib import Path
 
-import train  # tools/train.py; importing it sets the BLAS thread count from --threads
-from train import log
+# The package first: importing it sets the BLAS thread count from --threads before
+# numpy loads (tools/training/__init__.py). Torch and tools/train.py, which take
+# seconds to load, are imported only once the command line and the input files are
+# checked (load_trainer), so that a bad one is refused at once.
+import training  # noqa: F401
+from training import fmt_time, log
+from training.options import add_optimization_args, add_passkey_args, check_passkey_args
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
+
+import prepare_data  # noqa: E402  (tools/prepare_data.py)
+from extrapolation_study.files import folder_problem, what_is  # noqa: E402  (what a path is, if not what was expected)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -228,6 +235,13 @@ def default_tokenizer(ckpt: str) -> Path:
     return Path(ckpt).resolve().parent / "tokenizer.model"
 
 
+def load_trainer():
+    """tools/train.py's training functions, and with them torch (seconds to load):
+    called once the command line and the input files are checked."""
+    import train  # tools/train.py
+    return train
+
+
 # --------------------------------------------------------------------------
 # evaluation of a given text, in run -m ppl's windows
 # --------------------------------------------------------------------------
@@ -242,6 +256,7 @@ def eval_text(model, sp, path: str, seq_len: int) -> dict:
     ids = np.array(sp.encode(text), dtype=np.int32)
     if len(ids) == 0:
         bad_input(f"--eval-text {path}: no tokens (expected a non-empty text)")
+    train = load_trainer()
     windows = train.heldout_windows(ids, seq_len)
     nll, n, _ = train.evaluate(model, windows, train.token_bytes(sp))
     res = dict(file=str(path), tokens=n, windows=len(windows), ctx=seq_len, nll=nll / n, ppl=math.exp(nll / n))
@@ -259,6 +274,23 @@ class OneLineParser(argparse.ArgumentParser):
         usage_error(message)
 
 
+def check_numbers(ap, args) -> None:
+    """The optimization and count flags: a usage error (exit 2) for a value that
+    would fail or mislead the training (torch refuses a rate <= 0; a NaN runs
+    and trains nothing)."""
+    for flag, v, ok, want in (
+            ("--lr", args.lr, args.lr > 0, "a finite number > 0"),
+            ("--min-lr-ratio", args.min_lr_ratio, args.min_lr_ratio >= 0, "a finite number >= 0"),
+            ("--weight-decay", args.weight_decay, args.weight_decay >= 0, "a finite number >= 0"),
+            ("--grad-clip", args.grad_clip, args.grad_clip > 0, "a finite number > 0")):
+        if not (ok and math.isfinite(v)):
+            ap.error(f"{flag} {v:g}: expected {want}")
+    if args.threads < 1:
+        ap.error(f"--threads {args.threads}: expected >= 1")
+    if args.seed < 0:
+        ap.error(f"--seed {args.seed}: expected >= 0 (numpy's generators take no negative seed)")
+
+
 def parse_args(argv=None):
     ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", help="the checkpoint to continue (tools/train.py's, e.g. models/model.bin)")
@@ -269,16 +301,16 @@ def parse_args(argv=None):
                    help="its factor s (default: E / L for linear and yarn, 2E / L for ntk; none takes none)")
     g.add_argument("--rope-theta", type=float, default=None, help="RoPE base (default: the checkpoint's)")
     g = ap.add_argument_group("data")
-    g.add_argument("--shared", default=str(train.prepare_data.default_shared()),
+    g.add_argument("--shared", default=str(prepare_data.default_shared()),
                    help="shared folder holding data/books (default: $SHARED_DIR or ../shared)")
     g.add_argument("--cache-dir", default="/tmp/train/cache", help="token streams cache (train.py's)")
     g.add_argument("--tokenizer", default="",
                    help="the checkpoint's sentencepiece .model (default: tokenizer.model beside it)")
     g.add_argument("--books", nargs="+", default=None, metavar="NAME",
                    help="train on these training books only (names without .txt; default: all of them)")
-    train.add_optimization_args(ap)
+    add_optimization_args(ap)
     ap.set_defaults(max_steps=50, lr=2e-4, warmup=10)
-    train.add_passkey_args(ap)
+    add_passkey_args(ap)
     g = ap.add_argument_group("evaluation and output")
     g.add_argument("--eval-every", type=int, default=50,
                    help="held-out subset eval interval in steps (0: none before the end)")
@@ -293,7 +325,8 @@ def parse_args(argv=None):
                         "tokenizer.model): with --min-lr-ratio 1 (a constant rate after the warmup) the model "
                         "at step N is exactly an N-step fine-tune's, so one run gives several budgets")
     args = ap.parse_args(argv)
-    train.check_passkey_args(ap, args)
+    check_passkey_args(ap, args)
+    check_numbers(ap, args)
     if args.seq_len < 2 or args.seq_len > 1 << 24:
         ap.error(f"--seq-len {args.seq_len}: expected 2..{1 << 24}")
     for flag, v in (("--max-steps", args.max_steps), ("--batch-size", args.batch_size),
@@ -313,7 +346,7 @@ def parse_args(argv=None):
 def check_books(args) -> None:
     """The training books are under --shared, and --books names only training books."""
     try:
-        names = {p.stem for p in train.prepare_data.book_paths(Path(args.shared))[0]}
+        names = {p.stem for p in prepare_data.book_paths(Path(args.shared))[0]}
     except FileNotFoundError as e:
         bad_input(f"--shared {args.shared}: {e}")
     wrong = [b for b in args.books or () if b not in names]
@@ -321,8 +354,50 @@ def check_books(args) -> None:
         usage_error(f"--books {wrong[0]}: not a training book (expected one of {', '.join(sorted(names))})")
 
 
+def check_files(args, cfg: dict) -> None:
+    """The files the run reads late or writes, checked before it starts (exit 1):
+    the tokenizer loads and has the checkpoint's vocabulary, --eval-text is a
+    UTF-8 text with tokens, --out-dir and --cache-dir are folders or can be."""
+    import sentencepiece as spm  # light: no torch
+    tok = Path(args.tokenizer)
+    if what_is(tok) != "a file":
+        bad_input(f"--tokenizer {tok}: expected the checkpoint's sentencepiece .model, got {what_is(tok)} "
+                  f"(models/tokenizer.model for both bundled models)")
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(tok))
+    except (OSError, RuntimeError) as e:
+        bad_input(f"--tokenizer {tok}: expected a sentencepiece model, got a file it cannot read "
+                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})")
+    if sp.vocab_size() != cfg["vocab_size"]:
+        bad_input(f"--tokenizer {tok}: expected the checkpoint's {cfg['vocab_size']} pieces, got {sp.vocab_size()}")
+    if args.eval_text:
+        check_eval_text(args.eval_text, sp)
+    for flag, path in (("--out-dir", args.out_dir), ("--cache-dir", args.cache_dir)):
+        if folder_problem(flag, path):
+            bad_input(folder_problem(flag, path))
+    for flag, path in (("--out-dir", args.out_dir), ("--cache-dir", args.cache_dir)):
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            bad_input(f"{flag} {path}: expected a folder it can make, got {e.strerror}")
+
+
+def check_eval_text(path: str, sp) -> None:
+    """--eval-text is a regular file of UTF-8 text with tokens (eval_text reads it at the end)."""
+    if what_is(path) != "a file":
+        bad_input(f"--eval-text {path}: expected a UTF-8 text file, got {what_is(path)}")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        bad_input(f"--eval-text {path}: expected a UTF-8 text file, got "
+                  + (f"one it cannot read ({e.strerror})" if isinstance(e, OSError) else f"invalid UTF-8 ({e.reason})"))
+    if not sp.encode(text):
+        bad_input(f"--eval-text {path}: no tokens (expected a non-empty text)")
+
+
 def build_model(cfg: dict, tensors: dict):
     """train.Llama with cfg's context and RoPE (frequencies and magnitude as run's), holding tensors."""
+    train = load_trainer()
     inv_freq, mscale = rope_frequencies(cfg)
     model = train.Llama(cfg, inv_freq, mscale)
     train.import_tensors(model, tensors)
@@ -340,6 +415,7 @@ def passkey_too_long(args, e: ValueError) -> None:
 def load_training_data(args):
     """train.py's data for this run: the tokenizer and its model file, the training stream,
     the passkey settings, and the held-out windows (None when no evaluation needs them)."""
+    train = load_trainer()
     want_heldout = args.eval_every > 0 or not args.no_final_eval
     sp, tok_model, stream, held = train.load_data(args, heldout=want_heldout)
     log(f"data: {len(stream):,} training tokens ({', '.join(args.books) if args.books else 'all training books'})"
@@ -358,8 +434,8 @@ def loop_summary(args, cfg: dict, mscale: float, state) -> dict:
     """summary.json's settings and clocks (the training loop's, periodic evaluations included)."""
     wall, cpu = state.elapsed(), state.cpu()
     tokens = args.max_steps * args.batch_size * args.seq_len
-    log(f"fine-tune: {args.max_steps} steps, {tokens:,} tokens in {train.fmt_time(wall)} wall, "
-        f"{train.fmt_time(cpu)} cpu ({args.threads} thread(s)), {args.max_steps / wall:.3f} steps/s")
+    log(f"fine-tune: {args.max_steps} steps, {tokens:,} tokens in {fmt_time(wall)} wall, "
+        f"{fmt_time(cpu)} cpu ({args.threads} thread(s)), {args.max_steps / wall:.3f} steps/s")
     return dict(checkpoint=args.checkpoint, steps=args.max_steps, batch_size=args.batch_size,
                 seq_len=args.seq_len, tokens=tokens, threads=args.threads, seed=args.seed,
                 train_wall_s=wall, train_cpu_s=cpu, steps_per_s=args.max_steps / wall,
@@ -369,7 +445,7 @@ def loop_summary(args, cfg: dict, mscale: float, state) -> dict:
 
 def write_outputs(model, cfg: dict, tok_model: Path, out: Path, summary: dict, args) -> None:
     """model.bin, tokenizer.bin and tokenizer.model (train.export_model), summary.json, loss.png."""
-    train.export_model(model, cfg, tok_model, out)
+    load_trainer().export_model(model, cfg, tok_model, out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     import plot_loss  # tools/plot_loss.py (matplotlib: imported only now)
     plot_loss.main([str(out / "log.jsonl"), str(out / "loss.png"), "--title",
@@ -382,14 +458,13 @@ def main(argv=None):
     cfg = finetuned_config(base, args)
     check_books(args)
     args.tokenizer = args.tokenizer or str(default_tokenizer(args.checkpoint))
-    if not Path(args.tokenizer).is_file():
-        bad_input(f"--tokenizer {args.tokenizer}: no such file (the checkpoint's sentencepiece .model; "
-                  f"models/tokenizer.model for both bundled models)")
+    check_files(args, cfg)
     args.vocab_size = cfg["vocab_size"]
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     log("command: " + " ".join([Path(sys.executable).name] + sys.argv))
 
+    import torch  # the command line and the files are checked: now the seconds it takes to load
+    train = load_trainer()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, mscale = build_model(cfg, tensors)

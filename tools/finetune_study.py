@@ -175,7 +175,7 @@ def run_cell(name, plan, threads, results):
     summary_file = out / "summary.json"
     done = summary_file.is_file() and all(snapshot(out, s, plan).is_file() for s in plan["steps"])
     if done:
-        have = json.loads(summary_file.read_text())
+        have = ex.read_json(summary_file, "a fine-tune's summary")
         seq_len, scaling, batch = fine_tune_shape(method, plan)
         want = dict(steps=plan["steps"][-1], batch_size=batch, seq_len=seq_len, scaling=scaling)
         got = dict(steps=have["steps"], batch_size=have["batch_size"], seq_len=have["seq_len"],
@@ -194,7 +194,7 @@ def run_cell(name, plan, threads, results):
                 print(f"{name}: {line.rstrip()}", file=sys.stderr, flush=True)
         if p.returncode != 0:
             raise RuntimeError(f"{name}: tools/finetune.py exit {p.returncode}: {last or 'no message'}")
-    summary = json.loads(summary_file.read_text())
+    summary = ex.read_json(summary_file, "a fine-tune's summary")
     answer_nll = None  # the passkey answer tokens' training loss at the end (the last log record's EMA)
     for line in (out / "log.jsonl").read_text().splitlines():
         answer_nll = json.loads(line).get("answer_nll_ema", answer_nll)
@@ -240,9 +240,75 @@ def cell_command(name, quick, threads, results):
 # --------------------------------------------------------------------------
 # Collecting: tables and plot
 
+# What the tables and plot read of a cell file, checked by cell_problem (the
+# kinds of tools/extrapolation_study/files.py's shape_problem; '?': may be null).
+CELL_FIELDS = dict(plan="object", base="text", method="text", budgets="list", finetune_command="text",
+                   finetune_cpu_s="nonneg", threads="positive", wall_s="nonneg", reused_finetune="bool",
+                   final_answer_nll="number?")
+PLAN_FIELDS = dict(steps="list", batch="positive", factors="list", bases="list")
+BUDGET_FIELDS = dict(steps="positive", tokens="count", rows="list")
+ROW_FIELDS = dict(ppl=dict(k="nonneg", command="text", ppl="nonneg", ppl_lo="nonneg", ppl_hi="nonneg"),
+                  passkey=dict(k="nonneg", command="text", correct="count", trials="count"))
+
+
+def plan_problem(plan):
+    """What is wrong with a cell's plan for the tables, in a few words, or None."""
+    problem = ex.shape_problem(plan, PLAN_FIELDS, "plan")
+    if problem:
+        return problem
+    if not all(ex.fits(s, "positive") for s in plan["steps"]) or not plan["steps"]:
+        return f"plan.steps: expected integers >= 1, got {json.dumps(plan['steps'])[:40]}"
+    if not all(ex.fits(k, "nonneg") for k in plan["factors"]):
+        return f"plan.factors: expected numbers >= 0, got {json.dumps(plan['factors'])[:40]}"
+    bad = [b for b in plan["bases"] if b not in BASES]
+    return f"plan.bases: expected some of {', '.join(BASES)}, got {bad[0]!r}" if bad else None
+
+
+def budget_problem(b, i, kind, control):
+    """What is wrong with a cell's budget i (its rows, and for the control its
+    rows with YaRN on top, which the plot reads at K_FT), or None."""
+    problem = ex.shape_problem(b, BUDGET_FIELDS, f"budgets[{i}]")
+    if problem:
+        return problem
+    for key in ("rows", "rows_yarn") if control else ("rows",):
+        rows = b.get(key)
+        if not isinstance(rows, list) or not rows:
+            return f"budgets[{i}].{key}: expected a list of rows, got {json.dumps(rows)[:40]}"
+        problem = ex.list_problem(rows, ROW_FIELDS[kind], f"budgets[{i}].{key}")
+        if problem:
+            return problem
+        if kind == "passkey" and any(r["correct"] > r["trials"] for r in rows):
+            return f"budgets[{i}].{key}: expected correct <= trials, got more"
+    if control and not any(r["k"] == K_FT for r in b["rows_yarn"]):
+        return f"budgets[{i}].rows_yarn: expected a row at k = {K_FT}, got none"
+    return None
+
+
+def cell_problem(rec):
+    """What is wrong with a fine-tune cell file's record for the tables and
+    plot, in a few words, or None: a field absent or of another kind, a
+    negative count, a base or method not its name's, a budget of its plan
+    missing."""
+    problem = ex.shape_problem(rec, CELL_FIELDS) or plan_problem(rec["plan"])
+    if problem:
+        return problem
+    try:
+        named = parse_cell_name(rec["cell"])
+    except ValueError as e:
+        return str(e)
+    if (rec["base"], rec["method"]) != named:
+        return f"expected base and method of {rec['cell']}, got {rec['base']} and {rec['method']}"
+    for i, b in enumerate(rec["budgets"]):
+        problem = budget_problem(b, i, BASES[rec["base"]]["kind"], rec["method"] == CONTROL)
+        if problem:
+            return problem
+    absent = sorted(set(rec["plan"]["steps"]) - {b["steps"] for b in rec["budgets"]})
+    return f"budgets: expected one of {absent[0]} steps (its plan's), got none" if absent else None
+
+
 def read_cells(folders):
     """{name: record} of the cell files in the folders, all of one plan; ValueError naming a bad file."""
-    cells = ex.read_cell_files(folders, "ft-*.json", CELL_FORMAT, "a fine-tune")
+    cells = ex.read_cell_files(folders, "ft-*.json", CELL_FORMAT, "a fine-tune", check=cell_problem)
     plans = {json.dumps(r["plan"], sort_keys=True) for r in cells.values()}
     if len(plans) > 1:
         raise ValueError("the cell files come from different plans (--quick and the full study?); collect one")
@@ -252,8 +318,8 @@ def read_cells(folders):
 def training_free(out):
     """The training-free rows of results.json in out: {(model, method, k): row}, or {}."""
     try:
-        saved = json.loads((Path(out) / "results.json").read_text())
-    except (OSError, ValueError):
+        saved = ex.read_json(Path(out) / "results.json", "the study's results")
+    except ValueError:
         return {}
     rows = {}
     for r in saved.get("ppl", []) + saved.get("passkey", []):
@@ -410,7 +476,7 @@ def plot(cells, plan, free, out):
                        [256 * k for k in plan["factors"]])
         ax_ctx.axvline(K_FT * 256, color="grey", lw=0.8, ls="-.")
     fig.tight_layout()
-    fig.savefig(out / "finetune.png", dpi=110)
+    ex.save_figure(fig, out / "finetune.png")
     plt.close(fig)
     return "finetune.png"
 
@@ -430,7 +496,7 @@ def collect(folders, out, free_from=None):
     plan = dict(plan, steps=tuple(plan["steps"]), factors=tuple(plan["factors"]), bases=tuple(plan["bases"]))
     free = training_free(free_from or out)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    ex.make_folder(out)
     missing = [n for n in all_cells(plan) if n not in cells]
     lines = ["# Extrapolation study: fine-tuned rows", "",
              f"Made by `.venv/bin/python tools/finetune_study.py` (tools/finetune_study.py says what a cell is). "
@@ -445,9 +511,9 @@ def collect(folders, out, free_from=None):
     if not free:
         lines += [f"(No results.json in {ex.shown_folder(free_from or out)}: the training-free rows are empty.)", ""]
     lines += tables(cells, plan, free)
-    (out / "finetune.md").write_text("\n".join(lines))
-    (out / "finetune.json").write_text(json.dumps(dict(plan=plan, cells=[cells[n] for n in sorted(cells)],
-                                                       missing=missing), indent=1) + "\n")
+    ex.write_text(out / "finetune.md", "\n".join(lines))
+    ex.write_json(out / "finetune.json", dict(plan=plan, cells=[cells[n] for n in sorted(cells)], missing=missing),
+                  indent=1)
     files = ["finetune.md", "finetune.json"]
     name = plot(cells, plan, free, out)
     if name:
@@ -479,7 +545,7 @@ def main(argv=None):
             for name in all_cells(plan):
                 print(cell_command(name, args.quick, args.threads, results))
             return
-        if args.cell:
+        if args.cell is not None:
             try:
                 base, _ = parse_cell_name(args.cell)
             except ValueError as e:
@@ -493,7 +559,8 @@ def main(argv=None):
         for n in all_cells(plan):  # a cell whose file is there, of this plan, is not run again
             f = results / f"{n}.json"
             if f.is_file():
-                if json.loads(f.read_text()).get("plan") != json.loads(json.dumps(plan)):
+                have = ex.read_json(f, "a fine-tune cell file")
+                if not isinstance(have, dict) or have.get("plan") != json.loads(json.dumps(plan)):
                     sys.exit(f"finetune_study: {f}: made by another plan; give another --results folder")
                 continue
             names.append(n)

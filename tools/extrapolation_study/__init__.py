@@ -3,6 +3,9 @@ documentation): how each RoPE method behaves past the training length.
 
 Its modules, each importing only those above it:
 
+    files     every output written whole or not at all (write_output: a temporary
+              renamed), cell files read as JSON with their checks (read_json),
+              what a path is when a folder was expected (folder_problem)
     config    the factors, methods and studies (FULL, QUICK); a method's flags at
               a factor (method_flags); the cells' names
     stats     the Wilson interval, the bootstrap band of NLL by position, and how
@@ -17,7 +20,7 @@ Its modules, each importing only those above it:
     plan      the plan of cells: the studies (Study, make_studies), their cells as
               jobs (ppl_jobs, passkey_jobs), the options that choose them
     cells     running a cell and writing its file (run_cell, run_cells), reading
-              cell files back (read_cells)
+              cell files back and checking what they hold (read_cells)
     tables    table.md's text, results.csv and passkey.csv
     plots     the plots, and --replot
     collect   the cell files of a plan to result rows (collect) and to the

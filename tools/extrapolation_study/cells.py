@@ -1,10 +1,9 @@
 """Running a cell and its file. run_cell runs one job and writes RESULTS/NAME.json
 (the plan, the study's record, the cell's result with its command, its wall
 time and threads); run_cells runs many at a time, the costliest first;
-read_cells reads a set of cell files back and checks that they belong to one
-plan."""
+read_cells reads a set of cell files back, checks what each holds
+(cell_problem) and that they belong to one plan."""
 import concurrent.futures
-import json
 import os
 import shutil
 import sys
@@ -12,9 +11,10 @@ import time
 from pathlib import Path
 
 from .commands import ROOT, SHARED, Where
-from .config import factor_label, num
-from .fanout import write_cell_file
-from .plan import Study, plan_args
+from .config import cell_name, factor_label, num, parse_cell_name
+from .fanout import collect_folders, write_cell_file
+from .files import list_problem, read_json, shape_problem
+from .plan import Study, plan_args, plan_config
 from .stats import clock, position_bins
 
 CELL_FORMAT = "extrapolation-cell/1"  # a cell file's "format"; --collect reads no other
@@ -134,20 +134,68 @@ def run_cells(jobs, plan, results, n_parallel, threads):
             raise
 
 
+# What the tables and plots read of a cell file, checked by cell_problem
+# (files.shape_problem's kinds; '?': may be absent or null).
+CELL_FIELDS = dict(cell="text", plan="object", study="object", threads="positive", wall_s="nonneg", result="object")
+PPL_FIELDS = dict(model="text", method="text", k="number", ctx="positive", train_ctx="positive", flags="text",
+                  command="text", tokens="count", windows="count", nll="number", ppl="nonneg", ppl_lo="nonneg",
+                  ppl_hi="nonneg", nll_se="nonneg?", nll_se_windows="nonneg?", position_bins="list?")
+BIN_FIELDS = dict(first="positive", last="positive", n="positive", mean="number", lo="number?", hi="number?")
+PASSKEY_FIELDS = dict(model="text", method="text", k="number", ctx="positive", length="count", train_ctx="positive",
+                      flags="text", command="text", cells="list")
+DEPTH_FIELDS = dict(length="count", depth="number", correct="count", trials="count", runs="list?")
+
+
+def result_problem(kind, result):
+    """What is wrong with a cell's result for the tables and plots, in a few
+    words, or None: a field absent or of another kind, a negative count, more
+    keys found than tried."""
+    if kind == "ppl":
+        return (shape_problem(result, PPL_FIELDS, "result")
+                or list_problem(result.get("position_bins") or [], BIN_FIELDS, "result.position_bins"))
+    problem = shape_problem(result, PASSKEY_FIELDS, "result") or list_problem(result["cells"], DEPTH_FIELDS,
+                                                                              "result.cells")
+    if problem:
+        return problem
+    over = [i for i, c in enumerate(result["cells"]) if c["correct"] > c["trials"]]
+    return f"result.cells[{over[0]}]: expected correct <= trials, got more" if over else None
+
+
+def cell_problem(rec):
+    """What is wrong with a cell file's record (read_cells has checked its
+    format and that it has every field), or None: its fields' kinds, a plan or
+    study record this checkout cannot read, a result of another cell or not
+    one the tables can show (result_problem)."""
+    problem = shape_problem(rec, CELL_FIELDS)
+    if problem:
+        return problem
+    try:
+        plan_args(rec["plan"])
+        plan_config(rec["plan"])
+        study = study_from_record(rec["study"])
+        study_name, method, k = parse_cell_name(rec["cell"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        return f"expected a plan and a study this checkout reads, got {type(e).__name__} {e}"
+    if study.name != study_name or study.kind not in ("ppl", "passkey"):
+        return f"expected the study {study_name} (of its name), got {study.name} (kind {study.kind})"
+    problem = result_problem(study.kind, rec["result"])
+    if problem:
+        return problem
+    got = (rec["result"]["model"], rec["result"]["method"], rec["result"]["k"])
+    return None if got == (study_name, method, k) else f"expected the result of {rec['cell']}, got that of " \
+        f"{cell_name(*got)}"
+
+
 def read_cells(folders):
     """Every cell file (*.json) in the folders, as {name: record} and {name:
     file}. ValueError (one line, naming the file) unless each is a cell file
-    named after its cell, all are of one plan, the cells of a study describe
-    it alike, and no cell comes twice."""
+    (read_json: a regular file of JSON) named after its cell, whose record
+    cell_problem finds right, all are of one plan, the cells of a study
+    describe it alike, and no cell comes twice."""
     cells, where = {}, {}
-    for folder in map(Path, folders):
-        if not folder.is_dir():
-            raise ValueError(f"--collect {folder}: no such folder")
+    for folder in collect_folders(folders):
         for f in sorted(folder.glob("*.json")):
-            try:
-                rec = json.loads(f.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ValueError(f"{f}: expected a cell file (JSON), got unreadable JSON ({e})") from None
+            rec = read_json(f, "a cell file")
             got = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
             if got != CELL_FORMAT:
                 raise ValueError(f"{f}: expected a cell file of format {CELL_FORMAT!r}, got format {got!r}")
@@ -157,11 +205,21 @@ def read_cells(folders):
             name = rec["cell"]
             if name != f.stem:
                 raise ValueError(f"{f}: holds cell {name}, expected {f.stem} (a cell's file is named after it)")
+            problem = cell_problem(rec)
+            if problem:
+                raise ValueError(f"{f}: not a cell file the study reads: {problem}")
             if name in cells:
                 raise ValueError(f"{f}: cell {name} is also in {where[name]}; keep one of them")
             cells[name], where[name] = rec, f
     if not cells:
         raise ValueError(f"--collect {' '.join(map(str, folders))}: no cell files (*.json) there")
+    check_one_plan(cells, where)
+    return cells, where
+
+
+def check_one_plan(cells, where):
+    """ValueError naming a file unless the cells are of one plan and the cells
+    of a study describe it alike."""
     first = min(cells)
     study_seen = {}
     for name in sorted(cells):
@@ -174,4 +232,3 @@ def read_cells(folders):
             raise ValueError(f"{where[name]}: describes study {s} unlike {where[study_seen[s]]} (another model, "
                              "text or checkout?)")
         study_seen.setdefault(s, name)
-    return cells, where

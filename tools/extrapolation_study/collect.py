@@ -3,12 +3,12 @@ every cell of the plan, those without a file marked missing, the cells a study
 runs as none's copied in, the CPU time by study and factor), and from the rows
 to the outputs (write_outputs: results.json, results.csv, passkey.csv, table.md
 and the plots)."""
-import json
 from pathlib import Path
 
 from .cells import study_from_record
 from .commands import Where
 from .config import ROWS, cell_name, factor_label
+from .files import make_folder, write_json, write_text
 from .plan import all_jobs, config_cells, passkey_jobs, plan_args, plan_config, ppl_jobs
 from .plots import add_position_bins, draw_plots
 from .tables import PREAMBLE, absent_studies, cost_table, made_by, passkey_table, ppl_table, write_csvs
@@ -120,16 +120,18 @@ def shown_folder(p):
 
 
 def write_outputs(ppl, passkey, studies, out, meta):
-    """results.json, results.csv, passkey.csv, table.md and the plots."""
-    out.mkdir(parents=True, exist_ok=True)
+    """results.json, results.csv, passkey.csv, table.md and the plots, each
+    through files.write_output (whole or not at all; OutputError naming the
+    file that could not be written)."""
+    make_folder(out)
     add_position_bins(ppl, studies)
     slim_ppl = [{k: v for k, v in r.items() if k != "per_position"} for r in ppl]
-    (out / "results.json").write_text(json.dumps(dict(meta=meta, ppl=slim_ppl, passkey=passkey), indent=1) + "\n")
+    write_json(out / "results.json", dict(meta=meta, ppl=slim_ppl, passkey=passkey), indent=1)
     write_csvs(slim_ppl, passkey, out)
     files = ["results.json", "results.csv", "passkey.csv", "table.md"]
     lines = [f"# Extrapolation study: tables", "", made_by(meta), ""] + PREAMBLE
     for s in studies:
         lines += ppl_table(s, ppl) if s.kind == "ppl" else passkey_table(s, passkey)
     lines += absent_studies(meta) + cost_table(meta)
-    (out / "table.md").write_text("\n".join(lines))
+    write_text(out / "table.md", "\n".join(lines))
     return files + draw_plots(ppl, passkey, studies, out)

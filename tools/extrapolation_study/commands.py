@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .config import SINKS, num
 from .fanout import write_cell_file
+from .files import read_json, shape_problem
 from .stats import clock
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (this file is tools/extrapolation_study/commands.py)
@@ -79,6 +80,24 @@ def passkey_command(ckpt, tok, filler, ctx, length, depths, trials, flags, chat=
         (["--chat"] if chat else []) + list(flags)
 
 
+PART_FIELDS = dict(command="text", threads="positive", wall_s="nonneg", cell="object")
+PART_CELL_FIELDS = dict(length="count", depth="number", correct="count", trials="list")
+
+
+def read_part(f):
+    """A kept trial (passkey_by_trials writes them); RuntimeError, one line
+    naming it, for a file that is not one."""
+    try:
+        part = read_json(f, "a kept trial of a passkey cell")
+    except ValueError as e:
+        raise RuntimeError(f"{e}; remove it to run the trial again") from None
+    problem = shape_problem(part, PART_FIELDS) or shape_problem(part["cell"], PART_CELL_FIELDS, "cell")
+    if problem:
+        raise RuntimeError(f"{f}: expected a kept trial of a passkey cell, got one with {problem}; remove it to run "
+                           "the trial again")
+    return part
+
+
 def passkey_by_trials(cmd, depths, trials, threads, parts, where):
     """Run a passkey command (one length) one trial at a time, as `cmd
     --depths d --trials 1 --skip-draws n` (the same key and prompt as trial n
@@ -102,8 +121,8 @@ def passkey_by_trials(cmd, depths, trials, threads, parts, where):
             one[one.index("--trials") + 1] = "1"
             shown, f = where.command(one), parts / f"trial-{n}.json"
             if f.exists():
-                part = json.loads(f.read_text(encoding="utf-8"))
-                if part.get("command") != shown:
+                part = read_part(f)
+                if part["command"] != shown:
                     raise RuntimeError(f"{f}: a trial of `{part.get('command')}`, expected `{shown}`; remove "
                                        f"{parts} to run the cell anew")
                 resumed += 1

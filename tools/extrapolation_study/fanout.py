@@ -5,41 +5,49 @@ written whole or not at all (write_cell_file) and read back (read_cell_files),
 a pool that runs the cells (run_pool), and the closing line of a collect."""
 import argparse
 import concurrent.futures
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from .files import folder_problem, read_json, what_is, write_json
 from .stats import clock
 
 
 def write_cell_file(path, rec):
-    """path := rec as JSON, written under a temporary name and renamed, so that a
-    file there is a finished cell."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rec) + "\n")
-    os.replace(tmp, path)
+    """path := rec as JSON, through write_json (a temporary file renamed), so
+    that a file there is a finished cell."""
+    write_json(path, rec)
 
 
-def read_cell_files(folders, pattern, fmt, what):
+def collect_folders(folders):
+    """The --collect folders as Paths; ValueError, one line, for one that is not a folder."""
+    for folder in map(Path, folders):
+        got = what_is(folder)
+        if got != "a folder":
+            raise ValueError(f"--collect {folder}: " + ("no such folder" if got == "nothing" else
+                                                        f"expected a folder, got {got}"))
+    return [Path(f) for f in folders]
+
+
+def read_cell_files(folders, pattern, fmt, what, check=None):
     """{name: record} of the files matching pattern in the folders (the fine-tune
     and attention studies' cells; this study's own go through read_cells):
-    ValueError, one line naming the file, for a file that is not JSON of format
-    fmt, or a cell found twice, and when there is no file at all."""
+    ValueError, one line naming the file, for a file that is not JSON
+    (read_json) of format fmt, whose cell is not named as the file is, of which
+    check(rec) finds a problem (a few words, or None), or a cell found twice,
+    and when there is no file at all."""
     cells = {}
-    for folder in map(Path, folders):
-        if not folder.is_dir():
-            raise ValueError(f"--collect {folder}: no such folder")
+    for folder in collect_folders(folders):
         for f in sorted(folder.glob(pattern)):
-            try:
-                rec = json.loads(f.read_text(encoding="utf-8"))
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ValueError(f"{f}: expected {what} cell file (JSON), got unreadable JSON ({e})") from None
+            rec = read_json(f, f"{what} cell file")
             if not isinstance(rec, dict) or rec.get("format") != fmt:
                 raise ValueError(f"{f}: expected format {fmt!r}")
+            if rec.get("cell") != f.stem:
+                raise ValueError(f"{f}: holds cell {rec.get('cell')!r}, expected {f.stem} (a cell's file is named "
+                                 "after it)")
+            problem = check(rec) if check else None
+            if problem:
+                raise ValueError(f"{f}: not {what} cell this tool reads: {problem}")
             if rec["cell"] in cells:
                 raise ValueError(f"{f}: cell {rec['cell']} collected twice; keep one")
             cells[rec["cell"]] = rec
@@ -63,12 +71,22 @@ def fanout_parser(description, results_help, out_help):
 
 
 def check_fanout_args(args, tool):
-    """Exit with one line for two modes at once or a count below 1."""
-    if sum(bool(x) for x in (args.list, args.cell, args.collect)) > 1:
-        sys.exit(f"{tool}: expected at most one of --list, --cell, --collect")
+    """Exit with one line for two modes at once, an empty --cell, a count below
+    1, or an --out or --results that is there but not a folder (a file, a
+    device)."""
+    modes = [m for m, on in (("--list", args.list), ("--cell", args.cell is not None),
+                             ("--collect", args.collect is not None)) if on]
+    if len(modes) > 1:
+        sys.exit(f"{tool}: expected at most one of --list, --cell, --collect, got {' and '.join(modes)}")
+    if args.cell is not None and not args.cell.strip():
+        sys.exit(f"{tool}: --cell {args.cell!r}: expected a cell's name (--list names them), got an empty one")
     for flag, v in (("--jobs", args.jobs), ("--threads", args.threads)):
         if v is not None and v < 1:
             sys.exit(f"{tool}: {flag} {v}: expected at least 1")
+    for flag, v in (("--out", args.out), ("--results", args.results)):
+        problem = folder_problem(flag, v) if v is not None else None
+        if problem:
+            sys.exit(f"{tool}: {problem}")
 
 
 def run_pool(tool, names, run, jobs):

@@ -12,8 +12,9 @@ from pathlib import Path
 from .cells import outcome, read_cells, run_cell, run_cells, study_record
 from .collect import collect, kept_trials, shown_folder, write_outputs
 from .commands import ROOT, Where
-from .config import parse_cell_name
-from .plan import all_jobs, cell_command, make_studies, plan_args, plan_config, plan_of_studies
+from .config import cell_name, parse_cell_name
+from .files import OutputError, folder_problem, make_folder
+from .plan import all_jobs, cell_command, config_cells, make_studies, plan_args, plan_config, plan_of_studies
 from .stats import clock
 from .texts import stream_cell
 
@@ -26,10 +27,13 @@ def stream_cell_main(args):
     for p in (ckpt, text):
         if not p.is_file():
             sys.exit(f"extrapolation: {p}: no such file")
+    problem = folder_problem("--segments", args.segments) if args.segments else None
+    if problem:
+        sys.exit(f"extrapolation: {problem}")
     with tempfile.TemporaryDirectory() as tmp:
         work = args.segments or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
         try:
+            make_folder(work)
             r = stream_cell(ckpt, args.tok, text, args.window, args.ctx, work, threads=args.threads or 1)
         except (RuntimeError, ValueError) as e:
             sys.exit(f"extrapolation: {e}")
@@ -66,7 +70,8 @@ def list_main(plan, threads, results):
 
 
 def cell_main(name, plan, threads, results):
-    """--cell: run one cell of the plan (its text made here) and write its file."""
+    """--cell: run one cell of the plan (its text made here) and write its file.
+    A name that is no cell of the plan is refused before any text is made."""
     try:
         study, _, _ = parse_cell_name(name)
     except ValueError as e:
@@ -74,6 +79,9 @@ def cell_main(name, plan, threads, results):
     config = plan_config(plan)
     if study not in config:
         sys.exit(f"extrapolation: --cell {name}: expected a study of the plan ({', '.join(config)}), got {study}")
+    if name not in {cell_name(study, m, k) for m, k in config_cells(study, config[study])}:
+        sys.exit(f"extrapolation: --cell {name}: expected a cell of the plan (`--list` with the same options names "
+                 f"them), got one it does not run")
     with tempfile.TemporaryDirectory() as work:
         studies, _ = prepare(dict(plan, studies=[study]), work)
         jobs = [j for j in all_jobs(studies, Where(work)) if j["name"] == name]
@@ -108,7 +116,10 @@ def collect_main(folders, out):
     if kept:
         meta["kept_trials"] = kept
     out = out or default_out(plan)
-    files = write_outputs(ppl, passkey, studies, out, meta)
+    try:
+        files = write_outputs(ppl, passkey, studies, out, meta)
+    except OutputError as e:
+        sys.exit(f"extrapolation: {e}")
     missing = meta["missing"]
     print(f"extrapolation: {len(cells)} cells collected, {len(missing)} missing"
           + (f" ({', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''})" if missing else "")
@@ -153,5 +164,8 @@ def study_main(plan, out, n_jobs, threads, results):
         except (RuntimeError, ValueError) as e:
             sys.exit(f"extrapolation: {e}")
         out = out or default_out(plan)
-        files = write_outputs(ppl, passkey, studies, out, meta)
+        try:
+            files = write_outputs(ppl, passkey, studies, out, meta)
+        except OutputError as e:
+            sys.exit(f"extrapolation: {e}")
     print(f"extrapolation: {meta['wall_s'] / 60:.1f} min; wrote {', '.join(files)} in {out}", file=sys.stderr)

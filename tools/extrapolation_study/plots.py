@@ -1,12 +1,12 @@
 """The plots: perplexity against context and NLL by position (plot_ppl), the
 passkey heatmaps (plot_passkey), their log axes labelled with plain numbers,
 and --replot, which draws them again from results.json (replot)."""
-import json
 import math
 import tempfile
 from pathlib import Path
 
 from .config import FULL, SINKS, factor_label, num
+from .files import read_json, save_figure
 from .plan import Study
 from .stats import measured, position_bins
 
@@ -78,7 +78,7 @@ def plot_ppl(ppl, studies, out):
         finish_axes(ax, s.L, "context length (tokens)", "perplexity (bars: 95% interval)",
                     f"{s.name}: perplexity vs context (L = {s.L})", [s.ctx(k) for k in s.factors])
     fig.tight_layout()
-    fig.savefig(out / "ppl_vs_ctx.png", dpi=110)
+    save_figure(fig, out / "ppl_vs_ctx.png")
     plt.close(fig)
 
     fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.8), squeeze=False)
@@ -104,7 +104,7 @@ def plot_ppl(ppl, studies, out):
                     + (f"; {', '.join(later)} missing" if later else ""),
                     [4 ** i for i in range(1 + round(math.log(s.ctx(kmax), 4)))])
     fig.tight_layout()
-    fig.savefig(out / "nll_vs_position.png", dpi=110)
+    save_figure(fig, out / "nll_vs_position.png")
     plt.close(fig)
     return ["ppl_vs_ctx.png", "nll_vs_position.png"]
 
@@ -156,7 +156,7 @@ def plot_passkey(study, passkey, out):
     if im is not None:
         fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6, label="correct / trials")
     name = f"passkey_{study.title}.png"
-    fig.savefig(out / name, dpi=110)
+    save_figure(fig, out / name)
     plt.close(fig)
     return name
 
@@ -207,9 +207,12 @@ def replot(out):
     nll_vs_position.png when results.json has no position bins (results made
     before they were saved): that plot is then left as it is."""
     try:
-        saved = json.loads((out / "results.json").read_text())
+        saved = read_json(out / "results.json", "the study's results")
+    except ValueError as e:
+        raise RuntimeError(str(e)) from None
+    try:
         ppl, passkey = saved["ppl"], saved["passkey"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (KeyError, TypeError) as e:
         raise RuntimeError(f"{out / 'results.json'}: cannot read the results ({e})") from None
     studies = []
     for name, cfg in FULL.items():

@@ -2,9 +2,11 @@
 tables of each study with every cell's command, the studies of which no cell
 came, what the cells cost), and results.csv and passkey.csv."""
 import csv
+import io
 
 from .commands import Where
 from .config import SINKS, Z95, factor_label, num
+from .files import write_text
 from .stats import measured, passkey_cell, ppl_cell, wilson
 
 MISSING_NOTE = ("\"missing\": no file of this cell was among those collected (--collect); its command is listed "
@@ -240,21 +242,28 @@ def absent_studies(meta):
     return lines
 
 
+def csv_text(rows):
+    """rows as CSV text (the csv module's dialect: quoted where needed, lines ending \\r\\n)."""
+    buf = io.StringIO(newline="")
+    csv.writer(buf).writerows(rows)
+    return buf.getvalue()
+
+
 def write_csvs(ppl, passkey, out):
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["model", "method", "k", "ctx", "train_ctx", "flags", "tokens", "windows", "nll", "nll_se",
-                    "nll_se_windows", "ppl", "ppl_lo", "ppl_hi", "same_as", "command"])
-        for r in (r for r in ppl if measured(r)):  # the cells measured; results.json lists all
-            g = lambda key, f: "" if r.get(key) is None else f.format(r[key])  # noqa: E731
-            w.writerow([r["model"], r["method"], r["k"], r["ctx"], r["train_ctx"], r["flags"], r["tokens"],
-                        r["windows"], g("nll", "{:.5f}"), g("nll_se", "{:.5f}"), g("nll_se_windows", "{:.5f}"),
-                        g("ppl", "{:.3f}"), g("ppl_lo", "{:.3f}"), g("ppl_hi", "{:.3f}"), r.get("same_as", ""),
-                        "" if r.get("same_as") else r["command"]])
-    with open(out / "passkey.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["model", "method", "k", "ctx", "length", "depth", "correct", "trials", "same_as", "command"])
-        for r in passkey:
-            for c in r["cells"]:
-                w.writerow([r["model"], r["method"], r["k"], r["ctx"], r["length"], c["depth"], c["correct"],
-                            c["trials"], r.get("same_as", ""), "" if r.get("same_as") else r["command"]])
+    """results.csv (a row per perplexity cell measured) and passkey.csv (a row
+    per passkey cell and depth), each through files.write_text."""
+    rows = [["model", "method", "k", "ctx", "train_ctx", "flags", "tokens", "windows", "nll", "nll_se",
+             "nll_se_windows", "ppl", "ppl_lo", "ppl_hi", "same_as", "command"]]
+    for r in (r for r in ppl if measured(r)):  # the cells measured; results.json lists all
+        g = lambda key, f: "" if r.get(key) is None else f.format(r[key])  # noqa: E731
+        rows.append([r["model"], r["method"], r["k"], r["ctx"], r["train_ctx"], r["flags"], r["tokens"],
+                     r["windows"], g("nll", "{:.5f}"), g("nll_se", "{:.5f}"), g("nll_se_windows", "{:.5f}"),
+                     g("ppl", "{:.3f}"), g("ppl_lo", "{:.3f}"), g("ppl_hi", "{:.3f}"), r.get("same_as", ""),
+                     "" if r.get("same_as") else r["command"]])
+    write_text(out / "results.csv", csv_text(rows))
+    rows = [["model", "method", "k", "ctx", "length", "depth", "correct", "trials", "same_as", "command"]]
+    for r in passkey:
+        for c in r["cells"]:
+            rows.append([r["model"], r["method"], r["k"], r["ctx"], r["length"], c["depth"], c["correct"],
+                         c["trials"], r.get("same_as", ""), "" if r.get("same_as") else r["command"]])
+    write_text(out / "passkey.csv", csv_text(rows))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .commands import RUN, Where, model_args, run_json, stream_command
 from .config import Z95
+from .files import write_text
 
 
 class TokenCounter:
@@ -129,11 +130,10 @@ def stream_cell(ckpt, tok, text, window, ctx, work, where=None, threads=1):
     segments = split_segments(Path(text).read_text(encoding="utf-8"), window - count.bos, count)
     count.probe.unlink(missing_ok=True)
     folder = Path(work) / f"segments-{Path(ckpt).stem}-{window}"
-    folder.mkdir(parents=True, exist_ok=True)
     parts = []
     for i, seg in enumerate(segments):
         f = folder / f"{i:04d}.txt"
-        f.write_text(seg, encoding="utf-8")
+        write_text(f, seg)  # in --segments DIR they are kept: whole, or an OutputError
         parts.append(run_json(stream_command(ckpt, tok, f, ctx), threads))
     r = combine_scores(parts)
     r["segment_command"] = (where or Where(work)).command(stream_command(ckpt, tok, folder / "NNNN.txt", ctx))
