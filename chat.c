@@ -71,9 +71,9 @@ ChatTemplate chat_template(const Tokenizer *tok, int kind, const char *tok_path)
     for (int k = 0; k < 3; k++)
         if (need[k] && (*slot[k] = special_piece(tok, need[k])) < 0)
             die(EXIT_USAGE, "--chat-template %s: tokenizer %s has no special piece %s", CHAT_TEMPLATE_NAMES[kind],
-                tok_path, need[k]);
+                shown_path(tok_path), need[k]);
     if ((kind == CHAT_LLAMA2 && (ct.bos < 0 || ct.eos < 0)) || (kind == CHAT_LLAMA3 && ct.bos < 0))
-        die(EXIT_USAGE, "--chat-template %s: tokenizer %s has no %s", CHAT_TEMPLATE_NAMES[kind], tok_path,
+        die(EXIT_USAGE, "--chat-template %s: tokenizer %s has no %s", CHAT_TEMPLATE_NAMES[kind], shown_path(tok_path),
             ct.bos < 0 ? "BOS" : "EOS");
     return ct;
 }
@@ -588,6 +588,7 @@ static void chat(Transformer *t, const Tokenizer *tok, const ChatTemplate *ct, S
  * assistant in turn, starting with user. Exits with a message naming the
  * line on anything else. */
 void parse_conversation(Conversation *c, const char *what, const char *text, size_t len) {
+    what = shown_path(what); // a file's path: one line in every message below
     size_t pos = 0;
     for (int line = 1; pos < len; line++) {
         const char *start = text + pos, *nl = memchr(start, '\n', len - pos);
@@ -635,17 +636,35 @@ void parse_conversation(Conversation *c, const char *what, const char *text, siz
         die(EXIT_BAD_INPUT, "%s: no user message", what);
 }
 
-/* The template of this run: --chat-template, else the tokenizer file's; a
- * sentencepiece file of a version that cannot name one (1 or 2) gets Llama
- * 2's, llama2.c's chat. Exits with a usage error when there is none. */
+/* Whether the run's template is assumed rather than stated: no
+ * --chat-template, and a sentencepiece tokenizer file of a version that cannot
+ * name one (1 or 2), which gets Llama 2's, as llama2.c's chat does. */
+static int template_assumed(const ModeInput *in) {
+    const Tokenizer *tok = in->tok;
+    return !flag_given(in->o, "--chat-template") && tok->chat_template == CHAT_UNSTATED &&
+           tok->type == TOK_SENTENCEPIECE && tok->version < 3;
+}
+
+/* The template of this run: --chat-template, else the tokenizer file's, else
+ * (template_assumed) Llama 2's. Exits with a usage error when there is none. */
 ChatTemplate mode_chat_template(const ModeInput *in) {
     const Tokenizer *tok = in->tok;
     int kind = flag_given(in->o, "--chat-template") ? in->o->chat_template + 1 : tok->chat_template;
-    if (kind == CHAT_UNSTATED && tok->type == TOK_SENTENCEPIECE && tok->version < 3) kind = CHAT_LLAMA2;
+    if (template_assumed(in)) kind = CHAT_LLAMA2;
     if (kind == CHAT_UNSTATED)
         die(EXIT_USAGE, "%s: tokenizer %s names no chat template; choose one with --chat-template %s",
-            in->o->mode == MODE_CHAT ? "-m chat" : "--chat", in->tok_path, choice_list(CHAT_TEMPLATE_NAMES + 1));
+            in->o->mode == MODE_CHAT ? "-m chat" : "--chat", shown_path(in->tok_path),
+            choice_list(CHAT_TEMPLATE_NAMES + 1));
     return chat_template(tok, kind, in->tok_path);
+}
+
+void assumed_template_note(const ModeInput *in, char *out, size_t size) {
+    if (size == 0) return;
+    out[0] = '\0';
+    if (template_assumed(in))
+        snprintf(out, size, "note: tokenizer %s states no chat template (a version %d file cannot); using llama2's, "
+                 "as llama2.c's chat does; choose another with --chat-template %s\n", shown_path(in->tok_path),
+                 in->tok->version, choice_list(CHAT_TEMPLATE_NAMES + 1));
 }
 
 /* -m chat: the conversation so far is -y's system prompt, then -i / -f as the
@@ -661,15 +680,20 @@ void chat_mode(const ModeInput *in) {
         Conversation given = {0};
         parse_conversation(&given, in->text_name, in->text, in->text_len);
         if (o->system && given.m[0].role == ROLE_SYSTEM)
-            die(EXIT_USAGE, "-y: the conversation in %s has its own system message", in->text_name);
+            die(EXIT_USAGE, "-y: the conversation in %s has its own system message", shown_path(in->text_name));
         for (int i = 0; i < given.n; i++) conversation_add(&conv, given.m[i].role, given.m[i].text, given.m[i].len);
         conversation_free(&given);
     } else if (o->prompt || o->prompt_file) {
+        if (o->prompt_file && in->text_len == 0) // as ppl and passkey refuse one; -i "" is an empty turn
+            die(EXIT_BAD_INPUT, "-f %s: empty file (expected the first user turn)", shown_path(o->prompt_file));
         if (o->prompt_file)
             notice("-m chat: -f %s is the first user turn, the whole file as one message (with --chat it is a "
-                   "conversation, one \"role: text\" line per message)", o->prompt_file);
+                   "conversation, one \"role: text\" line per message)", shown_path(o->prompt_file));
         conversation_add(&conv, ROLE_USER, in->text, in->text_len);
         shown_from = conv.n; // a first turn from the command line is not shown
     }
-    chat(in->t, in->tok, &ct, in->sampler, conv, shown_from, o->steps, o->ignore_eos, in->summary);
+    char summary[8192], note[4608]; // the load line, and the note of an assumed template after it
+    assumed_template_note(in, note, sizeof note);
+    snprintf(summary, sizeof summary, "%s%s", in->summary, note);
+    chat(in->t, in->tok, &ct, in->sampler, conv, shown_from, o->steps, o->ignore_eos, summary);
 }

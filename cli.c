@@ -116,13 +116,15 @@ static const Flag FLAGS[] = {
     {"--per-position", NULL, PPL, SWITCH, 0, 0, FIELD(per_position), NULL, "",
      "with --json: add the mean NLL at every in-window position"},
     {"--save-logits", NULL, PPL, TEXT, 0, 0, FIELD(save_logits), NULL, "<file>",
-     "save every scored token's logits (4 bytes x vocab each) as a baseline"},
+     "save every scored token's logits (4 bytes x vocab each) as a baseline\n"
+     "(a file: - is refused, stdout carries the report)"},
     {"--kl-base", NULL, PPL, TEXT, 0, 0, FIELD(kl_base), NULL, "<file>",
      "compare with a saved baseline: KL divergence, delta NLL, top-1 agreement"},
     {"--attn-stats", NULL, PPL, TEXT, 0, 0, FIELD(attn_stats), NULL, "<file>",
      "write attention statistics as JSON: per layer and head, the entropy by\n"
      "query position and the mass by query-key distance (NLL buckets), over\n"
-     "every scored query (tallied inside the attention's blocks)"},
+     "every scored query (tallied inside the attention's blocks); a file: -\n"
+     "is refused, stdout carries the report"},
     {"--lengths", NULL, PASS, TEXT, 0, 0, FIELD(lengths), NULL, "<list>",
      "prompt lengths in tokens, comma-separated; default the training\n"
      "context less the answer's tokens"},
@@ -134,7 +136,8 @@ static const Flag FLAGS[] = {
      "draw and drop n trials' keys first: with --trials 1, trial n of a\n"
      "longer run (counted over its lengths, depths, trials) alone"},
     {"--prompts-only", NULL, PASS, SWITCH, 0, 0, FIELD(prompts_only), NULL, "",
-     "print the prompts and their token counts; run nothing"},
+     "print the prompts and their token counts; run nothing (no KV cache,\n"
+     "and no --ctx check)"},
     {"--json", NULL, PPL | ROPE | PASS | INFO, SWITCH, 0, 0, FIELD(json), NULL, "", "machine-readable output"},
     {"--rope-scaling", NULL, MODEL | ROPE, CHOICE, 0, 0, FIELD(rope_scaling), SCALING_NAMES, "<method>",
      "RoPE scaling, default the checkpoint's"},
@@ -271,7 +274,8 @@ static long parse_long(const char *flag, const char *s, const Flag *f) {
     long v = strtol(s, &end, 10);
     if (end == s || *end != '\0' || errno == ERANGE || v < f->lo || (f->hi != NO_MAX && v > f->hi) ||
         (f->kind == INT && v > INT_MAX))
-        die(EXIT_USAGE, "%s %s: expected an integer %s%s", flag, s, f->hi == NO_MAX ? "" : "in ", range_text(f));
+        die(EXIT_USAGE, "%s %s: expected an integer %s%s", flag, shown_path(s), f->hi == NO_MAX ? "" : "in ",
+            range_text(f));
     return v;
 }
 static double parse_real(const char *flag, const char *s, const Flag *f) {
@@ -279,7 +283,8 @@ static double parse_real(const char *flag, const char *s, const Flag *f) {
     errno = 0;
     double v = strtod(s, &end), lo = f->lo < 0 ? -f->lo : f->lo;
     if (end == s || *end != '\0' || errno == ERANGE || !(f->lo < 0 ? v > lo : v >= lo) || !(v <= f->hi))
-        die(EXIT_USAGE, "%s %s: expected a number %s%s", flag, s, f->hi == NO_MAX ? "" : "in ", range_text(f));
+        die(EXIT_USAGE, "%s %s: expected a number %s%s", flag, shown_path(s), f->hi == NO_MAX ? "" : "in ",
+            range_text(f));
     return v;
 }
 
@@ -288,11 +293,23 @@ int flag_given(const Options *o, const char *name) {
     return f && o->given[f - FLAGS];
 }
 
+/* A PAIR flag (--self-extend G W) needs both values: the arguments after it
+ * up to the end, or up to the next flag, must be at least two. Exits with a
+ * usage error that says so otherwise (rather than reading a flag as W). */
+static void check_pair_given(const Flag *f, int argc, char **argv, int i) {
+    int n = 0;
+    while (n < 2 && i + 1 + n < argc && !find_flag(argv[i + 1 + n])) n++;
+    if (n == 2) return;
+    die(EXIT_USAGE, "%s%s%s: needs two values, G and W (the group size and the neighbour window, e.g. %s 32 128); "
+        "got %s", f->name, n ? " " : "", n ? shown_path(argv[i + 1]) : "", f->name, n ? "G alone" : "neither");
+}
+
 /* Read one flag's value(s) from argv[*i + 1 ..] into its field; advances *i. */
 static void read_value(const Flag *f, int argc, char **argv, int *i, Options *o) {
     const char *a = argv[*i];
     char *field = (char *)o + f->field;
     int n_values = f->kind == PAIR ? 2 : 1;
+    if (f->kind == PAIR) check_pair_given(f, argc, argv, *i);
     if (*i + n_values >= argc)
         die(EXIT_USAGE, "%s: missing value (expected %s; see --help)", a,
             f->kind == CHOICE ? choice_list(f->choices) : f->value);
@@ -305,7 +322,7 @@ static void read_value(const Flag *f, int argc, char **argv, int *i, Options *o)
     case CHOICE: {
         int k = 0;
         while (f->choices[k] && strcmp(v, f->choices[k])) k++;
-        if (!f->choices[k]) die(EXIT_USAGE, "%s %s: expected one of %s", a, v, choice_list(f->choices));
+        if (!f->choices[k]) die(EXIT_USAGE, "%s %s: expected one of %s", a, shown_path(v), choice_list(f->choices));
         *(int *)field = k;
         break;
     }
@@ -328,8 +345,14 @@ static void check_combinations(const Options *o) {
     if (ppl && flag_given(o, "--sinks") && !o->streaming)
         die(EXIT_USAGE, "--sinks: -m ppl reads it only with --streaming");
     if (o->per_position && !o->json) die(EXIT_USAGE, "--per-position: only used with --json");
+    const char *out_flags[] = {"--save-logits", "--attn-stats"}, *out_paths[] = {o->save_logits, o->attn_stats};
+    for (int k = 0; k < 2; k++) // "-" would be a file named "-": stdout carries ppl's report
+        if (out_paths[k] && !strcmp(out_paths[k], "-"))
+            die(EXIT_USAGE, "%s -: expected a file path (stdout carries ppl's report; ./- names a file \"-\")",
+                out_flags[k]);
     if (o->attn_stats && o->save_logits && !strcmp(o->attn_stats, o->save_logits))
-        die(EXIT_USAGE, "--attn-stats %s: is also the --save-logits file; give each its own path", o->attn_stats);
+        die(EXIT_USAGE, "--attn-stats %s: is also the --save-logits file; give each its own path",
+            shown_path(o->attn_stats));
     if (o->conversation_input && o->mode != MODE_PASSKEY && !o->prompt && !o->prompt_file)
         die(EXIT_USAGE, "--chat: needs the conversation, with -f or -i");
     if ((o->mode == MODE_TOKENIZE || o->mode == MODE_PASSKEY) && flag_given(o, "--chat-template") &&
@@ -344,19 +367,21 @@ const char *parse_args(int argc, char **argv, Options *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] != '-') {
-            if (checkpoint) die(EXIT_USAGE, "%s: unexpected argument (the checkpoint is already %s)", a, checkpoint);
+            if (checkpoint)
+                die(EXIT_USAGE, "%s: unexpected argument (the checkpoint is already %s)", shown_path(a),
+                    shown_path(checkpoint));
             checkpoint = a;
             continue;
         }
         const Flag *f = find_flag(a);
-        if (!f) die(EXIT_USAGE, "%s: unknown option (see --help)", a);
+        if (!f) die(EXIT_USAGE, "%s: unknown option (see --help)", shown_path(a));
         o->given[f - FLAGS] = 1;
         if (f->field == offsetof(Options, help)) { // --help [MODE]: at once, whatever follows
             int mode = flag_given(o, "-m") ? o->mode : -1; // -m ppl --help: ppl's options
             if (i + 1 < argc && argv[i + 1][0] != '-') {
                 for (mode = 0; mode < N_MODES && strcmp(argv[i + 1], MODE_NAMES[mode]); mode++) {}
                 if (mode == N_MODES)
-                    die(EXIT_USAGE, "--help %s: expected one of %s", argv[i + 1], choice_list(MODE_NAMES));
+                    die(EXIT_USAGE, "--help %s: expected one of %s", shown_path(argv[i + 1]), choice_list(MODE_NAMES));
             }
             usage(stdout, mode);
             exit(0);
@@ -392,6 +417,7 @@ PositionOverrides position_overrides(const Options *o) {
         .se_window = INT_SETTING("--self-extend", o->se_window),
         .sinks = INT_SETTING("--sinks", o->sinks),
         .window = INT_SETTING("--window", o->window),
+        .ctx_flag = o->mode == MODE_PASSKEY && o->lengths && !flag_given(o, "--ctx") ? "--lengths" : NULL,
     };
 #undef INT_SETTING
 #undef REAL_SETTING
@@ -424,12 +450,12 @@ static char *tokenizer_path(const Options *o, const char *checkpoint, char *orig
     }
     if (dir_len == 0) // the checkpoint's folder is the current one: there is no other place to look
         die(EXIT_BAD_INPUT, "tokenizer: no -z given, and no ./tokenizer.bin beside the checkpoint %s; give the "
-            "tokenizer with -z", checkpoint);
+            "tokenizer with -z", shown_path(checkpoint));
     if (access("tokenizer.bin", F_OK) != 0)
         die(EXIT_BAD_INPUT, "tokenizer: no -z given, and neither %s (beside the checkpoint) nor ./tokenizer.bin "
-            "exists; give the tokenizer with -z", beside);
+            "exists; give the tokenizer with -z", shown_path(beside));
     snprintf(origin, origin_len, "the default in the current directory, as there is no %s beside the checkpoint",
-             beside);
+             shown_path(beside));
     memcpy(beside, "tokenizer.bin", sizeof "tokenizer.bin");
     return beside;
 }
@@ -443,11 +469,12 @@ char *load_tokenizer(Tokenizer *tok, const Options *o, const char *checkpoint, c
     char *path = tokenizer_path(o, checkpoint, origin, sizeof origin);
     if (tokenizer_build(tok, path, c->vocab_size, c->bos_id, c->eos_id, err, sizeof err) == 0) return path;
     if (explain_foreign_file(path, AS_TOKENIZER, what, sizeof what))
-        die(EXIT_BAD_INPUT, "tokenizer %s (%s): not a tokenizer file: %s", path, origin, what);
-    // tokenizer.c's message is "tokenizer PATH: why"; the origin goes after PATH
-    size_t head = strlen("tokenizer ") + strlen(path);
-    const char *why = !strncmp(err, "tokenizer ", 10) && !strncmp(err + 10, path, strlen(path)) &&
+        die(EXIT_BAD_INPUT, "tokenizer %s (%s): not a tokenizer file: %s", shown_path(path), origin, what);
+    // tokenizer.c's message is "tokenizer PATH: why" (PATH as shown_path shows it); the origin goes after PATH
+    const char *shown = shown_path(path);
+    size_t head = strlen("tokenizer ") + strlen(shown);
+    const char *why = !strncmp(err, "tokenizer ", 10) && !strncmp(err + 10, shown, strlen(shown)) &&
                       !strncmp(err + head, ": ", 2) ? err + head + 2 : err;
-    die(EXIT_BAD_INPUT, "tokenizer %s (%s): %s%s", path, origin, why,
+    die(EXIT_BAD_INPUT, "tokenizer %s (%s): %s%s", shown, origin, why,
         o->tokenizer ? "" : "; give the tokenizer with -z");
 }

@@ -172,28 +172,28 @@ static int advice(FileKind kind, FileRole role, const char *path, long n_tokens,
         case KIND_UNKNOWN: case KIND_CHECKPOINT: return 0;
         case KIND_GGUF:
             snprintf(out, out_len, "a GGUF file (llama.cpp); convert it with: python3 export.py model.bin --gguf %s "
-                     "(also writes its tokenizer.bin beside model.bin)", path);
+                     "(also writes its tokenizer.bin beside model.bin)", shown_path(path));
             break;
         case KIND_SAFETENSORS:
             snprintf(out, out_len, "a safetensors file (Hugging Face weights); convert its folder, with config.json "
-                     "beside it, with: python3 export.py model.bin --hf %s", dir);
+                     "beside it, with: python3 export.py model.bin --hf %s", shown_path(dir));
             break;
         case KIND_ZIP:
             snprintf(out, out_len, "a zip archive, as PyTorch saves .pth and pytorch_model.bin; convert a Meta "
                      "checkpoint's folder with: python3 export.py model.bin --meta-llama %s (a Hugging Face "
-                     "pytorch_model.bin: save it as safetensors first, docs/convert.md)", dir);
+                     "pytorch_model.bin: save it as safetensors first, docs/convert.md)", shown_path(dir));
             break;
         case KIND_TOKENIZER_BIN:
             snprintf(out, out_len, "a tokenizer file of %ld tokens; give the checkpoint first and this file with -z: "
-                     "run <checkpoint> -z %s", n_tokens, path);
+                     "run <checkpoint> -z %s", n_tokens, shown_path(path));
             break;
         case KIND_TOKENIZER_JSON: case KIND_SENTENCEPIECE: case KIND_TIKTOKEN:
             snprintf(out, out_len, "%s; convert it with: python3 export.py tokenizer.bin --tokenizer %s, and give "
-                     "tokenizer.bin with -z after the checkpoint", tokenizer_name, path);
+                     "tokenizer.bin with -z after the checkpoint", tokenizer_name, shown_path(path));
             break;
         case KIND_CONFIG_JSON:
             snprintf(out, out_len, "a Hugging Face config.json; convert its folder with: python3 export.py model.bin "
-                     "--hf %s", dir);
+                     "--hf %s", shown_path(dir));
             break;
         }
         return 1;
@@ -205,20 +205,20 @@ static int advice(FileKind kind, FileRole role, const char *path, long n_tokens,
         break;
     case KIND_GGUF:
         snprintf(out, out_len, "a GGUF file (llama.cpp); convert its vocabulary with: python3 export.py tokenizer.bin "
-                 "--tokenizer %s", path);
+                 "--tokenizer %s", shown_path(path));
         break;
     case KIND_SAFETENSORS: case KIND_CONFIG_JSON:
         snprintf(out, out_len, "%s; convert the tokenizer.json beside it with: python3 export.py tokenizer.bin "
                  "--tokenizer %s/tokenizer.json", kind == KIND_CONFIG_JSON ? "a Hugging Face config.json"
-                 : "a safetensors file (Hugging Face weights)", dir);
+                 : "a safetensors file (Hugging Face weights)", shown_path(dir));
         break;
     case KIND_ZIP:
         snprintf(out, out_len, "a zip archive, as PyTorch saves weights; convert the tokenizer.model beside it with: "
-                 "python3 export.py tokenizer.bin --tokenizer %s/tokenizer.model", dir);
+                 "python3 export.py tokenizer.bin --tokenizer %s/tokenizer.model", shown_path(dir));
         break;
     case KIND_TOKENIZER_JSON: case KIND_SENTENCEPIECE: case KIND_TIKTOKEN:
         snprintf(out, out_len, "%s; convert it with: python3 export.py tokenizer.bin --tokenizer %s", tokenizer_name,
-                 path);
+                 shown_path(path));
         break;
     }
     return 1;

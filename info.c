@@ -102,6 +102,29 @@ void position_setup_text(char *out, size_t size, const Transformer *t) {
     append(out, size, "; KV cache %s", KV_NAMES[t->kv_type]);
 }
 
+/* The context E that Self-Extend with group size G and neighbour window W
+ * covers for a model trained on L positions: every relative position stays
+ * in 0..L-1 exactly while E <= G (L - W) + G floor(W/G), for W < L
+ * (docs/rope.md §10.2). */
+static long self_extend_reach(long G, long W, long L) { return G * (L - W) + G * (W / G); }
+
+void self_extend_notice(const Transformer *t) {
+    long G = t->pos.se_group, W = t->pos.se_window, E = t->n_ctx, L = t->rope.orig_ctx;
+    if (t->keys != KEYS_SELF_EXTEND || E <= L || t->rope.scaling != ROPE_NONE) return;
+    if (W >= L) {
+        notice("--self-extend %ld %ld: neighbour keys up to %ld positions back are past the training length L = %ld, "
+               "whatever G; Self-Extend needs W < L and ctx <= G (L - W) + G floor(W/G) (docs/rope.md §10.2)", G, W,
+               (W < E ? W : E) - 1, L);
+        return;
+    }
+    if (self_extend_reach(G, W, L) >= E) return;
+    long fits = G;
+    while (self_extend_reach(fits, W, L) < E) fits++;
+    notice("--self-extend %ld %ld: --ctx %ld reaches positions past the training length L = %ld: Self-Extend covers "
+           "ctx <= G (L - W) + G floor(W/G) = %ld (docs/rope.md §10.2); G = %ld fits", G, W, E, L,
+           self_extend_reach(G, W, L), fits);
+}
+
 /* "key": v, when the method reads it, else "key": null; then ", ". The
  * object is written with out_printf: passkey's JSON goes out in parts. */
 static void print_json_parameter(const char *key, double v, int read) {
@@ -263,7 +286,10 @@ static void print_info_text(const ModeInput *in) {
     printf("%-18s ", "stop_ids");
     for (int i = 0; i < tok->n_stop; i++) fputs(i ? ", " : "", stdout), print_token(tok, tok->stop_ids[i]);
     printf("%s\n", tok->n_stop ? "" : "none: generation ends only at -n or the context");
-    if (tok->chat_template == CHAT_UNSTATED) field("chat_template", "unstated (-m chat needs --chat-template)");
+    if (tok->chat_template == CHAT_UNSTATED && tok->type == TOK_SENTENCEPIECE && tok->version < 3)
+        field("chat_template", "unstated (a version %d file cannot state one; -m chat uses llama2, as llama2.c's "
+              "chat does, and says so; --chat-template chooses)", tok->version);
+    else if (tok->chat_template == CHAT_UNSTATED) field("chat_template", "unstated (-m chat needs --chat-template)");
     else field("chat_template", "%s", CHAT_TEMPLATE_NAMES[tok->chat_template]);
     text_field("system_default", tok->system_default);
     text_field("system_prefix", tok->system_prefix);

@@ -76,15 +76,36 @@ static int stdout_is_stderr(void) {
            out.st_ino == err.st_ino;
 }
 
+/* Write text to stderr with each control byte escaped (\n, \r, \t, \xHH):
+ * whatever a message quotes (a path, a flag's value, bytes of a file), it
+ * stays one line. The call sites show paths with shown_path (model.h), in
+ * quotes; this is the guarantee under them. */
+static void put_one_line(const char *text) {
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        if (*p >= 0x20 && *p != 0x7f) fputc(*p, stderr);
+        else if (*p == '\n') fputs("\\n", stderr);
+        else if (*p == '\r') fputs("\\r", stderr);
+        else if (*p == '\t') fputs("\\t", stderr);
+        else fprintf(stderr, "\\x%02X", *p);
+    }
+}
+
 /* One message line on stderr, starting a line of its own: stdout's pending
  * bytes go first (fflush; a failure stays in ferror for flush_stdout to
  * report), then a newline on stderr if they left a line open where stderr
- * lands, then the message. */
+ * lands, then the message, kept on one line (put_one_line). */
 static void message_line(const char *fmt, va_list ap) {
     fflush(stdout);
     if (stdout_line_open && stdout_is_stderr()) fputc('\n', stderr);
     stdout_line_open = 0;
-    vfprintf(stderr, fmt, ap);
+    char small[1024], *text = small;
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    if (n >= (int)sizeof small && (text = malloc((size_t)n + 1)) != NULL) vsnprintf(text, (size_t)n + 1, fmt, again);
+    va_end(again);
+    put_one_line(text ? text : small); // out of memory: the message's first 1023 bytes
+    if (text != small) free(text);
     fputc('\n', stderr);
 }
 

@@ -144,6 +144,37 @@ static inline int fail(char *err, size_t err_len, const char *fmt, ...) {
     return -1;
 }
 
+/* A path (or another name the user typed) as a message shows it. A message is
+ * one line, but a file name may hold any byte except '/' and NUL, a newline
+ * too. So: the path itself when it holds no control byte (the usual case:
+ * messages show paths as typed); else the path in double quotes with C's
+ * escapes, \n \r \t \" \\ and \xHH for the other control bytes, cut with
+ * "..." when it would pass SHOWN_PATH_BYTES. Such a rendering lives in one of
+ * SHOWN_PATH_SLOTS static buffers, reused in turn: print it in the message
+ * that asked for it. */
+#define SHOWN_PATH_SLOTS 8
+#define SHOWN_PATH_BYTES 4400
+static inline const char *shown_path(const char *path) {
+    const unsigned char *p = (const unsigned char *)path;
+    while (*p && *p >= 0x20 && *p != 0x7f) p++;
+    if (!*p) return path; // no control byte: as it is
+    static char slots[SHOWN_PATH_SLOTS][SHOWN_PATH_BYTES];
+    static int next;
+    char *out = slots[next];
+    next = (next + 1) % SHOWN_PATH_SLOTS;
+    size_t n = 0;
+    out[n++] = '"';
+    for (p = (const unsigned char *)path; *p && n + 4 + sizeof "...\"" <= SHOWN_PATH_BYTES; p++) {
+        const char *named = *p == '\n' ? "\\n" : *p == '\r' ? "\\r" : *p == '\t' ? "\\t" : *p == '"' ? "\\\""
+                            : *p == '\\' ? "\\\\" : NULL;
+        if (named) n += (size_t)snprintf(out + n, 3, "%s", named);
+        else if (*p < 0x20 || *p == 0x7f) n += (size_t)snprintf(out + n, 5, "\\x%02X", *p);
+        else out[n++] = (char)*p;
+    }
+    snprintf(out + n, SHOWN_PATH_BYTES - n, "%s\"", *p ? "..." : "");
+    return out;
+}
+
 /* Little-endian int32 and float32 from p, whatever the host's byte order or
  * p's alignment: every file this program reads stores numbers this way. */
 static inline int32_t read_le_i32(const unsigned char *p) {
@@ -169,18 +200,18 @@ static inline float read_le_f32(const unsigned char *p) {
 static inline char *read_file(const char *path, const char *what, size_t *n_out, char *err, size_t err_len) {
     struct stat st;
     if (stat(path, &st) != 0) {
-        fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
+        fail(err, err_len, "%s %s: %s", what, shown_path(path), strerror(errno));
         return NULL;
     }
     if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
-        fail(err, err_len, "%s %s: expected a regular file or a pipe, got a %s", what, path,
+        fail(err, err_len, "%s %s: expected a regular file or a pipe, got a %s", what, shown_path(path),
              S_ISDIR(st.st_mode) ? "directory" : "device or socket");
         return NULL;
     }
     int fd = open(path, O_RDONLY | (S_ISFIFO(st.st_mode) ? O_NONBLOCK : 0));
     FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
     if (!f || (S_ISFIFO(st.st_mode) && fcntl(fd, F_SETFL, 0) != 0)) { // then reads wait for data again
-        fail(err, err_len, "%s %s: %s", what, path, strerror(errno));
+        fail(err, err_len, "%s %s: %s", what, shown_path(path), strerror(errno));
         if (f) fclose(f);
         else if (fd >= 0) close(fd);
         return NULL;
@@ -194,7 +225,7 @@ static inline char *read_file(const char *path, const char *what, size_t *n_out,
             if (!bigger) {
                 free(buf);
                 fclose(f);
-                fail(err, err_len, "%s %s: cannot allocate %zu bytes", what, path, cap);
+                fail(err, err_len, "%s %s: cannot allocate %zu bytes", what, shown_path(path), cap);
                 return NULL;
             }
             buf = bigger;
@@ -207,12 +238,13 @@ static inline char *read_file(const char *path, const char *what, size_t *n_out,
     fclose(f);
     if (bad) {
         free(buf);
-        fail(err, err_len, "%s %s: read error after %zu bytes", what, path, n);
+        fail(err, err_len, "%s %s: read error after %zu bytes", what, shown_path(path), n);
         return NULL;
     }
     if (n == 0 && S_ISFIFO(st.st_mode)) {
         free(buf);
-        fail(err, err_len, "%s %s: a pipe that gave no data (expected a file, or a pipe with a writer)", what, path);
+        fail(err, err_len, "%s %s: a pipe that gave no data (expected a file, or a pipe with a writer)", what,
+             shown_path(path));
         return NULL;
     }
     buf[n] = '\0';

@@ -44,8 +44,13 @@ void rope_mode(const ModeInput *in);     // rope_mode.c
 void info_mode(const ModeInput *in);     // info.c
 
 /* chat.c: the chat template of this run (--chat-template, else the tokenizer
- * file's), for chat and tokenize --chat; exits when there is none. */
+ * file's), for chat, tokenize --chat and passkey --chat; exits when there is
+ * none. A sentencepiece tokenizer file that cannot name one (version 1 or 2)
+ * gets Llama 2's, as llama2.c's chat; then assumed_template_note writes the
+ * line (starting "note: ", ending in a newline) that the mode prints once its
+ * inputs are good, and "" otherwise. */
 ChatTemplate mode_chat_template(const ModeInput *in);
+void assumed_template_note(const ModeInput *in, char *out, size_t size);
 
 /* passkey.c: the context -m passkey needs for its --lengths (0: none given),
  * so that main can size the model before building it. Exits on a bad list. */
@@ -60,6 +65,11 @@ int passkey_context(const Options *o);
  * with null for what the run does not use. */
 void position_setup_text(char *out, size_t size, const Transformer *t);
 void print_position_json(const Transformer *t);
+/* info.c: when t runs Self-Extend (and no scaling method) with a group size
+ * G and window W that leave relative positions past the training length L
+ * (the RoPE's original context) for its context, a notice that states the
+ * rule, ctx <= G (L - W) + G floor(W/G), and the smallest G that fits. */
+void self_extend_notice(const Transformer *t);
 /* info.c: the magnitude mscale t's RoPE table carries (YaRN's and LongRoPE's
  * attention factor; 1 for the other methods). */
 double rope_magnitude(const Transformer *t);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "modes.h"
 #include "passkey.h"
@@ -170,8 +171,8 @@ static int parse_list(const char *flag, const char *text, int integer, double lo
         int bad = end == p || errno == ERANGE || !(v >= lo && v <= hi) || (integer && v != floor(v)) ||
                   (*end != ',' && *end != '\0') || n == max;
         if (bad)
-            die(EXIT_USAGE, "%s %s: expected at most %d comma-separated %s in [%.10g, %.10g]", flag, text, max,
-                integer ? "integers" : "numbers", lo, hi);
+            die(EXIT_USAGE, "%s %s: expected at most %d comma-separated %s in [%.10g, %.10g]", flag, shown_path(text),
+                max, integer ? "integers" : "numbers", lo, hi);
         out[n++] = v;
         if (*end == '\0') return n;
         p = end + 1;
@@ -225,19 +226,23 @@ int passkey_context(const Options *o) {
     PasskeyPlan plan = passkey_plan(o);
     double longest = 0;
     for (int k = 0; k < plan.n_lengths; k++) longest = fmax(longest, plan.lengths[k]);
+    if (!plan.prompts_only && longest + answer_tokens(&plan) > MAX_CTX)
+        die(EXIT_USAGE, "--lengths %.0f: a prompt and its %d answer tokens need a context of %.0f, more than the %d "
+            "positions run holds", longest, answer_tokens(&plan), longest + answer_tokens(&plan), MAX_CTX);
     return plan.n_lengths ? (int)fmin(longest + answer_tokens(&plan), MAX_CTX) : 0;
 }
 
-/* Check every cell before printing anything: the context, and that each
- * trial's prompt without filler fits its length (keys differ in tokens).
- * Makes the same draws as the run, from rng. Returns the longest length. */
+/* Check every cell before printing anything: the context (not with
+ * --prompts-only, which runs nothing), and that each trial's prompt without
+ * filler fits its length (keys differ in tokens). Makes the same draws as the
+ * run, from rng. Returns the longest length. */
 static int check_cells(const Transformer *t, const PromptForm *form, const PasskeyPlan *plan, const Sentences *f,
                        int n_new, uint64_t rng) {
     int longest = 0;
     for (int li = 0; li < plan->n_lengths; li++) {
         int length = (int)plan->lengths[li];
         longest = length > longest ? length : longest;
-        if (length + n_new > t->n_ctx && t->keys != KEYS_SINKS) // attention sinks roll past the cache
+        if (length + n_new > t->n_ctx && t->keys != KEYS_SINKS && !plan->prompts_only) // sinks roll past it
             die(EXIT_USAGE, "--lengths %d: a prompt of %d tokens and its %d answer tokens need --ctx %d, got %d "
                 "(or a rolling cache, --sinks n)", length, length, n_new, length + n_new, t->n_ctx);
         for (int k = 0; k < plan->n_depths * plan->trials; k++) {
@@ -279,7 +284,7 @@ static void print_header(const Transformer *t, const PasskeyPlan *plan, const Pr
         char setup[512], label[32];
         position_setup_text(setup, sizeof setup, t);
         out_printf("passkey: %d trials per cell, %d-digit keys, filler %s, prompt %s\nposition: %s\n%8s",
-                   plan->trials, plan->digits, plan->filler_path ? plan->filler_path : "fixed",
+                   plan->trials, plan->digits, plan->filler_path ? shown_path(plan->filler_path) : "fixed",
                    form_label(form, label, sizeof label), setup, "length");
         for (int di = 0; di < plan->n_depths; di++) out_printf("  d=%-5.2f", plan->depths[di]);
         out_printf("  %8s\n", "mean");
@@ -377,6 +382,67 @@ static int run_cell(Transformer *t, const PromptForm *form, const PasskeyPlan *p
     return correct;
 }
 
+/* Where the run's progress goes. Where stderr is no terminal (a log, a pipe),
+ * each cell's result is a notice line as the cell ends, and the table's row
+ * is written cell by cell. On a terminal, one progress line is rewritten in
+ * place (\r) as each cell ends and cleared when the row is printed, whole:
+ * stdout is usually that same terminal, and a line of its own there would
+ * split the row. With --json on a terminal that shows stdout too (one open
+ * line of JSON), there is no progress line. */
+typedef struct {
+    int live;      // stderr is a terminal: the rewritten line, and whole rows
+    int quiet;     // no progress at all (--prompts-only; --json on the terminal)
+    int shown;     // the width of the progress line on the terminal now; 0 = none
+    char row[1024]; // live: the table's row so far
+} Progress;
+
+static Progress progress_start(const PasskeyPlan *plan) {
+    Progress p = {.live = isatty(STDERR_FILENO)};
+    p.quiet = plan->prompts_only || (plan->json && p.live && isatty(STDOUT_FILENO));
+    return p;
+}
+
+/* A cell has ended: its result, as a notice or on the live line. */
+static void progress_cell(Progress *p, int length, double depth, int correct, int trials, double seconds) {
+    if (p->quiet) return;
+    char line[160];
+    int n = snprintf(line, sizeof line, "passkey: length %d depth %.2f: %d of %d correct (%.1f s)", length, depth,
+                     correct, trials, seconds);
+    if (!p->live) {
+        notice("%s", line);
+        return;
+    }
+    flush_stdout(); // what stdout holds goes first
+    fprintf(stderr, "\r%-*s", p->shown, line); // over the last one, padded to its width
+    p->shown = n > p->shown ? n : p->shown;
+}
+
+/* Clear the live progress line (nothing when there is none). */
+static void progress_clear(Progress *p) {
+    if (p->shown) fprintf(stderr, "\r%*s\r", p->shown, "");
+    p->shown = 0;
+}
+
+/* Part of the table's row: printed now, or (live) kept for row_end. */
+static void row_put(Progress *p, const char *fmt, double value) {
+    char part[32];
+    snprintf(part, sizeof part, fmt, value);
+    if (!p->live) {
+        out_printf("%s", part);
+        flush_stdout();
+    } else if (strlen(p->row) + strlen(part) < sizeof p->row) {
+        strcat(p->row, part);
+    }
+}
+
+/* The row's end: live, the progress line gives way to the whole row. */
+static void row_end(Progress *p) {
+    progress_clear(p);
+    out_printf("%s\n", p->row);
+    p->row[0] = '\0';
+    flush_stdout();
+}
+
 /* -m passkey: for each length x depth, `trials` prompts with random keys (in
  * the chat template with --chat); the accuracy of greedy answers. Text: a
  * table of accuracies; --json: every cell and trial; --prompts-only prints the
@@ -401,7 +467,7 @@ void passkey_mode(const ModeInput *in) {
     Sentences f;
     if (plan.filler_path) split_sentences(&f, in->text, in->text_len);
     else split_sentences(&f, PASSKEY_FILLER, strlen(PASSKEY_FILLER));
-    if (f.n == 0) die(EXIT_BAD_INPUT, "-f %s: no filler sentences (empty text)", plan.filler_path);
+    if (f.n == 0) die(EXIT_BAD_INPUT, "-f %s: no filler sentences (empty text)", shown_path(plan.filler_path));
     uint64_t seed_state = plan.seed * 0x9E3779B97F4A7C15ull + 1;
     if (seed_state == 0) seed_state = 1; // xorshift's fixed point
     for (int k = 0; k < plan.skip_draws; k++) { // --skip-draws: the draws of trials that run elsewhere
@@ -411,13 +477,20 @@ void passkey_mode(const ModeInput *in) {
     int longest = check_cells(t, &form, &plan, &f, n_new, seed_state);
     uint64_t rng = seed_state; // the same draws again, for the run
     if (!plan.prompts_only) fputs(in->summary, stderr);
+    if (plan.chat) { // its cells are good: the template of the prompts, if assumed
+        char note[4608];
+        assumed_template_note(in, note, sizeof note);
+        fputs(note, stderr);
+    }
     int *history = malloc(((size_t)longest + n_new + 1) * sizeof(int)), draw = plan.skip_draws;
     if (!history) die(EXIT_BAD_INPUT, "out of memory");
     print_header(t, &plan, &form);
+    Progress progress = progress_start(&plan);
+    int table = !plan.json && !plan.prompts_only;
     double start_time = now_seconds();
     for (int li = 0; li < plan.n_lengths; li++) {
         int length = (int)plan.lengths[li], row_correct = 0;
-        if (!plan.json && !plan.prompts_only) out_printf("%8d", length);
+        if (table) row_put(&progress, "%8.0f", length);
         for (int di = 0; di < plan.n_depths; di++) {
             double depth = plan.depths[di];
             if (plan.json)
@@ -427,14 +500,13 @@ void passkey_mode(const ModeInput *in) {
             if (plan.json && plan.prompts_only) out_printf("]}");
             else if (plan.json)
                 out_printf("], \"correct\": %d, \"accuracy\": %.4f}", correct, (double)correct / plan.trials);
-            else if (!plan.prompts_only) out_printf("  %6.0f%%", 100.0 * correct / plan.trials), flush_stdout();
-            if (!plan.prompts_only)
-                notice("passkey: length %d depth %.2f: %d of %d correct (%.1f s)", length, depth, correct, plan.trials,
-                       now_seconds() - start_time);
+            else if (table) row_put(&progress, "  %6.0f%%", 100.0 * correct / plan.trials);
+            progress_cell(&progress, length, depth, correct, plan.trials, now_seconds() - start_time);
         }
-        if (!plan.json && !plan.prompts_only)
-            out_printf("  %7.0f%%\n", 100.0 * row_correct / ((double)plan.trials * plan.n_depths));
+        if (table) row_put(&progress, "  %7.0f%%", 100.0 * row_correct / ((double)plan.trials * plan.n_depths));
+        if (table) row_end(&progress);
     }
+    progress_clear(&progress);
     if (plan.json) out_printf("]}\n");
     free(history);
     free_sentences(&f);

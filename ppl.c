@@ -292,7 +292,8 @@ static int save_logits(void *ctx, const float *logits, int vocab, int target, ch
     LogitsWriter *w = ctx;
     int32_t id = target;
     if (fwrite(&id, 4, 1, w->f) != 1 || fwrite(logits, sizeof(float), (size_t)vocab, w->f) != (size_t)vocab)
-        return fail(err, err_len, "--save-logits %s: write failed after %ld tokens (disk full?)", w->path, w->n);
+        return fail(err, err_len, "--save-logits %s: write failed after %ld tokens (disk full?)", shown_path(w->path),
+                    w->n);
     w->n++;
     return 0;
 }
@@ -320,12 +321,13 @@ static int compare_logits(void *ctx, const float *logits, int vocab, int target,
     KlCompare *c = ctx;
     int32_t id;
     if (c->n == c->n_total)
-        return fail(err, err_len, "--kl-base %s: holds %ld tokens, this run scores more", c->path, c->n_total);
+        return fail(err, err_len, "--kl-base %s: holds %ld tokens, this run scores more", shown_path(c->path),
+                    c->n_total);
     if (fread(&id, 4, 1, c->f) != 1 || fread(c->base, sizeof(float), (size_t)vocab, c->f) != (size_t)vocab)
-        return fail(err, err_len, "--kl-base %s: read error at token %ld", c->path, c->n);
+        return fail(err, err_len, "--kl-base %s: read error at token %ld", shown_path(c->path), c->n);
     if (id != target)
-        return fail(err, err_len, "--kl-base %s: token %ld is %ld in the file, %d here (another text?)", c->path, c->n,
-                    (long)id, target);
+        return fail(err, err_len, "--kl-base %s: token %ld is %ld in the file, %d here (another text?)",
+                    shown_path(c->path), c->n, (long)id, target);
     double lse_b = log_sum_exp(c->base, vocab), lse_r = log_sum_exp(logits, vocab), kl = 0;
     for (int v = 0; v < vocab; v++) {
         double lb = c->base[v] - lse_b, lr = logits[v] - lse_r;
@@ -344,54 +346,55 @@ static int compare_logits(void *ctx, const float *logits, int vocab, int target,
  * with a message naming the file and what differs otherwise. */
 static void open_kl_base(KlCompare *c, const char *path, const Transformer *t, int stride, int add_bos,
                          int streaming, const int *targets, int n_targets) {
+    const char *name = shown_path(path); // the path as the messages show it
     struct stat path_st;
     if (stat(path, &path_st) == 0 && !S_ISREG(path_st.st_mode))
-        die(EXIT_BAD_INPUT, "--kl-base %s: expected a logits file (-m ppl --save-logits), got a %s", path,
+        die(EXIT_BAD_INPUT, "--kl-base %s: expected a logits file (-m ppl --save-logits), got a %s", name,
             S_ISDIR(path_st.st_mode) ? "directory" : "device, FIFO or socket");
     *c = (KlCompare){.f = fopen(path, "rb"), .path = path};
     c->base = malloc((size_t)t->config.vocab_size * sizeof(float));
-    if (!c->f) die(EXIT_BAD_INPUT, "--kl-base %s: %s", path, strerror(errno));
-    if (!c->base) die(EXIT_BAD_INPUT, "--kl-base %s: out of memory", path);
+    if (!c->f) die(EXIT_BAD_INPUT, "--kl-base %s: %s", name, strerror(errno));
+    if (!c->base) die(EXIT_BAD_INPUT, "--kl-base %s: out of memory", name);
     unsigned char h[LOGITS_HEADER_BYTES];
     if (fread(h, 1, sizeof h, c->f) != sizeof h)
-        die(EXIT_BAD_INPUT, "--kl-base %s: shorter than the %d-byte header", path, LOGITS_HEADER_BYTES);
+        die(EXIT_BAD_INPUT, "--kl-base %s: shorter than the %d-byte header", name, LOGITS_HEADER_BYTES);
     if ((uint32_t)read_le_i32(h) != LOGITS_MAGIC || read_le_i32(h + 4) != 1)
-        die(EXIT_BAD_INPUT, "--kl-base %s: not a logits file of version 1 (written by -m ppl --save-logits)", path);
+        die(EXIT_BAD_INPUT, "--kl-base %s: not a logits file of version 1 (written by -m ppl --save-logits)", name);
     const char *names[6] = {"vocab_size", "ctx", "stride", "add_bos", "streaming", "sinks"};
     int want[6] = {t->config.vocab_size, t->n_ctx, stride, add_bos, streaming, sinks_or_none(t)};
     const int at[6] = {8, 12, 16, 20, 32, 36};
     for (int k = 0; k < 6; k++)
         if (read_le_i32(h + at[k]) != want[k])
-            die(EXIT_BAD_INPUT, "--kl-base %s: saved with %s %d, this run has %d", path, names[k],
+            die(EXIT_BAD_INPUT, "--kl-base %s: saved with %s %d, this run has %d", name, names[k],
                 read_le_i32(h + at[k]), want[k]);
     int64_t n = (int64_t)((uint64_t)(uint32_t)read_le_i32(h + 24) | (uint64_t)(uint32_t)read_le_i32(h + 28) << 32);
     struct stat st;
     size_t record = 4 + 4 * (size_t)t->config.vocab_size;
     if (fstat(fileno(c->f), &st) != 0 || n < 0 || (uint64_t)n > (UINT64_MAX - LOGITS_HEADER_BYTES) / record ||
         (uint64_t)st.st_size != LOGITS_HEADER_BYTES + (uint64_t)n * record)
-        die(EXIT_BAD_INPUT, "--kl-base %s: %lld bytes, expected %llu for its %lld tokens", path,
+        die(EXIT_BAD_INPUT, "--kl-base %s: %lld bytes, expected %llu for its %lld tokens", name,
             (long long)st.st_size,
             (unsigned long long)(n < 0 || (uint64_t)n > (UINT64_MAX - 64) / record ? 0 : 64 + (uint64_t)n * record),
             (long long)n);
     c->n_total = (long)n;
     if (n != n_targets)
-        die(EXIT_BAD_INPUT, "--kl-base %s: holds %lld tokens, this run scores %d (another text?)", path, (long long)n,
+        die(EXIT_BAD_INPUT, "--kl-base %s: holds %lld tokens, this run scores %d (another text?)", name, (long long)n,
             n_targets);
     int vocab = t->config.vocab_size;
     for (long i = 0; i < n; i++) { // every record, before the run: the tokens it predicts, its logits finite
         int32_t id;
         if (fseek(c->f, (long)(LOGITS_HEADER_BYTES + i * record), SEEK_SET) != 0 || fread(&id, 4, 1, c->f) != 1 ||
             fread(c->base, sizeof(float), (size_t)vocab, c->f) != (size_t)vocab)
-            die(EXIT_BAD_INPUT, "--kl-base %s: read error at token %ld", path, i);
+            die(EXIT_BAD_INPUT, "--kl-base %s: read error at token %ld", name, i);
         if (id != targets[i])
-            die(EXIT_BAD_INPUT, "--kl-base %s: token %ld is %ld in the file, %d here (another text?)", path, i,
+            die(EXIT_BAD_INPUT, "--kl-base %s: token %ld is %ld in the file, %d here (another text?)", name, i,
                 (long)id, targets[i]);
         for (int v = 0; v < vocab; v++) // checked as this run's own logits are (forward_block)
             if (!isfinite(c->base[v]))
-                die(EXIT_BAD_INPUT, "--kl-base %s: token %ld's logit %d is %g (expected a finite number)", path, i, v,
+                die(EXIT_BAD_INPUT, "--kl-base %s: token %ld's logit %d is %g (expected a finite number)", name, i, v,
                     (double)c->base[v]);
     }
-    if (fseek(c->f, LOGITS_HEADER_BYTES, SEEK_SET) != 0) die(EXIT_BAD_INPUT, "--kl-base %s: cannot seek", path);
+    if (fseek(c->f, LOGITS_HEADER_BYTES, SEEK_SET) != 0) die(EXIT_BAD_INPUT, "--kl-base %s: cannot seek", name);
 }
 
 /* Print a PplScore: JSON (--json; with --per-position the mean NLL at every
@@ -460,10 +463,11 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
         char setup[512];
         position_setup_text(setup, sizeof setup, t);
         if (score->streaming)
-            printf("%s: %ld tokens, streamed through a cache of %d tokens (%d sinks); positions are absolute\n", path,
-                   n_scored, t->n_ctx, t->pos.n_sinks);
+            printf("%s: %ld tokens, streamed through a cache of %d tokens (%d sinks); positions are absolute\n",
+                   shown_path(path), n_scored, t->n_ctx, t->pos.n_sinks);
         else
-            printf("%s: %ld tokens, %d windows of ctx %d (stride %d)\n", path, n_scored, n_windows, t->n_ctx, stride);
+            printf("%s: %ld tokens, %d windows of ctx %d (stride %d)\n", shown_path(path), n_scored, n_windows,
+                   t->n_ctx, stride);
         printf("position: %s\n", setup);
         printf("nll %.4f +- %.4f  ppl %.3f [%.3f, %.3f]\n", nll, se, exp(nll), exp(nll - 1.96 * se),
                exp(nll + 1.96 * se));
@@ -483,8 +487,9 @@ static void ppl_report(const Transformer *t, const PplScore *score, const char *
         }
         if (kl)
             printf("against %s (%ld tokens): KL %.4g +- %.2g nats/token, delta nll %+.4g +- %.2g, "
-                   "top-1 agreement %.2f%%\n", kl->path, kl->n, kl->kl / kl->n, nll_se(kl->kl, kl->kl_sq, kl->n),
-                   kl->dnll / kl->n, nll_se(kl->dnll, kl->dnll_sq, kl->n), 100.0 * kl->top1 / kl->n);
+                   "top-1 agreement %.2f%%\n", shown_path(kl->path), kl->n, kl->kl / kl->n,
+                   nll_se(kl->kl, kl->kl_sq, kl->n), kl->dnll / kl->n, nll_se(kl->dnll, kl->dnll_sq, kl->n),
+                   100.0 * kl->top1 / kl->n);
     }
 }
 
@@ -550,14 +555,16 @@ static OutputFile open_output_file(const char *flag, const char *path, const cha
         if (!pending_tmp[i][0]) out.tmp = pending_tmp[i];
     struct stat st;
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        die(EXIT_BAD_INPUT, "%s %s: exists and is not a regular file (a %s); give a new path", flag, path,
+        die(EXIT_BAD_INPUT, "%s %s: exists and is not a regular file (a %s); give a new path", flag, shown_path(path),
             S_ISLNK(st.st_mode) ? "symbolic link" : S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO"
             : "device or socket");
     for (int i = 0; i < n_inputs; i++)
         if (same_file(path, inputs[i]))
-            die(EXIT_BAD_INPUT, "%s %s: is an input of this run (%s); give a new path", flag, path, inputs[i]);
+            die(EXIT_BAD_INPUT, "%s %s: is an input of this run (%s); give a new path", flag, shown_path(path),
+                shown_path(inputs[i]));
     if (strlen(path) + sizeof ".XXXXXX" > sizeof pending_tmp[0])
-        die(EXIT_BAD_INPUT, "%s %s: path too long (expected under %zu bytes)", flag, path, sizeof pending_tmp[0] - 8);
+        die(EXIT_BAD_INPUT, "%s %s: path too long (expected under %zu bytes)", flag, shown_path(path),
+            sizeof pending_tmp[0] - 8);
     char tmp[sizeof pending_tmp[0]];
     snprintf(tmp, sizeof tmp, "%s.XXXXXX", path);
     int fd = mkstemp(tmp);
@@ -568,7 +575,7 @@ static OutputFile open_output_file(const char *flag, const char *path, const cha
     if (!out.f) {
         int e = errno;
         if (fd >= 0) close(fd), unlink(tmp);
-        die(EXIT_BAD_INPUT, "%s %s: cannot create a file beside it: %s", flag, path, strerror(e));
+        die(EXIT_BAD_INPUT, "%s %s: cannot create a file beside it: %s", flag, shown_path(path), strerror(e));
     }
     memcpy(out.tmp, tmp, sizeof tmp);
     static int registered;
@@ -589,7 +596,7 @@ static int close_output_file(OutputFile *out, int commit, char *err, size_t err_
     int e = errno;
     unlink(out->tmp);
     out->tmp[0] = '\0';
-    return commit ? fail(err, err_len, "%s %s: %s", out->flag, out->path, strerror(e)) : 0;
+    return commit ? fail(err, err_len, "%s %s: %s", out->flag, shown_path(out->path), strerror(e)) : 0;
 }
 
 /* The hook of a ppl run that saves its logits, compares them with a
@@ -616,7 +623,7 @@ static OutputFile start_attn_stats(Transformer *t, const char *path, int n_posit
     t->state.attn_stats = attn_stats_new(t, n_positions);
     if (!t->state.attn_stats) {
         close_output_file(&out, 0, NULL, 0);
-        die(EXIT_BAD_INPUT, "--attn-stats %s: out of memory for the statistics", path);
+        die(EXIT_BAD_INPUT, "--attn-stats %s: out of memory for the statistics", shown_path(path));
     }
     return out;
 }
@@ -630,13 +637,14 @@ static int finish_attn_stats(Transformer *t, OutputFile *out, const char *text, 
     t->state.attn_stats = NULL;
     int rc = 0;
     if (commit && attn_stats_write(s, out->f, text, stride) != 0) {
-        rc = fail(err, err_len, "%s %s: write failed (disk full?)", out->flag, out->path);
+        rc = fail(err, err_len, "%s %s: write failed (disk full?)", out->flag, shown_path(out->path));
         commit = 0;
     }
     if (commit) rc = close_output_file(out, 1, err, err_len);
     else close_output_file(out, 0, NULL, 0);
     if (rc == 0 && commit)
-        fprintf(stderr, "ppl: attention statistics of %ld queries written to %s\n", s->n_queries, out->path);
+        fprintf(stderr, "ppl: attention statistics of %ld queries written to %s\n", s->n_queries,
+                shown_path(out->path));
     attn_stats_free(s);
     return rc;
 }
@@ -655,8 +663,8 @@ void ppl_mode(const ModeInput *in) {
     // In pieces of 1 MiB: memory follows the ids (4 bytes each), not the
     // encoder's work buffers (about 30 bytes per byte of text at once).
     int *ids, n_ids = tokenizer_encode_long(tok, text, len, ENCODE_PIECE, &ids, tokenize_progress);
-    if (n_ids < 0) die(EXIT_BAD_INPUT, "-f %s: out of memory while encoding %zu bytes", path, len);
-    if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", path);
+    if (n_ids < 0) die(EXIT_BAD_INPUT, "-f %s: out of memory while encoding %zu bytes", shown_path(path), len);
+    if (n_ids == 0) die(EXIT_BAD_INPUT, "-f %s: no tokens to score (empty text)", shown_path(path));
     int max_stride = t->n_ctx - 1; // positions a window predicts
     if (max_stride < 1) die(EXIT_USAGE, "--ctx %d: ppl needs at least 2 positions", t->n_ctx);
     if (stride <= 0) stride = max_stride;
@@ -678,7 +686,7 @@ void ppl_mode(const ModeInput *in) {
         if (fwrite(zeros, 1, sizeof zeros, saver.f) != sizeof zeros) {
             int e = errno;
             close_output_file(&logits_out, 0, NULL, 0);
-            die(EXIT_BAD_INPUT, "--save-logits %s: %s", save_path, strerror(e));
+            die(EXIT_BAD_INPUT, "--save-logits %s: %s", shown_path(save_path), strerror(e));
         }
         fprintf(stderr, "ppl: saving %.1f MiB of logits (%zu bytes per token)\n",
                 (double)n_ids * (4 + 4.0 * t->config.vocab_size) / 1048576, 4 + 4 * (size_t)t->config.vocab_size);
@@ -693,7 +701,8 @@ void ppl_mode(const ModeInput *in) {
     int rc = streaming ? ppl_stream_score(t, ids, n_ids, tok->add_bos, &score, stream_progress, h, err, sizeof err)
                        : ppl_score(t, ids, n_ids, tok->add_bos, stride, &score, ppl_progress, h, err, sizeof err);
     if (rc == 0 && kl_path && kl.n != kl.n_total)
-        rc = fail(err, sizeof err, "--kl-base %s: holds %ld tokens, this run scored %ld", kl_path, kl.n_total, kl.n);
+        rc = fail(err, sizeof err, "--kl-base %s: holds %ld tokens, this run scored %ld", shown_path(kl_path),
+                  kl.n_total, kl.n);
     if (rc == 0 && save_path) { // the header, now that the count is known; then the file under its name
         unsigned char h[LOGITS_HEADER_BYTES] = {0};
         int32_t fields[10] = {(int32_t)LOGITS_MAGIC, 1, t->config.vocab_size, t->n_ctx, stride, tok->add_bos,
@@ -702,7 +711,7 @@ void ppl_mode(const ModeInput *in) {
         for (int k = 0; k < 10; k++) // little-endian whatever the machine
             for (int b = 0; b < 4; b++) h[4 * k + b] = (unsigned char)((uint32_t)fields[k] >> (8 * b));
         if (fseek(saver.f, 0, SEEK_SET) != 0 || fwrite(h, 1, sizeof h, saver.f) != sizeof h)
-            rc = fail(err, sizeof err, "--save-logits %s: %s", save_path, strerror(errno)); // removed below
+            rc = fail(err, sizeof err, "--save-logits %s: %s", shown_path(save_path), strerror(errno)); // removed below
         else
             rc = close_output_file(&logits_out, 1, err, sizeof err); // renamed, or removed
     }
@@ -713,7 +722,7 @@ void ppl_mode(const ModeInput *in) {
     if (rc != 0) {
         if (logits_out.f) close_output_file(&logits_out, 0, NULL, 0);
         if (!strncmp(err, "--", 2)) die(EXIT_BAD_INPUT, "%s", err); // names its flag and file
-        die(EXIT_BAD_INPUT, "-f %s: %s", path, err);
+        die(EXIT_BAD_INPUT, "-f %s: %s", shown_path(path), err);
     }
     if (streaming)
         fprintf(stderr, "ppl: %ld tokens scored, streamed, %.1f s\n", score.n_scored, now_seconds() - start_time);

@@ -323,7 +323,7 @@ static int validate_config(const char *path, const Config *c, const RopeConfig *
 static int not_a_checkpoint(const char *path, char *err, size_t err_len) {
     char what[768];
     if (!explain_foreign_file(path, AS_CHECKPOINT, what, sizeof what)) return -1; // err keeps the loader's message
-    return fail(err, err_len, "%s: not a checkpoint: %s", path, what);
+    return fail(err, err_len, "%s: not a checkpoint: %s", shown_path(path), what);
 }
 
 /* Open, validate and map a checkpoint into t->config, t->rope, t->weights.
@@ -332,33 +332,35 @@ static int not_a_checkpoint(const char *path, char *err, size_t err_len) {
  * Returns 0, or -1 with a one-line message in err. */
 int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len) {
     memset(t, 0, sizeof *t);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, err_len, "%s: cannot open checkpoint: %s", path, strerror(errno));
+    const char *name = shown_path(path); // the path as the messages show it
+    int fd = open(path, O_RDONLY | O_NONBLOCK); // a FIFO opens at once (and is refused below), never waits
+    if (fd < 0) return fail(err, err_len, "%s: cannot open checkpoint: %s", name, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         close(fd);
-        return fail(err, err_len, "%s: cannot stat checkpoint: %s", path, strerror(errno));
+        return fail(err, err_len, "%s: cannot stat checkpoint: %s", name, strerror(errno));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, err_len, "%s: expected a checkpoint file, got a %s", path,
-                    S_ISDIR(st.st_mode) ? "directory" : "special file");
+        return fail(err, err_len, "%s: expected a checkpoint file, got a %s", name,
+                    S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO (a checkpoint is mapped: it "
+                    "must be a regular file)" : "special file");
     }
     size_t file_size = (size_t)st.st_size;
     if (file_size == 0) {
         close(fd);
-        return fail(err, err_len, "%s: empty file (expected a checkpoint)", path);
+        return fail(err, err_len, "%s: empty file (expected a checkpoint)", name);
     }
     unsigned char header[CKPT_HEADER_BYTES];
     ssize_t got = pread(fd, header, sizeof header, 0);
     if (got < 0) {
         close(fd);
-        return fail(err, err_len, "%s: read error: %s", path, strerror(errno));
+        return fail(err, err_len, "%s: read error: %s", name, strerror(errno));
     }
     Config *c = &t->config;
     RopeConfig *r = &t->rope;
-    if (parse_header(path, header, (size_t)got, c, r, err, err_len) != 0 ||
-        validate_config(path, c, r, err, err_len) != 0) {
+    if (parse_header(name, header, (size_t)got, c, r, err, err_len) != 0 ||
+        validate_config(name, c, r, err, err_len) != 0) {
         close(fd);
         return not_a_checkpoint(path, err, err_len);
     }
@@ -368,16 +370,16 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
     if (file_size != expected) {
         close(fd);
         if (file_size < expected)
-            fail(err, err_len, "%s: truncated: the header implies %zu bytes, the file has %zu", path, expected,
+            fail(err, err_len, "%s: truncated: the header implies %zu bytes, the file has %zu", name, expected,
                  file_size);
         else
-            fail(err, err_len, "%s: %zu trailing bytes: the header implies %zu bytes, the file has %zu", path,
+            fail(err, err_len, "%s: %zu trailing bytes: the header implies %zu bytes, the file has %zu", name,
                  file_size - expected, expected, file_size);
         return not_a_checkpoint(path, err, err_len);
     }
     void *map = mmap(NULL, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd); // the mapping stays valid after close
-    if (map == MAP_FAILED) return fail(err, err_len, "%s: mmap failed: %s", path, strerror(errno));
+    if (map == MAP_FAILED) return fail(err, err_len, "%s: mmap failed: %s", name, strerror(errno));
     t->mapping = map;
     t->file_size = file_size;
 
@@ -387,7 +389,7 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
         for (int which = 0; which < 2; which++) {
             float v = (which ? r->long_factor : r->short_factor)[i];
             if (!(v > 0.0f && isfinite(v))) {
-                fail(err, err_len, "%s: rope_%s_factor[%d]=%g (expected a finite value > 0)", path,
+                fail(err, err_len, "%s: rope_%s_factor[%d]=%g (expected a finite value > 0)", name,
                      which ? "long" : "short", i, (double)v);
                 munmap(map, file_size);
                 memset(t, 0, sizeof *t);
@@ -633,9 +635,23 @@ int block_limit(const Transformer *t) {
     return FORWARD_BLOCK;
 }
 
+/* The machine's physical memory in bytes, or 0 where libc cannot say. */
+static size_t physical_memory(void) {
+#ifdef _SC_PHYS_PAGES
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) return (size_t)pages * (size_t)page;
+#endif
+    return 0;
+}
+
 /* Allocate the activations and KV cache for n_ctx positions and build the
- * RoPE table from t->rope. Returns -1 with a message if memory runs out. */
-static int build_run_state(Transformer *t, char *err, size_t err_len) {
+ * RoPE table from t->rope. ctx_name says what set n_ctx ("--ctx 4096"), for
+ * the messages. Returns BUILD_BAD_SETTINGS with a message, allocating
+ * nothing, when the buffers together would not fit in the machine's memory
+ * (the pages of a calloc are only reserved: such a context would be accepted
+ * and then fail, or swap, as the cache fills); BUILD_BAD_INPUT if an
+ * allocation fails. */
+static int build_run_state(Transformer *t, const char *ctx_name, char *err, size_t err_len) {
     const Config *c = &t->config;
     RunState *st = &t->state;
     size_t dim = c->dim, hidden = c->hidden_dim, head_size = dim / c->n_heads;
@@ -680,15 +696,28 @@ static int build_run_state(Transformer *t, char *err, size_t err_len) {
          sizeof(int32_t)},
 #undef FLOATS
     };
+    double total = 0, cache = 2.0 * cache_values * kv_elem_bytes(t->kv_type), memory = (double)physical_memory();
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) total += (double)bufs[i].n * bufs[i].size;
+    if (memory > 0 && total > memory) {
+        fail(err, err_len, "%s: the KV cache (%.1f GiB) and buffers for this context need %.1f GiB, more than this "
+             "machine's %.1f GiB of memory (a smaller context fits; --kv f16 halves the cache)", ctx_name,
+             cache / (1 << 30), total / (1 << 30), memory / (1 << 30));
+        return BUILD_BAD_SETTINGS;
+    }
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (bufs[i].n == 0) continue;
         *bufs[i].p = calloc(bufs[i].n, bufs[i].size);
-        if (!*bufs[i].p)
-            return fail(err, err_len, "--ctx %d: cannot allocate %.1f MiB (KV cache and buffers for this context)",
-                        t->n_ctx, (double)bufs[i].n * bufs[i].size / (1 << 20));
+        if (!*bufs[i].p) {
+            fail(err, err_len, "%s: cannot allocate %.1f MiB (KV cache and buffers for this context)", ctx_name,
+                 (double)bufs[i].n * bufs[i].size / (1 << 20));
+            return BUILD_BAD_INPUT;
+        }
     }
     st->inv_freq = malloc(n_pairs * sizeof(double));
-    if (!st->inv_freq) return fail(err, err_len, "out of memory building the RoPE table");
+    if (!st->inv_freq) {
+        fail(err, err_len, "out of memory building the RoPE table");
+        return BUILD_BAD_INPUT;
+    }
     rope_build_table(t);
     if (frames) { // the frames' four arrays, in frame_rows (kernels.h's QueryFrames)
         float *fine = st->frame_rows, *coarse = fine + B * 2 * ATT_KEYS * n_pairs;
@@ -801,17 +830,16 @@ static int check_factor(const Transformer *t, const PositionOverrides *ov, const
                 "for a --ctx past its train_ctx %d", SCALING_NAMES[scaling], path, train_ctx, train_ctx);
 }
 
-/* Load a checkpoint, apply the command line's overrides, size everything
- * for n_ctx positions (0 = train_ctx) with a KV cache of kv_type (KV_F32 |
- * KV_F16). Returns 0; BUILD_BAD_INPUT with a message for a bad checkpoint or
- * no memory; BUILD_BAD_SETTINGS for position settings that do not fit
- * together (bad usage: they come from flags).
- * Owns the mapping and the run state; release with free_transformer. */
-int build_transformer(Transformer *t, const char *path, const PositionOverrides *overrides, int n_ctx, int kv_type,
-                      char *err, size_t err_len) {
+/* build_transformer without the run state: load the checkpoint, apply the
+ * overrides, set and check the position settings for n_ctx positions (0 =
+ * train_ctx), and allocate nothing more. The modes that run no model (rope,
+ * tokenize, info, passkey --prompts-only) need no more. Returns as
+ * build_transformer. */
+int configure_transformer(Transformer *t, const char *path, const PositionOverrides *overrides, int n_ctx,
+                          int kv_type, char *err, size_t err_len) {
     if (load_checkpoint(t, path, err, err_len) != 0) return BUILD_BAD_INPUT;
     const PositionOverrides *ov = overrides;
-    if (check_factor(t, ov, path, n_ctx, err, err_len) != 0) return BUILD_BAD_SETTINGS;
+    if (check_factor(t, ov, shown_path(path), n_ctx, err, err_len) != 0) return BUILD_BAD_SETTINGS;
     t->kv_type = kv_type;
     apply_overrides(t, ov);
     t->n_ctx = n_ctx > 0 ? n_ctx : t->config.train_ctx;
@@ -820,8 +848,26 @@ int build_transformer(Transformer *t, const char *path, const PositionOverrides 
     if (t->keys == KEYS_SINKS && block_limit(t) > 1) t->table_rows += block_limit(t) - 1;
     if (t->pos.window >= t->n_ctx) t->pos.window = 0; // a window as long as the cache never leaves a key out
     if (check_positions(t, ov, err, err_len) != 0) return BUILD_BAD_SETTINGS;
-    if (build_run_state(t, err, err_len) != 0) return BUILD_BAD_INPUT;
     return 0;
+}
+
+/* Load a checkpoint, apply the command line's overrides, size everything
+ * for n_ctx positions (0 = train_ctx) with a KV cache of kv_type (KV_F32 |
+ * KV_F16). Returns 0; BUILD_BAD_INPUT with a message for a bad checkpoint or
+ * no memory; BUILD_BAD_SETTINGS for position settings that do not fit
+ * together, or a context whose buffers exceed the machine's memory (bad
+ * usage: they come from flags). The messages name the flag that set the
+ * context: overrides->ctx_flag, else --ctx.
+ * Owns the mapping and the run state; release with free_transformer. */
+int build_transformer(Transformer *t, const char *path, const PositionOverrides *overrides, int n_ctx, int kv_type,
+                      char *err, size_t err_len) {
+    int rc = configure_transformer(t, path, overrides, n_ctx, kv_type, err, err_len);
+    if (rc != 0) return rc;
+    char ctx_name[80];
+    if (overrides && overrides->ctx_flag)
+        snprintf(ctx_name, sizeof ctx_name, "%s (a context of %d positions)", overrides->ctx_flag, t->n_ctx);
+    else snprintf(ctx_name, sizeof ctx_name, n_ctx > 0 ? "--ctx %d" : "--ctx %d (the default: train_ctx)", t->n_ctx);
+    return build_run_state(t, ctx_name, err, err_len);
 }
 
 /* Release everything build_transformer (or a failed call of it) acquired. */
@@ -1251,15 +1297,15 @@ int *encode_or_die(const Tokenizer *tok, const char *what, const char *text, siz
     if (len > ENCODE_PIECE) { // in pieces, as ppl does: memory follows the ids, not the encoder's buffers
         int *ids, n = tokenizer_encode_long(tok, text, len, ENCODE_PIECE, &ids, NULL);
         int *with_bos = n < 0 ? NULL : realloc(ids, ((size_t)n + 1) * sizeof(int));
-        if (!with_bos) die(EXIT_BAD_INPUT, "%s: out of memory while encoding %zu bytes", what, len);
+        if (!with_bos) die(EXIT_BAD_INPUT, "%s: out of memory while encoding %zu bytes", shown_path(what), len);
         if (add_bos) memmove(with_bos + 1, with_bos, (size_t)n * sizeof(int)), with_bos[0] = tok->bos_id;
         *n_out = n + (add_bos != 0);
         return with_bos;
     }
     int *ids = malloc(tokenizer_bound(len) * sizeof(int));
-    if (!ids) die(EXIT_BAD_INPUT, "%s: cannot allocate a token buffer for %zu bytes", what, len);
+    if (!ids) die(EXIT_BAD_INPUT, "%s: cannot allocate a token buffer for %zu bytes", shown_path(what), len);
     int n = tokenizer_encode(tok, text, len, add_bos, 0, ids);
-    if (n < 0) die(EXIT_BAD_INPUT, "%s: out of memory while encoding %zu bytes", what, len);
+    if (n < 0) die(EXIT_BAD_INPUT, "%s: out of memory while encoding %zu bytes", shown_path(what), len);
     *n_out = n;
     return ids;
 }
@@ -1358,7 +1404,7 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
     size_t most_bytes = (size_t)t->n_ctx * (size_t)(tok->max_token_length > 0 ? tok->max_token_length : 1);
     if (prompt_len > most_bytes && t->keys != KEYS_SINKS)
         die(EXIT_BAD_INPUT, "%s: %zu bytes cannot fit in the context of %d tokens (at most %d bytes a token; raise "
-            "--ctx, or roll the cache with --sinks n)", what, prompt_len, t->n_ctx, tok->max_token_length);
+            "--ctx, or roll the cache with --sinks n)", shown_path(what), prompt_len, t->n_ctx, tok->max_token_length);
     int n_prompt;
     int *prompt_ids = encode_or_die(tok, what, prompt, prompt_len, tok->add_bos, &n_prompt);
     if (n_prompt == 0)
@@ -1413,6 +1459,9 @@ static void generate(Transformer *t, const Tokenizer *tok, Sampler *sampler, con
 }
 
 void generate_mode(const ModeInput *in) {
+    if (in->o->prompt_file && in->text_len == 0) // as ppl and passkey refuse one; -i "" starts from BOS alone
+        die(EXIT_BAD_INPUT, "-f %s: empty file (expected a prompt; -i \"\" starts from BOS alone)",
+            shown_path(in->o->prompt_file));
     generate(in->t, in->tok, in->sampler, in->o->prompt_file ? in->text_name : "prompt", in->text, in->text_len,
              in->o->steps, in->o->ignore_eos, in->summary);
 }
@@ -1438,11 +1487,15 @@ static void describe(char *out, size_t size, const Transformer *t, const char *c
                  c->bias_flags & BIAS_O ? " o" : "", c->bias_flags & BIAS_MLP ? " mlp" : "");
     char setup[512];
     position_setup_text(setup, sizeof setup, t); // ends with the KV cache's type; its size follows
+    int threads = 1; // as build_run_state counts them (a mode that runs no model has no run state)
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
     int len = snprintf(out, size,
             "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, train_ctx %d%s; weights %s; %s %.1f MiB; "
             "%d threads%s%s; loaded in %.2f s\n",
-            checkpoint, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->train_ctx,
-            biases, WEIGHT_NAMES[c->weight_type], setup, kv_bytes / 1048576.0, t->state.mm.threads,
+            shown_path(checkpoint), c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size,
+            c->train_ctx, biases, WEIGHT_NAMES[c->weight_type], setup, kv_bytes / 1048576.0, threads,
             tok ? "; tokenizer " : "", tok ? tokenizer_type_name(tok) : "", load_seconds);
     if (ov->factor.given && !ov->attn_factor.given && t->rope.attn_factor > 0 &&
         (t->rope.scaling == ROPE_YARN || t->rope.scaling == ROPE_LONGROPE) && len > 0 &&
@@ -1473,10 +1526,14 @@ int main(int argc, char **argv) {
     Transformer t;
     double t0 = now_seconds();
     PositionOverrides overrides = position_overrides(&o);
-    int built = build_transformer(&t, checkpoint, &overrides, ctx, o.kv_type, err, sizeof err);
+    int runs_model = o.mode == MODE_GENERATE || o.mode == MODE_CHAT || o.mode == MODE_PPL ||
+                     (o.mode == MODE_PASSKEY && !o.prompts_only); // the others need no KV cache
+    int built = (runs_model ? build_transformer : configure_transformer)(&t, checkpoint, &overrides, ctx, o.kv_type,
+                                                                          err, sizeof err);
     if (built != 0) die(built == BUILD_BAD_SETTINGS ? EXIT_USAGE : EXIT_BAD_INPUT, "%s", err);
+    self_extend_notice(&t); // a warning only: positions past the training length are what is being studied
     if (o.q8_activations && t.config.weight_type != WEIGHT_Q8_0)
-        die(EXIT_USAGE, "--q8-activations int8: expected q8_0 weights, %s has %s ones", checkpoint,
+        die(EXIT_USAGE, "--q8-activations int8: expected q8_0 weights, %s has %s ones", shown_path(checkpoint),
             WEIGHT_NAMES[t.config.weight_type]);
     t.state.mm.int8_blocks = o.q8_activations;
 

@@ -73,6 +73,8 @@ typedef struct {
     IntSetting se_group, se_window; // --self-extend G W (given together)
     IntSetting sinks;              // --sinks n
     IntSetting window;             // --window W: every layer; 0 = none
+    const char *ctx_flag;          // the flag that set the context when --ctx did not (passkey: "--lengths"),
+                                   // for the messages; NULL: --ctx
 } PositionOverrides;
 
 /* Attention statistics a ppl run collects (attn_stats.h), or none. */
@@ -179,6 +181,10 @@ typedef struct {
 enum { BUILD_BAD_INPUT = -1, BUILD_BAD_SETTINGS = -2 };
 int build_transformer(Transformer *t, const char *path, const PositionOverrides *overrides, int n_ctx, int kv_type,
                       char *err, size_t err_len);
+/* build_transformer without the run state (KV cache, activations, RoPE
+ * table): for the modes that run no model. */
+int configure_transformer(Transformer *t, const char *path, const PositionOverrides *overrides, int n_ctx,
+                          int kv_type, char *err, size_t err_len);
 void free_transformer(Transformer *t);
 int block_limit(const Transformer *t);
 

@@ -55,6 +55,9 @@ void tokenize_mode(const ModeInput *in) {
         render_chat(&r, &ct, &conv, conv.m[conv.n - 1].role == ROLE_USER);
         conversation_free(&conv);
         ids = r.ids, n = r.n;
+        char note[4608];
+        assumed_template_note(in, note, sizeof note);
+        fputs(note, stderr); // the conversation was good: the template it was rendered in, if assumed
     } else {
         ids = encode_or_die(tok, in->text_name, in->text, in->text_len, tok->add_bos, &n);
     }

@@ -625,9 +625,10 @@ static void tokenizer_clear(Tokenizer *t) {
 int tokenizer_build(Tokenizer *t, const char *path, int vocab_size, int bos_id, int eos_id, char *err,
                     size_t err_len) {
     tokenizer_clear(t);
-    if (vocab_size <= 0) return fail(err, err_len, "tokenizer %s: invalid vocab_size %d", path, vocab_size);
+    const char *name = shown_path(path); // the path as the messages show it (the parse functions' `path`)
+    if (vocab_size <= 0) return fail(err, err_len, "tokenizer %s: invalid vocab_size %d", name, vocab_size);
     if (bos_id < -1 || bos_id >= vocab_size || eos_id < -1 || eos_id >= vocab_size)
-        return fail(err, err_len, "tokenizer %s: bos_id %d / eos_id %d outside the vocabulary of %d tokens", path,
+        return fail(err, err_len, "tokenizer %s: bos_id %d / eos_id %d outside the vocabulary of %d tokens", name,
                     bos_id, eos_id, vocab_size);
     size_t size;
     char *data = read_file(path, "tokenizer", &size, err, err_len);
@@ -637,9 +638,9 @@ int tokenizer_build(Tokenizer *t, const char *path, int vocab_size, int bos_id, 
     t->eos_id = eos_id;
     const unsigned char *bytes = (const unsigned char *)data;
     int rc = size >= 4 && (uint32_t)read_le_i32(bytes) == TOK_MAGIC
-                 ? parse_ltok(t, path, bytes, size, bos_id, eos_id, err, err_len)
-                 : parse_version1(t, path, bytes, size, err, err_len);
-    if (rc == 0 && t->version < 3) rc = default_chat_fields(t, path, err, err_len);
+                 ? parse_ltok(t, name, bytes, size, bos_id, eos_id, err, err_len)
+                 : parse_version1(t, name, bytes, size, err, err_len);
+    if (rc == 0 && t->version < 3) rc = default_chat_fields(t, name, err, err_len);
     free(data);
     if (rc != 0) {
         tokenizer_free(t);

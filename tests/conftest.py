@@ -65,6 +65,17 @@ def run(*args, input=None, binary=None):
     return p
 
 
+def limited_address_space(limit):
+    """A preexec_fn for subprocess that caps the child's address space at
+    `limit` bytes, so that an allocation of more fails at once (a test that
+    something is never allocated); None for a sanitizer build ($RUN named
+    *-san), whose shadow memory needs far more address space."""
+    if RUN.name.endswith("-san"):
+        return None
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def run_ok(*args, binary=None):
     p = run(*args, binary=binary)
     assert p.returncode == 0, (f"exit {p.returncode}: {[str(a) for a in args]}\n"

@@ -590,6 +590,32 @@ def test_llama2_is_the_default_for_llama2c_tokenizers(syn_tokenizer, tmp_path):
     compare_all(cases, lambda ids: repr([SYN_PIECES[i] for i in ids if 0 <= i < SYN_VOCAB]))
 
 
+def test_llama2_default_is_stated(syn_tokenizer, tmp_path):
+    """The llama2 default for a tokenizer that cannot state a template (a
+    llama2.c tokenizer.bin, version 1) is said on stderr, in a note line
+    naming the tokenizer, the template and --chat-template, by -m chat (after
+    its load line) and -m tokenize --chat (it used to be silent, while -m info
+    said -m chat needed --chat-template); -m info says the same. Chosen with
+    --chat-template, no note; a bad input still gets its one line alone."""
+    ckpt, _, _ = make_model(tmp_path, seq_len=64)
+    p = run(ckpt, "-z", syn_tokenizer, "-m", "chat", "-t", "0", "-n", "2", input=b"hi\n")
+    assert p.returncode == 0, p.stderr
+    stated = [line for line in p.stderr.decode().splitlines() if "states no chat template" in line]
+    assert len(stated) == 1 and stated[0].startswith(f"note: tokenizer {syn_tokenizer} ") and \
+        "using llama2's" in stated[0] and "--chat-template" in stated[0], p.stderr
+    conv = write_conv(tmp_path, [_m("user", "hi")])
+    p = run_ok(ckpt, "-z", syn_tokenizer, "-m", "tokenize", "--chat", "-f", conv)
+    assert p.stderr.decode().startswith(f"note: tokenizer {syn_tokenizer} states no chat template") and \
+        "using llama2's" in p.stderr.decode(), p.stderr
+    check_error(run(ckpt, "-z", syn_tokenizer, "-m", "chat", "--ctx", "8", "-i", "the cat sat on the mat"), 1,
+                ["prompt"])
+    chosen = run(ckpt, "-z", syn_tokenizer, "-m", "chat", "--chat-template", "llama2", "-t", "0", "-n", "2",
+                 input=b"hi\n")
+    assert chosen.returncode == 0 and "states no chat template" not in chosen.stderr.decode(), chosen.stderr
+    info = run_ok(ckpt, "-z", syn_tokenizer, "-m", "info").stdout.decode()
+    assert re.search(r"^chat_template +unstated \(.*-m chat uses llama2", info, re.M), info
+
+
 # --------------------------------------------------------------------------
 # Models that always prefer one token
 

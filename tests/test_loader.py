@@ -11,6 +11,7 @@ Every case is its own test id. The contract (docs/command-line.md, exit status):
 """
 
 import os
+import re
 import shlex
 import struct
 import subprocess
@@ -18,8 +19,8 @@ import subprocess
 import pytest
 
 import export
-from conftest import (HANG_GUARD_S, MODELS, ROOT, RUN, SYN_PIECES, SYN_SCORES, check_error, make_model,
-                      run, write_legacy)
+from conftest import (HANG_GUARD_S, MODELS, ROOT, RUN, SYN_PIECES, SYN_SCORES, check_error, limited_address_space,
+                      make_model, run, write_legacy)
 
 OFFSET = {}  # header field -> (byte offset, struct code), from model.h's table
 _off = 0
@@ -294,14 +295,53 @@ def test_tokenizer_and_text_from_a_pipe(base):
     assert text.returncode == 0 and text.stdout == want.stdout, text.stderr
 
 
-@pytest.mark.parametrize("flag", ["-z", "-f"])
+@pytest.mark.parametrize("flag", ["-z", "-f", "checkpoint"])
 def test_named_pipe_without_a_writer_is_bad_input(base, tmp_path, flag):
     """A FIFO nobody writes to: exit 1 at once, naming it (it used to block
-    forever in open)."""
+    forever in open; as the checkpoint, until a writer came). A checkpoint is
+    mapped, so a FIFO is refused there even with a writer."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    args = ["-z", fifo, "-i", "x"] if flag == "-z" else ["-z", base["tok"], "-f", fifo]
-    check_error(run(base["ckpt"], *args), 1, [str(fifo)])
+    args = {"-z": [base["ckpt"], "-z", fifo, "-i", "x"], "-f": [base["ckpt"], "-z", base["tok"], "-f", fifo],
+            "checkpoint": [fifo, "-z", base["tok"], "-i", "x"]}[flag]
+    p = run(*args)
+    check_error(p, 1, [str(fifo)])
+    if flag == "checkpoint":
+        assert "FIFO" in p.stderr.decode(), p.stderr
+
+
+def machine_memory():
+    """The machine's physical memory in bytes, as run reads it."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("mode", ["generate", "passkey"])
+def test_context_past_the_machines_memory_is_refused_before_allocating(tmp_path, mode):
+    """A context whose KV cache exceeds the machine's physical memory is
+    refused with one line naming what set it (--ctx, or passkey's --lengths)
+    and the two sizes, before anything is allocated: the run is capped at 1
+    GiB of address space, so an allocation first would fail with another
+    message. (It used to be accepted: calloc only reserves pages, and the run
+    failed or swapped later as the cache filled.) The model has enough layers
+    that 8,000,000 positions need 1.25x the machine's memory."""
+    ctx, per_layer_position = 8_000_000, 2 * 64 * 4  # keys and values of dim 64, float32
+    n_layers = -(-int(1.25 * machine_memory()) // (per_layer_position * ctx))
+    tok = tmp_path / "tokenizer.bin"
+    export.write_tokenizer(tok, SYN_PIECES, SYN_SCORES)
+    ckpt, _, _ = make_model(tmp_path, n_layers=n_layers, dim=64, n_heads=4, n_kv_heads=4)
+    args = ["-i", "the cat", "--ctx", str(ctx)] if mode == "generate" else \
+        ["-m", "passkey", "--lengths", str(ctx - 9)]  # its 5-digit key's answer takes 9 more
+    cmd = [str(RUN), str(ckpt), "-z", str(tok), *args]
+    p = subprocess.run(cmd, capture_output=True, timeout=HANG_GUARD_S, preexec_fn=limited_address_space(1 << 30))
+    check_error(p, 2, ["--ctx 8000000" if mode == "generate" else "--lengths (a context of 8000000 positions)"])
+    err = p.stderr.decode()
+    assert len(err.splitlines()) == 1, err
+    sizes = re.search(r"KV cache \(([0-9.]+) GiB\) and buffers for this context need ([0-9.]+) GiB, more than this "
+                      r"machine's ([0-9.]+) GiB of memory", err)
+    assert sizes, err
+    cache, total, memory = (float(g) for g in sizes.groups())
+    assert abs(cache - n_layers * per_layer_position * ctx / 2**30) <= 0.05, err
+    assert abs(memory - machine_memory() / 2**30) <= 0.05 and total >= cache > memory, err
 
 
 @pytest.mark.parametrize("where,value", [("wq", float("nan")), ("w2", float("inf")),

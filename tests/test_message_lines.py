@@ -9,6 +9,8 @@
 - generate's summary line: the time to the first new token; the prompt's
   rate only for a prompt of 8 tokens or more (fewer: "prompt too short to
   time"); generation's rate only when there is a token after the first.
+- A path holding a newline is shown quoted and escaped: every message stays
+  one line.
 - make run's defaults (PROMPT, RUN_ARGS) fit the bundled model's context:
   the run ends where -n says, with no context-full notice.
 """
@@ -169,6 +171,40 @@ def test_passkey_cell_notices_start_a_line(json_output):
     assert untimed(first) == untimed(load), joined
     assert len(re.findall(rb"\npasskey: length ", rest)) == 2, joined  # each after an inserted newline
     assert re.sub(rb"\npasskey: length [^\n]*\n", b"", rest) == out, joined
+
+
+def shown(path):
+    """A path holding a newline as messages show it (model.h's shown_path)."""
+    return '"' + str(path).replace("\\", "\\\\").replace("\n", "\\n") + '"'
+
+
+def test_a_path_holding_a_newline_stays_on_one_line(tmp_path):
+    """A file name may hold a newline. Messages show such a path in double
+    quotes with \\n (model.h's shown_path), so each is still one line: a
+    missing checkpoint, a truncated tokenizer given with -z, a missing -f, a
+    --save-logits path that is a folder, and the load line and summary of a
+    run that works."""
+    odd = tmp_path / "odd\nname"
+    odd.mkdir()
+    tok = odd / "tokenizer.bin"
+    export.write_tokenizer(tok, SYN_PIECES, SYN_SCORES)
+    ckpt, _, _ = make_model(odd)
+    (odd / "short.bin").write_bytes(b"LT")
+    (odd / "out").mkdir()
+    cases = [
+        ([odd / "missing.bin", "-i", "the"], f"{shown(odd / 'missing.bin')}: cannot open checkpoint"),
+        ([ckpt, "-z", odd / "short.bin", "-i", "the"], f"tokenizer {shown(odd / 'short.bin')} (given with -z): "),
+        ([ckpt, "-f", odd / "missing.txt"], f"-f {shown(odd / 'missing.txt')}: "),
+        ([ckpt, "-m", "ppl", "-f", tok, "--save-logits", odd / "out"], f"--save-logits {shown(odd / 'out')}: "),
+    ]
+    for args, start in cases:
+        code, out, err = run_apart(*args)
+        assert code == 1 and out == b"" and err.decode().startswith(start), (args, err)
+        assert err.count(b"\n") == 1, err
+    code, out, err = run_apart(ckpt, "-t", "0", "-n", "2", "-i", "the")
+    lines = err.decode().splitlines()
+    assert code == 0 and len(lines) == 2 and lines[0].startswith(f"{shown(ckpt)}: dim 64"), err
+    assert SUMMARY.match(lines[1]), err
 
 
 SUMMARY = re.compile(r"^(\d+) prompt \+ (\d+) new tokens(; first token after [0-9.]+ ms)?"

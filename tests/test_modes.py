@@ -202,6 +202,46 @@ def test_extrapolation_flags_are_checked(model, syn_tokenizer, args, flag):
     check_error(p, 2, [flag])
 
 
+@pytest.mark.parametrize("args, given", [
+    (["--self-extend", "32", "--ctx", "256"], "--self-extend 32"),
+    (["--ctx", "256", "--self-extend", "32"], "--self-extend 32"),
+    (["--self-extend", "--ctx", "256"], "--self-extend"),
+])
+def test_self_extend_without_w_says_it_needs_g_and_w(model, syn_tokenizer, args, given):
+    """--self-extend G W takes two numbers: with one, or none, before the next
+    flag or the end, the message says it needs G and W (it used to read the
+    next flag as W: "--self-extend W --ctx: expected an integer")."""
+    p = run(model, "-z", syn_tokenizer, "-n", "1", *args)
+    check_error(p, 2, [f"{given}: needs two values, G and W"])
+
+
+def self_extend_reach(G, L, W):
+    """docs/rope.md §10.2: the context Self-Extend covers, G (L - W) + G floor(W/G)."""
+    return G * (L - W) + G * (W // G)
+
+
+@pytest.mark.parametrize("G, W, ctx", [(4, 8, 256), (2, 30, 4000), (5, 8, 256), (8, 8, 64), (4, 64, 256)])
+def test_self_extend_past_the_training_length_is_a_warning(model, syn_tokenizer, G, W, ctx):
+    """A G and W that leave relative positions past the training length L = 64
+    (ctx > G (L - W) + G floor(W/G), docs/rope.md §10.2) get one notice line
+    that states the rule, its value and the smallest G that fits; the run goes
+    on (exit 0). A G that covers the context, or a context within L, gets
+    none; a window W >= L cannot fit at any G, and the notice says W < L."""
+    p = run(model, "-z", syn_tokenizer, "-n", "1", "-i", "the", "--ctx", str(ctx), "--self-extend", str(G), str(W))
+    assert p.returncode == 0, p.stderr
+    notes = [line for line in p.stderr.decode().splitlines() if line.startswith(f"--self-extend {G} {W}: ")]
+    L = 64
+    if W >= L and ctx > L:
+        assert len(notes) == 1 and "W < L" in notes[0], p.stderr
+    elif ctx > L and self_extend_reach(G, L, W) < ctx:
+        fits = next(g for g in range(1, ctx + 1) if self_extend_reach(g, L, W) >= ctx)
+        assert notes == [f"--self-extend {G} {W}: --ctx {ctx} reaches positions past the training length L = {L}: "
+                         f"Self-Extend covers ctx <= G (L - W) + G floor(W/G) = {self_extend_reach(G, L, W)} "
+                         f"(docs/rope.md §10.2); G = {fits} fits"], p.stderr
+    else:
+        assert notes == [], p.stderr
+
+
 def test_ppl_per_position_agrees_with_buckets(model, syn_tokenizer, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text(TEXT * 2)

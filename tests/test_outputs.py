@@ -8,6 +8,7 @@
   device) or is one of the run's inputs is refused and left as it was; an
   unrelated PATH.tmp is left alone; Ctrl-C or SIGTERM leaves no temporary
   file behind.
+- --save-logits -, --attn-stats -: refused (stdout carries the report).
 - --kl-base: a baseline with a NaN or infinite logit, or a directory, is bad
   input, named as such.
 - export.py OUT: an OUT that exists and is not a regular file is refused and
@@ -107,6 +108,18 @@ def test_save_logits_refuses_a_path_that_is_not_a_regular_file(tmp_path, text, k
     assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode) and after.st_ino == before.st_ino
     assert target.read_bytes() == b"keep me"
     assert sorted(q.name for q in tmp_path.iterdir()) == sorted(["out", "target.bin", "text.txt"])
+
+
+@pytest.mark.parametrize("flag", ["--attn-stats", "--save-logits"])
+def test_a_dash_is_no_output_path(tmp_path, text, flag):
+    """`--attn-stats -` and `--save-logits -` are refused (bad usage, exit 2):
+    stdout carries ppl's report, and a file named "-" is what they used to
+    write. The run's folder is left as it was."""
+    p = subprocess.run([str(run_bin()), str(MODEL), "-z", str(TOKENIZER), "-m", "ppl", "-f", str(text), flag, "-"],
+                       cwd=tmp_path, capture_output=True, timeout=300)
+    check_error(p, 2, [f"{flag} -"])
+    assert "stdout" in p.stderr.decode(), p.stderr
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["text.txt"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")

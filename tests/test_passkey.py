@@ -29,11 +29,13 @@ without --lengths the prompt and that answer fill the training context).
 
 import json
 import re
+import subprocess
 
 import pytest
 
-from conftest import ROOT, check_error, run, run_ok
+from conftest import HANG_GUARD_S, ROOT, RUN, check_error, limited_address_space, run, run_ok
 from test_chat import constant_model, hf_rendered, hf_text, setups, with_stop_ids  # noqa: F401 (a fixture)
+from test_message_lines import run_on_pty
 
 MODEL = ROOT / "models" / "model.bin"
 SP_MODEL = ROOT / "models" / "tokenizer.model"
@@ -219,6 +221,58 @@ def test_empty_filler_file(tmp_path):
     f = tmp_path / "empty.txt"
     f.write_text(" \n\t\n")
     check_error(run(MODEL, "-m", "passkey", "-f", f), 1, [str(f), "no filler sentences"])
+
+
+def test_prompts_only_allocates_no_cache():
+    """--prompts-only runs nothing, so it builds no KV cache: capped at 200
+    MiB of address space it prints the prompt of a 60,000-token length, whose
+    cache alone (6 KiB a position on the bundled model: 352 MiB) does not fit
+    there (run used to allocate it, and failed naming --ctx)."""
+    cmd = [str(RUN), str(MODEL), "-m", "passkey", "--prompts-only", "--json", "--lengths", "60000", "--depths",
+           "0", "--trials", "1"]
+    p = subprocess.run(cmd, capture_output=True, timeout=HANG_GUARD_S,
+                       preexec_fn=limited_address_space(200 << 20))
+    assert p.returncode == 0 and p.stderr == b"", p.stderr
+    trial = json.loads(p.stdout)["cells"][0]["trials"][0]
+    assert 59_000 < trial["prompt_tokens"] <= 60_000, trial["prompt_tokens"]
+
+
+def test_length_past_the_largest_context_names_lengths():
+    """A length whose prompt and answer need more positions than run holds
+    (2^24): --lengths is at fault, not a --ctx never given (run used to
+    allocate 48 GiB for 2^24 positions and blame --ctx)."""
+    p = run(MODEL, "-m", "passkey", "--lengths", "256,16777216")
+    check_error(p, 2, ["--lengths 16777216"])
+    assert "--ctx" not in p.stderr.decode() and "16777225" in p.stderr.decode(), p.stderr
+
+
+def test_progress_on_a_terminal_leaves_the_table_whole():
+    """stdout and stderr on one terminal (a pty): each cell's progress is one
+    line rewritten in place (\r) and cleared before the row prints, so the
+    table reads as rows, one a line, with no progress left on screen (the
+    per-cell notices used to split every row)."""
+    args = [MODEL, "-m", "passkey", "--lengths", "100,120", "--depths", "0,1", "--trials", "1"]
+    code, shown = run_on_pty(*args)
+    assert code == 0, shown
+    assert re.search(rb"\rpasskey: length 100 depth 0\.00: [01] of 1 correct \([0-9.]+ s\)", shown), shown
+    screen = terminal_lines(shown)
+    head = screen.index("  length  d=0.00   d=1.00       mean")
+    rows = [line for line in screen[head + 1:] if line]
+    assert len(rows) == 2 and all(re.fullmatch(rf" +{n} +(0|100)% +(0|100)% +(0|50|100)%", r)
+                                  for n, r in zip((100, 120), rows)), screen
+
+
+def terminal_lines(shown):
+    """What a terminal shows after bytes `shown`: its lines, each \r going
+    back to the line's start and the text after it written over what was
+    there (trailing blanks dropped)."""
+    lines = []
+    for raw in shown.decode().split("\n"):
+        line = ""
+        for part_index, part in enumerate(raw.split("\r")):
+            line = part + line[len(part):] if part_index else part
+        lines.append(line.rstrip())
+    return lines
 
 
 def test_prompts_longer_than_the_cache_with_sinks():

@@ -5,8 +5,11 @@ cannot drift from what the program accepts: a line of a block is a command
 when it starts with `./run`, `make`, `.venv/bin/python` or `head` (or with
 `$ ` in a transcript); the text after two spaces and a `#` is its comment.
 Each block runs top to bottom in one scratch folder that links to every file
-of the repository, so a block may write a file (heldout.txt) that its next
-command reads, and nothing is written into the checkout.
+of the repository (but texts/, where the README's commands write), so a block
+may write a file (texts/heldout.txt) that its next command reads, and nothing
+is written into the checkout. Whatever a block writes must be where
+.gitignore keeps it out of git: following the README leaves no untracked file
+in the checkout.
 
 A command is either run, and must exit 0, or listed in NOT_RUN with the
 reason; a NOT_RUN entry the README no longer shows fails the test, so the
@@ -69,12 +72,39 @@ def test_readme_shows_commands_and_not_run_is_current():
     assert not stale, f"NOT_RUN lists commands the README no longer shows: {stale}"
 
 
+# Top-level entries the scratch folder does not link: git's own, and the
+# folder the README's commands write into (a link would write into the checkout).
+NOT_LINKED = (".git", "texts")
+
+
 def scratch_folder(tmp_path):
-    """A folder linking to every top-level entry of the checkout."""
+    """A folder linking to every top-level entry of the checkout but NOT_LINKED."""
     for entry in ROOT.iterdir():
-        if entry.name not in (".git",):
+        if entry.name not in NOT_LINKED:
             os.symlink(entry, tmp_path / entry.name)
     return tmp_path
+
+
+def written_files(folder):
+    """The files a block wrote in the scratch folder (the links are not), as
+    paths relative to it."""
+    written = []
+    for path in folder.rglob("*"):
+        relative = path.relative_to(folder)
+        through = [relative, *relative.parents[:-1]]  # the path and its folders inside `folder`
+        if path.is_file() and not any((folder / p).is_symlink() for p in through):
+            written.append(str(relative))
+    return sorted(written)
+
+
+def not_ignored(paths):
+    """Those of paths (relative to the checkout) that .gitignore does not cover."""
+    if not paths:
+        return []
+    p = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, capture_output=True,
+                       input="\n".join(paths), text=True)
+    assert p.returncode in (0, 1), p.stderr
+    return sorted(set(paths) - set(p.stdout.split("\n")))
 
 
 def needs(command):
@@ -108,5 +138,7 @@ def test_readme_block_runs(index, tmp_path):
         if chat and "smollm2" in command and "-t 0" in command:
             assert b"Paris" in p.stdout, f"{command}: no 'Paris' in {p.stdout[:300]!r}"
         ran += 1
+    stray = not_ignored(written_files(folder))
+    assert not stray, f"README commands left files that .gitignore does not cover: {stray}"
     if ran == 0:
         pytest.skip(f"block {index} holds only commands in NOT_RUN: {block}")

@@ -7,6 +7,7 @@
   stdin that is a directory or a closed descriptor is refused.
 - A conversation from -y or --chat -f that leaves no room for a turn and a
   reply is bad input (exit 1 with the numbers), also when stdin is empty.
+- generate and chat refuse an empty prompt file (-i "" is an empty prompt).
 - generate refuses a prompt file that cannot fit the context by its bytes,
   before encoding it; tokenize encodes a long file in pieces, with the ids
   sentencepiece gives the whole text.
@@ -88,6 +89,20 @@ def test_conversation_file_that_cannot_fit_is_bad_input(tmp_path):
     p = chat("--chat", "-f", conv, stdin=b"and then?\n")
     check_error(p, 1, ["prompt"])
     assert "the context holds 256" in p.stderr.decode()
+
+
+@pytest.mark.parametrize("mode", ["generate", "chat"])
+def test_empty_prompt_file_is_refused(tmp_path, mode):
+    """An empty -f (a redirect that failed, the wrong file) is bad input in
+    generate and chat, as in ppl and passkey: one line naming it (it used to
+    start from BOS alone, or chat on an empty first turn, without a word);
+    -i "" is the way to ask for that."""
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    args = [MODEL, "-z", TOKENIZER, "-n", "4", "-f", empty] + (["-m", "chat"] if mode == "chat" else [])
+    p = run(*args, input=b"hello\n")
+    check_error(p, 1, [f"-f {empty}: empty file"])
+    assert run_ok(MODEL, "-z", TOKENIZER, "-t", "0", "-n", "4", "-i", "").stdout.strip(), "-i \"\" starts from BOS"
 
 
 def test_prompt_file_that_cannot_fit_is_refused_before_encoding(tmp_path):

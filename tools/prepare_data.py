@@ -106,13 +106,20 @@ def main(argv=None):
         ap.error("nothing to do: give --heldout, --excerpt and/or --train")
     rf = not args.no_reflow
     if args.heldout:
-        args.heldout.write_text(heldout_text(args.shared, rf), encoding="utf-8")
+        write_text(args.heldout, heldout_text(args.shared, rf))
     if args.excerpt:
-        args.excerpt.write_text(excerpt_text(args.shared), encoding="utf-8")
+        write_text(args.excerpt, excerpt_text(args.shared))
     if args.train:
         train, _ = book_paths(args.shared)
-        args.train.write_text("\n".join(clean_book(p, rf) for p in train), encoding="utf-8")
+        write_text(args.train, "\n".join(clean_book(p, rf) for p in train))
     return 0
+
+
+def write_text(path: Path, text: str):
+    """Write text to path as UTF-8, making its folder first (the README's
+    texts/, which .gitignore keeps out of git)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":
