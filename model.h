@@ -164,12 +164,19 @@ static inline const char *shown_path(const char *path) {
     next = (next + 1) % SHOWN_PATH_SLOTS;
     size_t n = 0;
     out[n++] = '"';
+    static const char hex[] = "0123456789ABCDEF";
     for (p = (const unsigned char *)path; *p && n + 4 + sizeof "...\"" <= SHOWN_PATH_BYTES; p++) {
-        const char *named = *p == '\n' ? "\\n" : *p == '\r' ? "\\r" : *p == '\t' ? "\\t" : *p == '"' ? "\\\""
-                            : *p == '\\' ? "\\\\" : NULL;
-        if (named) n += (size_t)snprintf(out + n, 3, "%s", named);
-        else if (*p < 0x20 || *p == 0x7f) n += (size_t)snprintf(out + n, 5, "\\x%02X", *p);
-        else out[n++] = (char)*p;
+        char named = *p == '\n' ? 'n' : *p == '\r' ? 'r' : *p == '\t' ? 't' : *p == '"' ? '"' : *p == '\\' ? '\\' : 0;
+        if (named) { // \n \r \t \" \\ (two bytes)
+            out[n++] = '\\';
+            out[n++] = named;
+        } else if (*p < 0x20 || *p == 0x7f) { // \xHH (four bytes)
+            out[n++] = '\\';
+            out[n++] = 'x';
+            out[n++] = hex[*p >> 4];
+            out[n++] = hex[*p & 15];
+        } else
+            out[n++] = (char)*p;
     }
     snprintf(out + n, SHOWN_PATH_BYTES - n, "%s\"", *p ? "..." : "");
     return out;
