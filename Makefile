@@ -42,8 +42,8 @@ LDLIBS = -lm
 # given in the wrong place is (a GGUF as the checkpoint, ...). The tests build
 # all of them with -DTESTING, which leaves run.c's main out.
 MODES = chat.c lineedit.c ppl.c attn_stats.c passkey.c tokenize.c rope_mode.c info.c cli.c
-SRC = run.c keys.c messages.c $(MODES) filekind.c kernels.c tokenizer.c
-HDR = model.h run.h keys.h messages.h modes.h cli.h chat.h lineedit.h ppl.h attn_stats.h passkey.h tokenizer.h kernels.h filekind.h \
+SRC = run.c keys.c messages.c $(MODES) filekind.c gguf.c gguf_model.c kernels.c tokenizer.c
+HDR = model.h run.h keys.h messages.h modes.h cli.h chat.h lineedit.h ppl.h attn_stats.h passkey.h tokenizer.h kernels.h filekind.h gguf.h \
 	unicode_tables.h
 
 # Sanitizer build: AddressSanitizer (out-of-bounds, use-after-free, leaks) and
@@ -62,7 +62,7 @@ HAVE_CLANG := $(shell command -v $(CLANG) >/dev/null 2>&1 && echo yes)
 # FUZZ_SECONDS (default 120) on a corpus kept in tests/fuzz/build/corpus/;
 # `make fuzz-smoke` (part of `make test`) runs each over its seeds, then for
 # FUZZ_SMOKE_SECONDS (default 5).
-FUZZ_TARGETS = checkpoint tokenizer encode chat chat_input
+FUZZ_TARGETS = checkpoint tokenizer encode chat chat_input gguf
 FUZZ_BIN = $(FUZZ_TARGETS:%=tests/fuzz/build/fuzz_%)
 FUZZ_FLAGS = -g -O1 -march=native -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=all \
 	-std=c11 -Wall -Wextra -Wno-unused-function -I.
@@ -72,6 +72,9 @@ FUZZ_SMOKE_SECONDS ?= 5
 # makes a target grow past it is a finding.
 FUZZ_RSS_MB ?= 1024
 FUZZ_SEEDS = tests/fuzz/build/seeds
+# The GGUF loader's tests the sanitizer builds run (all of tests/test_gguf_load.py takes 3.5 min
+# under ASan): every bad file and truncation, and one file of each tensor type.
+GGUF_SAN_TESTS = bad or truncated or refused or unsupported or architecture or untied
 
 .PHONY: all build portable reference run test lint test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation \
 	bench venv venv-export smollm2 clean help FORCE
@@ -222,6 +225,7 @@ sanitize: venv
 	./tests/test_run-san-avx2
 	./tests/test_tokenizer-san
 	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_modes.py tests/test_loader.py
+	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_gguf_load.py -k "$(GGUF_SAN_TESTS)"
 ifeq ($(HAVE_CLANG),yes)
 	$(CLANG) $(CLANG_SAN) $(FP) -march=native $(TWARN) -DTESTING -I. -o tests/test_run-clang-san $(TEST_RUN_C) $(SRC) $(LDLIBS)
 	$(CLANG) $(CLANG_SAN) $(WARN) -I. -o tests/test_tokenizer-clang-san tests/test_tokenizer.c $(LDLIBS)
@@ -229,17 +233,18 @@ ifeq ($(HAVE_CLANG),yes)
 	./tests/test_run-clang-san
 	./tests/test_tokenizer-clang-san
 	RUN=$(CURDIR)/run-clang-san $(PYTHON) -m pytest -q tests/test_loader.py
+	RUN=$(CURDIR)/run-clang-san $(PYTHON) -m pytest -q tests/test_gguf_load.py -k "$(GGUF_SAN_TESTS)"
 else
 	@echo "sanitize: no $(CLANG) here: the clang build (float-cast-overflow) is skipped"
 endif
 
-tests/fuzz/build/fuzz_checkpoint tests/fuzz/build/fuzz_chat tests/fuzz/build/fuzz_chat_input: tests/fuzz/build/%: tests/fuzz/%.c $(SRC) $(HDR)
+tests/fuzz/build/fuzz_checkpoint tests/fuzz/build/fuzz_chat tests/fuzz/build/fuzz_chat_input tests/fuzz/build/fuzz_gguf: tests/fuzz/build/%: tests/fuzz/%.c $(SRC) $(HDR)
 	@mkdir -p tests/fuzz/build
 	$(CLANG) $(FUZZ_FLAGS) -DTESTING -DFUZZING -o $@ $< $(SRC) $(LDLIBS)
 tests/fuzz/build/fuzz_tokenizer tests/fuzz/build/fuzz_encode: tests/fuzz/build/%: tests/fuzz/%.c tokenizer.c $(HDR)
 	@mkdir -p tests/fuzz/build
 	$(CLANG) $(FUZZ_FLAGS) -o $@ $< tokenizer.c $(LDLIBS)
-$(FUZZ_SEEDS)/.made: tests/fuzz/make_seeds.py export.py $(wildcard convert/*.py) models/tokenizer.bin | venv
+$(FUZZ_SEEDS)/.made: tests/fuzz/make_seeds.py tests/fuzz/gguf_seeds.py export.py $(wildcard convert/*.py) models/tokenizer.bin | venv
 	$(PYTHON) tests/fuzz/make_seeds.py $(FUZZ_SEEDS)
 	touch $@
 

@@ -14,6 +14,7 @@
 
 #include "chat.h"
 #include "cli.h"
+#include "gguf.h"
 #include "filekind.h"
 
 const char *const MODE_NAMES[] = {"generate", "chat", "ppl", "tokenize", "rope", "passkey", "info", NULL};
@@ -448,6 +449,10 @@ static char *tokenizer_path(const Options *o, const char *checkpoint, char *orig
         snprintf(origin, origin_len, "the default, beside the checkpoint");
         return beside;
     }
+    if (gguf_is_file(checkpoint)) // gguf.h: a GGUF's own vocabulary is not read yet
+        die(EXIT_BAD_INPUT, "tokenizer: no -z given, and no %s beside the GGUF %s; run does not read a GGUF's own "
+            "vocabulary yet: write it there with: python3 export.py %s --tokenizer %s", beside, checkpoint, beside,
+            checkpoint);
     if (dir_len == 0) // the checkpoint's folder is the current one: there is no other place to look
         die(EXIT_BAD_INPUT, "tokenizer: no -z given, and no ./tokenizer.bin beside the checkpoint %s; give the "
             "tokenizer with -z", shown_path(checkpoint));

@@ -3,10 +3,12 @@
  *
  * A checkpoint that fails to load and a tokenizer file that fails to parse
  * end here: the file's first bytes are matched against the formats a user is
- * likely to have at hand (a llama.cpp GGUF, Hugging Face safetensors or
- * tokenizer.json, a PyTorch zip, a sentencepiece or tiktoken tokenizer.model,
- * or the other of run's own two files), so that `./run model.gguf` says
- * "a GGUF file; convert it with ..." instead of reporting an absurd dim.
+ * likely to have at hand (Hugging Face safetensors or tokenizer.json, a
+ * PyTorch zip, a sentencepiece or tiktoken tokenizer.model, a llama.cpp GGUF
+ * given to -z, or the other of run's own two files), so that
+ * `./run model.safetensors` says "a safetensors file; convert its folder
+ * with ..." instead of reporting an absurd dim. (A GGUF given as the
+ * checkpoint never ends here: run.c hands it to gguf_model.c.)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -169,11 +171,7 @@ static int advice(FileKind kind, FileRole role, const char *path, long n_tokens,
                                                               : "a tiktoken tokenizer.model (Llama 3)";
     if (role == AS_CHECKPOINT) {
         switch (kind) {
-        case KIND_UNKNOWN: case KIND_CHECKPOINT: return 0;
-        case KIND_GGUF:
-            snprintf(out, out_len, "a GGUF file (llama.cpp); convert it with: python3 export.py model.bin --gguf %s "
-                     "(also writes its tokenizer.bin beside model.bin)", shown_path(path));
-            break;
+        case KIND_UNKNOWN: case KIND_CHECKPOINT: case KIND_GGUF: return 0; // a GGUF: gguf_model.c's message stands
         case KIND_SAFETENSORS:
             snprintf(out, out_len, "a safetensors file (Hugging Face weights); convert its folder, with config.json "
                      "beside it, with: python3 export.py model.bin --hf %s", shown_path(dir));

@@ -244,7 +244,11 @@ static void print_info_text(const ModeInput *in) {
     char text[1024] = "";
     field("file", "%s", in->checkpoint);
     field("file_size", "%zu bytes (%.1f MiB)", t->file_size, t->file_size / 1048576.0);
-    if (c->version == 0) field("format", "llama2.c (version 0: RoPE, eps and token ids fixed)");
+    const unsigned char *head = t->mapping;
+    if (head && !memcmp(head, "GGUF", 4)) // gguf_model.c: read directly, its config as export.py would write it
+        field("format", "GGUF version %d (llama.cpp), read directly; %.1f MiB of tensors converted at load",
+              read_le_i32(head + 4), t->converted_size / 1048576.0);
+    else if (c->version == 0) field("format", "llama2.c (version 0: RoPE, eps and token ids fixed)");
     else field("format", "LRPE version %d", c->version);
     field("dim", "%d", c->dim);
     field("hidden_dim", "%d", c->hidden_dim);
@@ -311,6 +315,9 @@ static void print_info_json(const ModeInput *in) {
            "\"n_heads\": %d, \"n_kv_heads\": %d, \"head_size\": %d, \"vocab_size\": %d, \"train_ctx\": %d, "
            "\"shared_classifier\": %s, ", t->file_size, c->version, c->dim, c->hidden_dim, c->n_layers, c->n_heads,
            c->n_kv_heads, c->dim / c->n_heads, c->vocab_size, c->train_ctx, c->shared_classifier ? "true" : "false");
+    if (t->mapping && !memcmp(t->mapping, "GGUF", 4)) // read directly (gguf_model.c)
+        printf("\"gguf_version\": %d, \"converted_bytes\": %zu, ", read_le_i32((const unsigned char *)t->mapping + 4),
+               t->converted_size);
     print_json_field("norm_eps", c->norm_eps);
     printf("\"weights\": \"%s\", \"group_size\": %d, \"biases\": [", WEIGHT_NAMES[c->weight_type], c->group_size);
     const char *bias[] = {"qkv", "o", "mlp"};

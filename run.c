@@ -51,6 +51,7 @@
 
 #include "attn_stats.h"
 #include "filekind.h"
+#include "gguf.h"
 #include "keys.h"
 #include "modes.h"
 #include "run.h"
@@ -251,7 +252,7 @@ int parse_header(const char *path, const unsigned char *h, size_t n_read, Config
 }
 
 /* Check every header value before anything is computed from it. */
-static int validate_config(const char *path, const Config *c, const RopeConfig *r, char *err, size_t err_len) {
+int validate_config(const char *path, const Config *c, const RopeConfig *r, char *err, size_t err_len) {
     struct { const char *name; int value, max; } dims[] = {
         {"dim", c->dim, MAX_DIM}, {"hidden_dim", c->hidden_dim, MAX_HIDDEN},
         {"n_layers", c->n_layers, MAX_LAYERS}, {"n_heads", c->n_heads, MAX_DIM},
@@ -356,6 +357,11 @@ int load_checkpoint(Transformer *t, const char *path, char *err, size_t err_len)
     if (got < 0) {
         close(fd);
         return fail(err, err_len, "%s: read error: %s", name, strerror(errno));
+    }
+    if (got >= 4 && memcmp(header, GGUF_MAGIC, 4) == 0) { // llama.cpp's format, read by gguf_model.c
+        int rc = gguf_load_checkpoint(t, path, fd, file_size, err, err_len);
+        close(fd);
+        return rc;
     }
     Config *c = &t->config;
     RopeConfig *r = &t->rope;
@@ -880,6 +886,7 @@ void free_transformer(Transformer *t) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(st->inv_freq);
     if (t->mapping) munmap(t->mapping, t->file_size);
+    free(t->converted); // a GGUF's converted tensors
     memset(t, 0, sizeof *t);
 }
 

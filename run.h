@@ -129,6 +129,8 @@ typedef struct {
     RunState state;
     void *mapping;        // the whole checkpoint file, mmap'd read-only
     size_t file_size;
+    void *converted;      // a GGUF's tensors converted at load (gguf_model.c), one allocation; NULL otherwise
+    size_t converted_size;
 } Transformer;
 
 /* Names as the command line and the outputs spell them (index = ROPE_NONE ..,

@@ -662,14 +662,16 @@ def test_gguf_default_tokenizer_path(tmp_path):
 
 
 def test_gguf_given_to_run_converts_as_the_message_says(tmp_path):
-    """`run x.gguf` names the export.py command that converts it, and so does
-    `run model.bin -z x.gguf` for its vocabulary: run as printed, in a folder
-    of their own, both give files that run reads. The converted tokenizer
-    (version 3, "LTOK") given as the checkpoint is named as a tokenizer."""
-    path, _, _ = make_gguf(tmp_path / "m.gguf")
+    """`run x.gguf` of a tensor type run does not read directly (Q4_1; the
+    others: tests/test_gguf_load.py) names the export.py command that converts
+    it, and so does `run model.bin -z x.gguf` for its vocabulary: run as
+    printed, in a folder of their own, both give files that run reads. The
+    converted tokenizer (version 3, "LTOK") given as the checkpoint is named
+    as a tokenizer."""
+    path, _, _ = make_gguf(tmp_path / "m.gguf", Q.Q4_1)
     p = run(path, "-t", "0", "-n", "2", "-i", "the cat")
     err = p.stderr.decode()
-    assert p.returncode == 1 and err.startswith(f"{path}: not a checkpoint: a GGUF file"), err
+    assert p.returncode == 1 and err.startswith(f"{path}: tensor ") and "Q4_1" in err, err
     out = tmp_path / "out"
     out.mkdir()
     conv = subprocess.run(advised_command(err, "convert it with: ", " (also"), cwd=out, capture_output=True)

@@ -490,8 +490,8 @@ def foreign_file(kind, d, base):
     raise ValueError(kind)
 
 
+# (a GGUF is a checkpoint run reads directly: tests/test_gguf_load.py has its refusals)
 AS_CHECKPOINT = {  # kind -> what the message must hold ({p}: the file, {d}: its folder)
-    "gguf": ["a GGUF file", "python3 export.py model.bin --gguf {p}"],
     "safetensors": ["safetensors", "python3 export.py model.bin --hf {d}"],
     "pytorch": ["zip archive", "python3 export.py model.bin --meta-llama {d}"],
     "config-json": ["config.json", "python3 export.py model.bin --hf {d}"],

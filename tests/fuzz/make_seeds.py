@@ -20,6 +20,9 @@ fuzzers start from files the loaders accept and mutate from there):
     OUT_DIR/chat/         a selector byte + a conversation file ("role: text" lines)
     OUT_DIR/chat_input/   a selector byte (the line reader's bound) + what a user types:
                           turns, CRLF lines, a NUL byte, a long line, no final newline
+    OUT_DIR/gguf/         option bytes + a small GGUF (tests/fuzz/gguf_seeds.py): each
+                          tensor type run reads and one it refuses, scaling keys,
+                          every metadata value type
     OUT_DIR/tokenizers/   the two fixed tokenizers fuzz_encode and fuzz_chat load:
                           sp.bin (the bundled models/tokenizer.bin, copied) and
                           bpe.bin (a byte-level BPE vocabulary with ChatML pieces)
@@ -133,6 +136,8 @@ def main():
     for i, (sel, text) in enumerate(itertools.product((0, 1, 5, 31), typed)):
         (out / "chat_input" / f"typed-{i}").write_bytes(bytes([sel]) + text)
     tmp.unlink()
+    from gguf_seeds import write_gguf_seeds  # beside this file: small GGUFs for fuzz_gguf
+    write_gguf_seeds(out / "gguf")
     print(f"make_seeds: wrote {out}", file=sys.stderr)
 
 
