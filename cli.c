@@ -10,11 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "chat.h"
 #include "cli.h"
-#include "gguf.h"
+#include "gguf_tokenizer.h"
 #include "filekind.h"
 
 const char *const MODE_NAMES[] = {"generate", "chat", "ppl", "tokenize", "rope", "passkey", "info", NULL};
@@ -72,7 +73,11 @@ _Static_assert(offsetof(Options, se_window) == offsetof(Options, se_group) + siz
 static const Flag FLAGS[] = {
     {"-m", NULL, ALL, CHOICE, 0, 0, FIELD(mode), MODE_NAMES, "<mode>", "what to do, default generate"},
     {"-z", NULL, ALL & ~ROPE, TEXT, 0, 0, FIELD(tokenizer), NULL, "<file>",
-     "tokenizer; default tokenizer.bin beside the checkpoint, else ./tokenizer.bin"},
+     "tokenizer file, or a GGUF (its vocabulary); default: a GGUF checkpoint's own,\n"
+     "else tokenizer.bin beside the checkpoint, else ./tokenizer.bin"},
+    {"--gguf-convert", NULL, ALL, CHOICE, 0, 0, FIELD(gguf_convert), WEIGHT_NAMES, "<type>",
+     "what a GGUF's quantized tensors (Q8_0, Q4_0 .. Q6_K) become at load:\n"
+     "q8_0 (default), or f32: the values as dequantized, 4x the memory"},
     {"--ctx", "-c", ALL & ~(TOK | INFO), INT, 1, MAX_CTX, FIELD(ctx), NULL, "<int>",
      "context length; default the training context; may exceed it"},
     {"--threads", NULL, MODEL, INT, 1, 1024, FIELD(threads), NULL, "<int>",
@@ -260,12 +265,13 @@ static void usage(FILE *out, int mode) {
     for (int m = 0; m < N_MODES; m++) fprintf(out, "  %-10s %s\n", MODE_NAMES[m], MODE_HELP[m]);
     fprintf(out, "Common options (run --help MODE lists every option MODE reads):\n");
     for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) flag_help(out, find_flag(common[i]));
-    fprintf(out, "Weights: float32 or q8_0, as the checkpoint says (export.py --dtype).\n"
+    fprintf(out, "Weights: float32 or q8_0, as the checkpoint says (export.py --dtype); a GGUF's\n"
+                 "quantized ones become q8_0 at load (--gguf-convert f32: float32).\n"
                  "Exit status: 0 ok, 1 bad input or runtime failure, 2 bad usage.\n"
                  "Examples:\n"
                  "  run models/model.bin -i \"It was a dark and stormy night\" -t 0.8 -n 200\n"
                  "  run models/model.bin -m ppl -f book.txt --ctx 1024 --rope-scaling yarn --rope-factor 4\n"
-                 "  run models/smollm2/model-q8_0.bin -m chat\n");
+                 "  run models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf -m chat\n");
 }
 
 /* Strict number parsing: the whole string must be a number in f's range. */
@@ -363,7 +369,8 @@ static void check_combinations(const Options *o) {
 
 const char *parse_args(int argc, char **argv, Options *o) {
     *o = (Options){.temperature = 1.0, .topp = 0.9, .repeat_penalty = 1.0, .repeat_last_n = 64, .steps = 256,
-                   .mode = MODE_GENERATE, .kv_type = KV_F32, .trials = 5, .key_digits = 5};
+                   .mode = MODE_GENERATE, .kv_type = KV_F32, .trials = 5, .key_digits = 5,
+                   .gguf_convert = WEIGHT_Q8_0};
     const char *checkpoint = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -425,61 +432,79 @@ PositionOverrides position_overrides(const Options *o) {
 }
 
 /* ==========================================================================
- * The tokenizer file: -z, or the default beside the checkpoint
+ * The tokenizer: -z, a GGUF's own, or the file beside the checkpoint
  * ========================================================================== */
 
-/* The tokenizer file of this run: -z's, else tokenizer.bin beside the
+/* Whether path is a regular file that starts with "GGUF" (a pipe is not
+ * looked into: the bytes read would be gone for the loader). */
+static int regular_gguf(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && gguf_is_file(path);
+}
+
+/* Where this run's tokenizer comes from: -z's file (a GGUF given there: its
+ * vocabulary); else a GGUF checkpoint's own vocabulary (tokenizer.ggml.*, a
+ * tokenizer.bin beside it notwithstanding); else tokenizer.bin beside the
  * checkpoint, else ./tokenizer.bin when there is none beside it. How it was
  * chosen goes into `origin` for the messages. Exits, naming the paths it
  * looked at, when -z was not given and neither file exists. */
 static char *tokenizer_path(const Options *o, const char *checkpoint, char *origin, size_t origin_len) {
-    if (o->tokenizer) {
-        snprintf(origin, origin_len, "given with -z");
-        char *path = strdup(o->tokenizer);
+    if (o->tokenizer || regular_gguf(checkpoint)) {
+        snprintf(origin, origin_len, o->tokenizer ? "given with -z" : "the GGUF's own vocabulary, tokenizer.ggml.*");
+        char *path = strdup(o->tokenizer ? o->tokenizer : checkpoint);
         if (!path) die(EXIT_BAD_INPUT, "out of memory");
         return path;
     }
     const char *slash = strrchr(checkpoint, '/');
     size_t dir_len = slash ? (size_t)(slash - checkpoint + 1) : 0;
-    char *beside = malloc(dir_len + sizeof "tokenizer.bin");
-    if (!beside) die(EXIT_BAD_INPUT, "out of memory");
+    char beside[PATH_MAX + sizeof "tokenizer.bin"]; // on the stack: the exits below leave nothing allocated
+    if (dir_len > PATH_MAX) die(EXIT_BAD_INPUT, "checkpoint %s: its folder's name is longer than %d bytes",
+                                shown_path(checkpoint), PATH_MAX);
     memcpy(beside, checkpoint, dir_len);
     memcpy(beside + dir_len, "tokenizer.bin", sizeof "tokenizer.bin");
+    const char *chosen = beside;
     if (access(beside, F_OK) == 0) {
         snprintf(origin, origin_len, "the default, beside the checkpoint");
-        return beside;
-    }
-    if (gguf_is_file(checkpoint)) // gguf.h: a GGUF's own vocabulary is not read yet
-        die(EXIT_BAD_INPUT, "tokenizer: no -z given, and no %s beside the GGUF %s; run does not read a GGUF's own "
-            "vocabulary yet: write it there with: python3 export.py %s --tokenizer %s", beside, checkpoint, beside,
-            checkpoint);
-    if (dir_len == 0) // the checkpoint's folder is the current one: there is no other place to look
+    } else if (dir_len == 0) { // the checkpoint's folder is the current one: there is no other place to look
         die(EXIT_BAD_INPUT, "tokenizer: no -z given, and no ./tokenizer.bin beside the checkpoint %s; give the "
             "tokenizer with -z", shown_path(checkpoint));
-    if (access("tokenizer.bin", F_OK) != 0)
+    } else if (access("tokenizer.bin", F_OK) != 0) {
         die(EXIT_BAD_INPUT, "tokenizer: no -z given, and neither %s (beside the checkpoint) nor ./tokenizer.bin "
             "exists; give the tokenizer with -z", shown_path(beside));
-    snprintf(origin, origin_len, "the default in the current directory, as there is no %s beside the checkpoint",
-             shown_path(beside));
-    memcpy(beside, "tokenizer.bin", sizeof "tokenizer.bin");
-    return beside;
+    } else {
+        snprintf(origin, origin_len, "the default in the current directory, as there is no %s beside the checkpoint",
+                 shown_path(beside));
+        chosen = "tokenizer.bin";
+    }
+    char *path = strdup(chosen);
+    if (!path) die(EXIT_BAD_INPUT, "out of memory");
+    return path;
 }
 
 /* Load the tokenizer for the checkpoint's vocabulary into tok and return its
- * path (the caller frees it). On failure exit with one line that names the
- * path tried and how it was chosen, says what the file is when it is not a
- * tokenizer file at all (filekind.c), and suggests -z when -z was not given. */
+ * path (the caller frees it): a GGUF's vocabulary through gguf_tokenizer.c
+ * (with export.py's note on its chat template, when there is one, on
+ * stderr), any other file through tokenizer.c. On failure exit with one line
+ * that names the path tried and how it was chosen, says what the file is
+ * when it is not a tokenizer file at all (filekind.c), and suggests -z when
+ * -z was not given. */
 char *load_tokenizer(Tokenizer *tok, const Options *o, const char *checkpoint, const Config *c) {
-    char origin[4200], err[1024], what[768]; // origin holds a path (up to 4096 bytes on Linux) and words
+    char origin[4200], err[1024], what[768], note[GGUF_TOK_NOTE_BYTES]; // origin: a path (up to 4096 bytes) and words
     char *path = tokenizer_path(o, checkpoint, origin, sizeof origin);
-    if (tokenizer_build(tok, path, c->vocab_size, c->bos_id, c->eos_id, err, sizeof err) == 0) return path;
-    if (explain_foreign_file(path, AS_TOKENIZER, what, sizeof what))
+    int gguf = regular_gguf(path);
+    int rc = gguf ? gguf_tokenizer_build(tok, path, c->vocab_size, c->bos_id, c->eos_id, note, err, sizeof err)
+                  : tokenizer_build(tok, path, c->vocab_size, c->bos_id, c->eos_id, err, sizeof err);
+    if (rc == 0) {
+        if (gguf && note[0]) notice("tokenizer %s: note: %s", shown_path(path), note);
+        return path;
+    }
+    if (!gguf && explain_foreign_file(path, AS_TOKENIZER, what, sizeof what))
         die(EXIT_BAD_INPUT, "tokenizer %s (%s): not a tokenizer file: %s", shown_path(path), origin, what);
-    // tokenizer.c's message is "tokenizer PATH: why" (PATH as shown_path shows it); the origin goes after PATH
-    const char *shown = shown_path(path);
-    size_t head = strlen("tokenizer ") + strlen(shown);
-    const char *why = !strncmp(err, "tokenizer ", 10) && !strncmp(err + 10, shown, strlen(shown)) &&
-                      !strncmp(err + head, ": ", 2) ? err + head + 2 : err;
+    // The loaders' messages start "tokenizer PATH: " or (a GGUF's keys) "PATH: ", PATH as shown_path shows it;
+    // the origin goes after PATH
+    const char *shown = shown_path(path), *why = err;
+    size_t skip = strncmp(err, "tokenizer ", 10) == 0 ? 10 : 0, n = strlen(shown);
+    if (strncmp(err + skip, shown, n) == 0 && strncmp(err + skip + n, ": ", 2) == 0) why = err + skip + n + 2;
     die(EXIT_BAD_INPUT, "tokenizer %s (%s): %s%s", shown, origin, why,
-        o->tokenizer ? "" : "; give the tokenizer with -z");
+        o->tokenizer ? "" : gguf ? "; give another tokenizer with -z" : "; give the tokenizer with -z");
 }

@@ -13,10 +13,11 @@ Command line (docs/convert.md is the user's guide to the conversions):
         [--rope-layout neox|interleaved]          q/k layout to write (default: the
                                                   source's: neox for HF, interleaved for Meta)
         [--seq-len N]                             training context to record
-    python3 export.py OUT --gguf FILE.gguf        llama.cpp GGUF (Llama architecture), any
+    python3 export.py OUT --gguf FILE.gguf        llama.cpp GGUF (llama, qwen2, phi3), any
                                                   tensor type gguf dequantizes; writes its
                                                   tokenizer too (default: tokenizer.bin beside OUT)
-        [--rope-layout neox|interleaved]          (default interleaved, as GGUF stores q/k)
+        [--rope-layout neox|interleaved]          (default: as the file stores q/k: interleaved
+                                                  for llama, neox for qwen2 and phi3)
         [--tokenizer-out PATH]                    --gguf: the tokenizer's path; --hf/--meta-llama:
                                                   also convert DIR's tokenizer to PATH
     python3 export.py OUT --llama2c IN.bin        convert a llama2.c checkpoint
@@ -206,12 +207,14 @@ def _parser():
     m = p.add_argument_group("options for --hf, --meta-llama, --gguf and --random")
     m.add_argument("--rope-layout", choices=ROPE_LAYOUTS, default=None,
                    help="q/k layout to write. --hf: neox (default; the weights as Hugging Face "
-                        "stores them) or interleaved (rows un-permuted per head). --meta-llama "
-                        "and --gguf: interleaved (default; the layout they store) or neox. "
+                        "stores them) or interleaved (rows un-permuted per head). --meta-llama: "
+                        "interleaved (default; the layout it stores) or neox. --gguf: the "
+                        "layout the file stores (default; interleaved for llama, neox for "
+                        "qwen2 and phi3) or the other. "
                         "--random: default interleaved. Both give the same logits")
     m.add_argument("--seq-len", type=int, default=None, metavar="N",
                    help="--hf/--meta-llama/--gguf: training context to record (default: "
-                        "max_position_embeddings, params.json max_seq_len, llama.context_length)")
+                        "max_position_embeddings, params.json max_seq_len, <arch>.context_length)")
     m.add_argument("--tokenizer-out", metavar="PATH", default=None,
                    help="--gguf: where its tokenizer goes (default: tokenizer.bin beside OUT, "
                         "which run finds on its own). --hf/--meta-llama: also convert the "
@@ -262,7 +265,7 @@ def _convert_model(args, weights):
     elif args.meta_llama:
         src = read_meta(args.meta_llama, args.rope_layout or "interleaved", args.seq_len)
     else:
-        src = read_gguf(args.gguf, args.rope_layout or "interleaved")
+        src = read_gguf(args.gguf, args.rope_layout)
     cfg, tensors, notes = src.config, src.tensors, src.notes
     tokenizer = _tokenizer_to_write(args, src)  # (path, bytes, description) or None
     if args.seq_len is not None and not args.meta_llama:

@@ -4,11 +4,12 @@
  * A checkpoint that fails to load and a tokenizer file that fails to parse
  * end here: the file's first bytes are matched against the formats a user is
  * likely to have at hand (Hugging Face safetensors or tokenizer.json, a
- * PyTorch zip, a sentencepiece or tiktoken tokenizer.model, a llama.cpp GGUF
- * given to -z, or the other of run's own two files), so that
- * `./run model.safetensors` says "a safetensors file; convert its folder
- * with ..." instead of reporting an absurd dim. (A GGUF given as the
- * checkpoint never ends here: run.c hands it to gguf_model.c.)
+ * PyTorch zip, a sentencepiece or tiktoken tokenizer.model, or the other of
+ * run's own two files), so that `./run model.safetensors` says "a
+ * safetensors file; convert its folder with ..." instead of reporting an
+ * absurd dim. (A GGUF never ends here: run.c hands one given as the
+ * checkpoint to gguf_model.c, and cli.c reads one given to -z, or a GGUF
+ * checkpoint's own vocabulary, with gguf_tokenizer.c.)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -197,13 +198,9 @@ static int advice(FileKind kind, FileRole role, const char *path, long n_tokens,
         return 1;
     }
     switch (kind) {
-    case KIND_UNKNOWN: case KIND_TOKENIZER_BIN: return 0;
+    case KIND_UNKNOWN: case KIND_TOKENIZER_BIN: case KIND_GGUF: return 0; // a GGUF: gguf_tokenizer.c's message stands
     case KIND_CHECKPOINT:
         snprintf(out, out_len, "a checkpoint; give it as the first argument, and its tokenizer.bin with -z");
-        break;
-    case KIND_GGUF:
-        snprintf(out, out_len, "a GGUF file (llama.cpp); convert its vocabulary with: python3 export.py tokenizer.bin "
-                 "--tokenizer %s", shown_path(path));
         break;
     case KIND_SAFETENSORS: case KIND_CONFIG_JSON:
         snprintf(out, out_len, "%s; convert the tokenizer.json beside it with: python3 export.py tokenizer.bin "

@@ -1,6 +1,6 @@
 /* gguf.h: llama.cpp's GGUF file format, read in place (gguf.c), and the
- * model loader that turns a GGUF of the Llama architecture into run's
- * Transformer (gguf_model.c). docs/gguf.md says what loads and what is
+ * model loader that turns a GGUF of the llama, qwen2 or phi3 architecture
+ * into run's Transformer (gguf_model.c). docs/gguf.md says what loads and what is
  * refused.
  *
  * The format (versions 2 and 3, little-endian; strings are a u64 length and
@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gguf_quants.h"
 #include "run.h"
 
 #define GGUF_MAGIC "GGUF"
@@ -36,8 +37,9 @@ enum {
     GGUF_ARRAY, GGUF_U64, GGUF_I64, GGUF_F64, GGUF_N_VALUE_TYPES
 };
 
-/* ggml tensor types this program converts (the others are known by size only). */
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_BF16 = 30 };
+/* The ggml tensor types run reads (GGML_F32 ...) and the dequantization of
+ * the quantized ones are gguf_quants.h's; gguf.c knows every other type by
+ * its name and block size only. */
 
 /* A string inside the file: `len` bytes at p, not NUL-terminated. */
 typedef struct {
@@ -117,4 +119,8 @@ int validate_config(const char *path, const Config *c, const RopeConfig *r, char
  * mapping and the converted tensors are t's (free_transformer releases them).
  * Returns 0, or -1 with one line in err and t zeroed. */
 int gguf_load_checkpoint(Transformer *t, const char *path, int fd, size_t file_size, char *err, size_t err_len);
+/* What the loader makes of the quantized tensors (Q8_0 and the 4- to 6-bit
+ * types), which the kernels do not run as stored: WEIGHT_Q8_0 (the default)
+ * or WEIGHT_F32. main sets it from --gguf-convert before the model loads. */
+void gguf_set_conversion(int weight_type);
 #endif

@@ -1,4 +1,5 @@
-/* gguf_model.c: a GGUF file of the Llama architecture as run's Transformer,
+/* gguf_model.c: a GGUF file of the llama, qwen2 or phi3 architecture (ARCHS
+ * below says what each adds to Llama) as run's Transformer,
  * read directly (run.c's load_checkpoint calls gguf_load_checkpoint for a
  * file that starts with "GGUF"; gguf.c reads the format).
  *
@@ -6,55 +7,113 @@
  * reader maps it (convert/gguf.py, convert/gguf_rope.py), float fields
  * rounded to float32 as export.py's header stores them, so that the model
  * is the one `export.py OUT --gguf FILE` writes. q/k rows stay as llama.cpp's
- * converter leaves them: Meta's interleaved pairs (docs/rope.md).
+ * converter leaves them: Meta's interleaved pairs for llama, Hugging Face's
+ * half-split (neox) order for qwen2 and phi3 (docs/rope.md §4.3).
  *
  * Tensors: run's Weights stack the layers of each matrix in one block, and
  * GGUF stores each layer as a tensor of its own, so the per-layer tensors are
  * copied once, at load, into stacked buffers the Transformer owns
  * (t->converted, one allocation): F32 as it is, F16 and BF16 widened to
- * float32 exactly, Q8_0 into our q8_0 (int8 values, a float32 scale per 32),
- * dequantized and quantized again with export.py's arithmetic, so that the
- * logits are bit-identical to its `--dtype q8_0` conversion. token_embd,
+ * float32 exactly; the quantized types (Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q4_K, Q5_K, Q6_K, which the kernels do not run as stored) dequantized as
+ * the gguf package does (gguf_quants.c), then quantized again into our q8_0
+ * (int8 values, a float32 scale per 32) with export.py's arithmetic, so that
+ * the logits are bit-identical to its `--dtype q8_0` conversion; or, with
+ * --gguf-convert f32, kept as float32, as its default conversion. One
+ * function, memory_type, decides what each tensor becomes. token_embd,
  * output and output_norm in F32 are read from the mapping as they are. Other
- * tensor types (Q4_0, Q4_1, Q4_K, ...) are refused by name. docs/gguf.md
- * says what it costs.
+ * tensor types (Q2_K, IQ4_NL, ...) are refused by name. docs/gguf.md says
+ * what it costs.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE // madvise
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "gguf.h"
+
+/* The architectures run reads, and what each adds to Llama's tensors and keys
+ * (GGUF_ARCHS in convert/gguf.py; docs/gguf.md says why):
+ *   llama  nothing; q/k rows in Meta's interleaved pair order: llama.cpp's
+ *          converter undoes Hugging Face's permutation for this architecture
+ *   qwen2  blk.N.attn_q/attn_k/attn_v.bias, required; q/k rows as Hugging
+ *          Face stores them (neox: the converter leaves them)
+ *   phi3   blk.N.attn_qkv (q, k and v rows stacked) and blk.N.ffn_up (the
+ *          gate rows, then the up rows: llama.cpp's SwiGLU takes silu of the
+ *          first half) instead of attn_q/k/v and ffn_gate/ffn_up, split by rows;
+ *          q/k neox; its attention.sliding_window on every layer; LongRoPE
+ *          from the rope_factors_short/long tensors */
+typedef struct {
+    const char *name; // general.architecture, and the prefix of its keys ("qwen2.context_length")
+    int layout;       // how the converter leaves the q/k rows: ROPE_INTERLEAVED or ROPE_NEOX
+    int qkv_bias;     // blk.N.attn_q/attn_k/attn_v.bias per layer
+    int fused;        // attn_qkv and a gate|up ffn_up
+    int window;       // <arch>.attention.sliding_window is the model's (else refused unless 0)
+    int longrope;     // rope_factors_short/long tensors may give LongRoPE
+    int rope_freqs;   // a rope_freqs tensor may give Llama 3's scaling
+} Arch;
+
+static const Arch ARCHS[] = {
+    {"llama", ROPE_INTERLEAVED, 0, 0, 0, 0, 1},
+    {"qwen2", ROPE_NEOX, 1, 0, 0, 0, 0},
+    {"phi3", ROPE_NEOX, 0, 1, 1, 1, 0},
+};
 
 typedef struct {
     const GgufFile *g;
     const char *path;
     char *err;
     size_t err_len;
+    const Arch *arch; // set by check_architecture
 } Reader;
 
 /* ---- Metadata -> Config, RopeConfig ---------------------------------------- */
 
-/* llama.* keys of features run cannot reproduce: refused unless they hold the value that means "off"
- * (GGUF_LLAMA_REJECTED in convert/gguf.py). */
+#define KEY_MAX 96 /* the longest key this file builds, "phi3.rope.scaling.original_context_length", fits */
+
+/* The file's key "<arch>.<name>" (e.g. "phi3.context_length") in buf. */
+static const char *arch_key(const Reader *rd, const char *name, char *buf) {
+    snprintf(buf, KEY_MAX, "%s.%s", rd->arch->name, name);
+    return buf;
+}
+
+/* gguf_get_int/float/str on the key "<arch>.<name>" (their messages name the whole key). */
+static int arch_int(const Reader *rd, const char *name, int64_t *out) {
+    char key[KEY_MAX];
+    return gguf_get_int(rd->g, arch_key(rd, name, key), out, rd->err, rd->err_len);
+}
+static int arch_float(const Reader *rd, const char *name, double *out) {
+    char key[KEY_MAX];
+    return gguf_get_float(rd->g, arch_key(rd, name, key), out, rd->err, rd->err_len);
+}
+static int arch_str(const Reader *rd, const char *name, GgufStr *out) {
+    char key[KEY_MAX];
+    return gguf_get_str(rd->g, arch_key(rd, name, key), out, rd->err, rd->err_len);
+}
+
+/* <arch>.* keys of features run cannot reproduce: refused unless they hold the value that means "off"
+ * (GGUF_REJECTED in convert/gguf.py). An architecture with `window` maps the first one instead. */
 static const struct { const char *key, *what; double off; } REJECTED[] = {
-    {"llama.attention.sliding_window", "sliding-window attention", 0},
-    {"llama.attention.scale", "a custom attention scale", 0},
-    {"llama.logit_scale", "scaled logits", 1},
-    {"llama.embedding_scale", "a scaled embedding", 1},
-    {"llama.residual_scale", "scaled residuals", 1},
-    {"llama.attention.clamp_kqv", "clamped q/k/v", 0},
-    {"llama.attention.max_alibi_bias", "ALiBi", 0},
-    {"llama.rope.scaling.alpha", "NTK-alpha RoPE scaling", 1},
+    {"attention.sliding_window", "sliding-window attention", 0},
+    {"attention.scale", "a custom attention scale", 0},
+    {"logit_scale", "scaled logits", 1},
+    {"embedding_scale", "a scaled embedding", 1},
+    {"residual_scale", "scaled residuals", 1},
+    {"attention.clamp_kqv", "clamped q/k/v", 0},
+    {"attention.max_alibi_bias", "ALiBi", 0},
+    {"rope.scaling.alpha", "NTK-alpha RoPE scaling", 1},
 };
 
-/* A positive int32 value; 0 absent (then *out = def), -1 bad or required and absent. */
-static int count_key(const Reader *rd, const char *key, int required, int def, int *out) {
+/* The positive int32 value of "<arch>.<name>"; 0 absent (then *out = def), -1 bad or required and absent. */
+static int count_key(const Reader *rd, const char *name, int required, int def, int *out) {
+    char key[KEY_MAX];
     int64_t v;
-    int got = gguf_get_int(rd->g, key, &v, rd->err, rd->err_len);
+    int got = gguf_get_int(rd->g, arch_key(rd, name, key), &v, rd->err, rd->err_len);
     if (got < 0) return -1;
     if (!got) {
         if (required) return fail(rd->err, rd->err_len, "%s: missing required key %s", rd->path, key);
@@ -67,74 +126,89 @@ static int count_key(const Reader *rd, const char *key, int required, int def, i
     return 1;
 }
 
-/* general.architecture "llama", one file (no split), none of REJECTED, no experts. */
-static int check_architecture(const Reader *rd) {
-    GgufStr arch;
-    char shown[64];
-    int got = gguf_get_str(rd->g, "general.architecture", &arch, rd->err, rd->err_len);
+/* general.architecture one of ARCHS (-> rd->arch), one file (no split), none of REJECTED, no experts. */
+static int check_architecture(Reader *rd) {
+    GgufStr name;
+    char shown[64], key[KEY_MAX];
+    int got = gguf_get_str(rd->g, "general.architecture", &name, rd->err, rd->err_len);
     if (got < 0) return -1;
     if (!got) return fail(rd->err, rd->err_len, "%s: missing required key general.architecture", rd->path);
-    if (!gguf_str_is(arch, "llama"))
-        return fail(rd->err, rd->err_len, "%s: general.architecture is \"%s\": run reads only \"llama\" GGUF files "
-                    "(Llama, Mistral, SmolLM2) directly", rd->path, gguf_show(arch, shown, sizeof shown));
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if (gguf_str_is(name, ARCHS[i].name)) rd->arch = &ARCHS[i];
+    if (!rd->arch)
+        return fail(rd->err, rd->err_len, "%s: general.architecture is \"%s\": run reads \"llama\" (Llama, Mistral, "
+                    "SmolLM2), \"qwen2\" and \"phi3\" GGUF files", rd->path, gguf_show(name, shown, sizeof shown));
     int64_t split;
     got = gguf_get_int(rd->g, "split.count", &split, rd->err, rd->err_len);
     if (got < 0) return -1;
     if (got && split > 1)
         return fail(rd->err, rd->err_len, "%s: one part of a split GGUF (split.count %" PRId64 "); merge the parts "
                     "first (llama-gguf-split --merge)", rd->path, split);
-    for (size_t i = 0; i < sizeof REJECTED / sizeof REJECTED[0]; i++) {
+    for (size_t i = rd->arch->window ? 1 : 0; i < sizeof REJECTED / sizeof REJECTED[0]; i++) {
         double v;
-        got = gguf_get_float(rd->g, REJECTED[i].key, &v, rd->err, rd->err_len);
+        got = arch_float(rd, REJECTED[i].key, &v);
         if (got < 0) return -1;
         if (got && v != REJECTED[i].off)
-            return fail(rd->err, rd->err_len, "%s: %s=%g (%s) is not supported", rd->path, REJECTED[i].key, v,
-                        REJECTED[i].what);
+            return fail(rd->err, rd->err_len, "%s: %s=%g (%s) is not supported", rd->path,
+                        arch_key(rd, REJECTED[i].key, key), v, REJECTED[i].what);
     }
+    if (gguf_find_key(rd->g, arch_key(rd, "attention.sliding_window_pattern", key)))
+        return fail(rd->err, rd->err_len, "%s: %s (sliding-window attention on some layers) is not supported",
+                    rd->path, key);
     int64_t experts;
-    got = gguf_get_int(rd->g, "llama.expert_count", &experts, rd->err, rd->err_len);
+    got = arch_int(rd, "expert_count", &experts);
     if (got < 0) return -1;
     if (got && experts > 0)
-        return fail(rd->err, rd->err_len, "%s: llama.expert_count=%" PRId64 ": mixture of experts is not supported",
-                    rd->path, experts);
+        return fail(rd->err, rd->err_len, "%s: %s=%" PRId64 ": mixture of experts is not supported", rd->path,
+                    arch_key(rd, "expert_count", key), experts);
     return 0;
 }
 
-/* Sizes, norm epsilon and RoPE base and dimensions (_gguf_sizes in convert/gguf.py). */
+/* Sizes, norm epsilon, RoPE base, dimensions and layout, biases and window
+ * (_gguf_sizes in convert/gguf.py). */
 static int read_sizes(const Reader *rd, Config *c, RopeConfig *r) {
-    const GgufKV *ff = gguf_find_key(rd->g, "llama.feed_forward_length");
+    const char *a = rd->arch->name;
+    char key[KEY_MAX];
+    const GgufKV *ff = gguf_find_key(rd->g, arch_key(rd, "feed_forward_length", key));
     if (ff && ff->type == GGUF_ARRAY)
-        return fail(rd->err, rd->err_len, "%s: llama.feed_forward_length is an array (a width per layer); run has "
-                    "one FFN width", rd->path);
-    if (count_key(rd, "llama.embedding_length", 1, 0, &c->dim) < 0 ||
-        count_key(rd, "llama.block_count", 1, 0, &c->n_layers) < 0 ||
-        count_key(rd, "llama.feed_forward_length", 1, 0, &c->hidden_dim) < 0 ||
-        count_key(rd, "llama.attention.head_count", 1, 0, &c->n_heads) < 0 ||
-        count_key(rd, "llama.attention.head_count_kv", 0, c->n_heads, &c->n_kv_heads) < 0 ||
-        count_key(rd, "llama.context_length", 1, 0, &c->train_ctx) < 0)
+        return fail(rd->err, rd->err_len, "%s: %s is an array (a width per layer); run has one FFN width", rd->path,
+                    key);
+    if (count_key(rd, "embedding_length", 1, 0, &c->dim) < 0 || count_key(rd, "block_count", 1, 0, &c->n_layers) < 0 ||
+        count_key(rd, "feed_forward_length", 1, 0, &c->hidden_dim) < 0 ||
+        count_key(rd, "attention.head_count", 1, 0, &c->n_heads) < 0 ||
+        count_key(rd, "attention.head_count_kv", 0, c->n_heads, &c->n_kv_heads) < 0 ||
+        count_key(rd, "context_length", 1, 0, &c->train_ctx) < 0)
         return -1;
     if (c->dim % c->n_heads || c->n_heads % c->n_kv_heads)
-        return fail(rd->err, rd->err_len, "%s: llama.attention.head_count=%d, head_count_kv=%d do not divide "
-                    "embedding_length=%d and head_count", rd->path, c->n_heads, c->n_kv_heads, c->dim);
+        return fail(rd->err, rd->err_len, "%s: %s.attention.head_count=%d, head_count_kv=%d do not divide "
+                    "embedding_length=%d and head_count", rd->path, a, c->n_heads, c->n_kv_heads, c->dim);
     int hs = c->dim / c->n_heads, v = 0;
-    const char *lengths[] = {"llama.attention.key_length", "llama.attention.value_length"};
+    const char *lengths[] = {"attention.key_length", "attention.value_length"};
     for (int i = 0; i < 2; i++) {
         int got = count_key(rd, lengths[i], 0, hs, &v);
         if (got < 0) return -1;
         if (got && v != hs)
-            return fail(rd->err, rd->err_len, "%s: %s=%d differs from embedding_length / head_count = %d (not "
-                        "supported: run derives the head size)", rd->path, lengths[i], v, hs);
+            return fail(rd->err, rd->err_len, "%s: %s.%s=%d differs from embedding_length / head_count = %d (not "
+                        "supported: run derives the head size)", rd->path, a, lengths[i], v, hs);
     }
     double eps, theta = 10000.0; // llama.cpp's default base
-    int got = gguf_get_float(rd->g, "llama.attention.layer_norm_rms_epsilon", &eps, rd->err, rd->err_len);
+    int got = arch_float(rd, "attention.layer_norm_rms_epsilon", &eps);
     if (got < 0) return -1;
     if (!got)
-        return fail(rd->err, rd->err_len, "%s: missing required key llama.attention.layer_norm_rms_epsilon", rd->path);
-    if (gguf_get_float(rd->g, "llama.rope.freq_base", &theta, rd->err, rd->err_len) < 0) return -1;
-    if (count_key(rd, "llama.rope.dimension_count", 0, hs, &r->rot_dim) < 0) return -1;
+        return fail(rd->err, rd->err_len, "%s: missing required key %s.attention.layer_norm_rms_epsilon", rd->path, a);
+    if (arch_float(rd, "rope.freq_base", &theta) < 0) return -1;
+    if (count_key(rd, "rope.dimension_count", 0, hs, &r->rot_dim) < 0) return -1;
+    int64_t window = 0; // phi3: every layer slides; 0 = none (Phi-4's files say 0)
+    if (rd->arch->window && arch_int(rd, "attention.sliding_window", &window) < 0) return -1;
+    if (window < 0 || window > MAX_CTX)
+        return fail(rd->err, rd->err_len, "%s: %s.attention.sliding_window=%" PRId64 " is out of range (0 = none, or "
+                    "1..%d)", rd->path, a, window, MAX_CTX);
     c->norm_eps = (float)eps;
     r->base = (float)theta; // the header stores float32
-    r->layout = ROPE_INTERLEAVED;
+    r->layout = rd->arch->layout;
+    c->bias_flags = rd->arch->qkv_bias ? BIAS_QKV : 0;
+    c->sliding_window = (int)window;
+    c->window_first_layer = 0;
     return 0;
 }
 
@@ -150,7 +224,7 @@ static int token_id(const Reader *rd, const char *key, int vocab, int *id) {
     return 0;
 }
 
-/* vocab_size from token_embd's rows (checked against llama.vocab_size and
+/* vocab_size from token_embd's rows (checked against <arch>.vocab_size and
  * tokenizer.ggml.tokens), bos_id and eos_id as export.py chooses them
  * (_gguf_vocab in convert/gguf.py). */
 static int read_vocab(const Reader *rd, Config *c) {
@@ -160,11 +234,11 @@ static int read_vocab(const Reader *rd, Config *c) {
         return fail(rd->err, rd->err_len, "%s: tensor token_embd.weight has %" PRIu32 " dimensions, expected "
                     "[vocab_size, %d]", rd->path, emb->n_dims, c->dim);
     c->vocab_size = (int)emb->dims[1];
-    int v = 0, got = count_key(rd, "llama.vocab_size", 0, 0, &v);
+    int v = 0, got = count_key(rd, "vocab_size", 0, 0, &v);
     if (got < 0) return -1;
     if (got && v != c->vocab_size)
-        return fail(rd->err, rd->err_len, "%s: llama.vocab_size=%d but token_embd.weight has %d rows", rd->path, v,
-                    c->vocab_size);
+        return fail(rd->err, rd->err_len, "%s: %s.vocab_size=%d but token_embd.weight has %d rows", rd->path,
+                    rd->arch->name, v, c->vocab_size);
     const GgufKV *tokens = gguf_find_key(rd->g, "tokenizer.ggml.tokens");
     if (tokens && (tokens->type != GGUF_ARRAY || tokens->count != (uint64_t)c->vocab_size))
         return fail(rd->err, rd->err_len, "%s: tokenizer.ggml.tokens has %" PRIu64 " entries but token_embd.weight "
@@ -184,35 +258,36 @@ static int read_vocab(const Reader *rd, Config *c) {
     return 0;
 }
 
-/* One of the float scaling keys, rounded to float32 as the header stores it. */
-static int scaling_float(const Reader *rd, const char *key, double def, double *out) {
+/* One of the float scaling keys, "<arch>.<name>", or def when absent. */
+static int scaling_float(const Reader *rd, const char *name, double def, double *out) {
     *out = def;
-    return gguf_get_float(rd->g, key, out, rd->err, rd->err_len);
+    return arch_float(rd, name, out);
 }
 
-/* YaRN's keys (_gguf_rope_scaling in convert/gguf_rope.py). */
+/* YaRN's keys (_gguf_yarn in convert/gguf_rope.py). */
 static int read_yarn(const Reader *rd, RopeConfig *r, double factor) {
+    const char *a = rd->arch->name;
     int64_t orig;
-    int got = gguf_get_int(rd->g, "llama.rope.scaling.original_context_length", &orig, rd->err, rd->err_len);
+    int got = arch_int(rd, "rope.scaling.original_context_length", &orig);
     if (got < 0) return -1;
     if (got && (orig < 0 || orig > INT32_MAX))
-        return fail(rd->err, rd->err_len, "%s: llama.rope.scaling.original_context_length=%" PRId64 " is out of range",
-                    rd->path, orig);
+        return fail(rd->err, rd->err_len, "%s: %s.rope.scaling.original_context_length=%" PRId64 " is out of range",
+                    rd->path, a, orig);
     r->orig_ctx = got ? (int)orig : 0; // 0: the training context
     double fast, slow, logm, ext, a1, a2;
-    if (scaling_float(rd, "llama.rope.scaling.yarn_beta_fast", 32.0, &fast) < 0 ||
-        scaling_float(rd, "llama.rope.scaling.yarn_beta_slow", 1.0, &slow) < 0 ||
-        scaling_float(rd, "llama.rope.scaling.yarn_log_multiplier", 0.0, &logm) < 0 ||
-        scaling_float(rd, "llama.rope.scaling.yarn_ext_factor", -1.0, &ext) < 0 ||
-        scaling_float(rd, "llama.rope.scaling.attn_factor", 1.0, &a1) < 0 ||
-        scaling_float(rd, "llama.rope.scaling.yarn_attn_factor", 1.0, &a2) < 0)
+    if (scaling_float(rd, "rope.scaling.yarn_beta_fast", 32.0, &fast) < 0 ||
+        scaling_float(rd, "rope.scaling.yarn_beta_slow", 1.0, &slow) < 0 ||
+        scaling_float(rd, "rope.scaling.yarn_log_multiplier", 0.0, &logm) < 0 ||
+        scaling_float(rd, "rope.scaling.yarn_ext_factor", -1.0, &ext) < 0 ||
+        scaling_float(rd, "rope.scaling.attn_factor", 1.0, &a1) < 0 ||
+        scaling_float(rd, "rope.scaling.yarn_attn_factor", 1.0, &a2) < 0)
         return -1;
     if (logm != 0)
-        return fail(rd->err, rd->err_len, "%s: llama.rope.scaling.yarn_log_multiplier (DeepSeek's YaRN magnitude) is "
-                    "not supported", rd->path);
+        return fail(rd->err, rd->err_len, "%s: %s.rope.scaling.yarn_log_multiplier (DeepSeek's YaRN magnitude) is "
+                    "not supported", rd->path, a);
     if (ext != -1.0 && ext != 1.0)
-        return fail(rd->err, rd->err_len, "%s: llama.rope.scaling.yarn_ext_factor=%g (partial YaRN extrapolation) is "
-                    "not supported", rd->path, ext);
+        return fail(rd->err, rd->err_len, "%s: %s.rope.scaling.yarn_ext_factor=%g (partial YaRN extrapolation) is "
+                    "not supported", rd->path, a, ext);
     r->beta_fast = (float)fast;
     r->beta_slow = (float)slow;
     double mult = a1 * a2; // llama.cpp multiplies YaRN's own 0.1 ln s + 1 by these; 0 = derive it
@@ -221,21 +296,24 @@ static int read_yarn(const Reader *rd, RopeConfig *r, double factor) {
 }
 
 /* rope.scaling.type none / linear / yarn, or the older rope.scale_linear.
- * A rope_freqs tensor (Llama 3) is handled by read_rope_freqs. */
+ * A rope_freqs tensor (Llama 3) is handled by read_rope_freqs, phi3's type
+ * "longrope" and its factor tensors by read_longrope. */
 static int read_scaling(const Reader *rd, RopeConfig *r) {
+    const char *a = rd->arch->name;
     GgufStr kind = {(const unsigned char *)"", 0};
     double factor = 1.0, linear = 1.0;
-    int has_kind = gguf_get_str(rd->g, "llama.rope.scaling.type", &kind, rd->err, rd->err_len);
-    int has_factor = scaling_float(rd, "llama.rope.scaling.factor", 1.0, &factor);
-    int has_linear = scaling_float(rd, "llama.rope.scale_linear", 1.0, &linear);
+    int has_kind = arch_str(rd, "rope.scaling.type", &kind);
+    int has_factor = scaling_float(rd, "rope.scaling.factor", 1.0, &factor);
+    int has_linear = scaling_float(rd, "rope.scale_linear", 1.0, &linear);
     if (has_kind < 0 || has_factor < 0 || has_linear < 0) return -1;
     int linear_kind = has_kind ? gguf_str_is(kind, "linear") : has_linear && linear != 1.0;
     if (!has_kind && linear_kind) factor = linear, has_factor = 1;
     int yarn = has_kind && gguf_str_is(kind, "yarn");
+    int longrope = has_kind && gguf_str_is(kind, "longrope") && rd->arch->longrope;
     char shown[64];
-    if (has_kind && !linear_kind && !yarn && !gguf_str_is(kind, "none"))
-        return fail(rd->err, rd->err_len, "%s: llama.rope.scaling.type \"%s\" is not supported (none, linear, yarn)",
-                    rd->path, gguf_show(kind, shown, sizeof shown));
+    if (has_kind && !linear_kind && !yarn && !longrope && !gguf_str_is(kind, "none"))
+        return fail(rd->err, rd->err_len, "%s: %s.rope.scaling.type \"%s\" is not supported (none, linear, yarn%s)",
+                    rd->path, a, gguf_show(kind, shown, sizeof shown), rd->arch->longrope ? ", longrope" : "");
     r->scaling = ROPE_NONE;
     r->factor = 1.0;
     r->beta_fast = 32.0;
@@ -244,13 +322,66 @@ static int read_scaling(const Reader *rd, RopeConfig *r) {
     r->high_freq = 4.0;
     if (!linear_kind && !yarn) return 0;
     if (!has_factor)
-        return fail(rd->err, rd->err_len, "%s: llama.rope.scaling.type is %s but there is no llama.rope.scaling.factor",
-                    rd->path, yarn ? "yarn" : "linear");
+        return fail(rd->err, rd->err_len, "%s: %s.rope.scaling.type is %s but there is no %s.rope.scaling.factor",
+                    rd->path, a, yarn ? "yarn" : "linear", a);
     if (!(factor >= 1.0))
-        return fail(rd->err, rd->err_len, "%s: llama.rope.scaling.factor=%g < 1 is not supported", rd->path, factor);
+        return fail(rd->err, rd->err_len, "%s: %s.rope.scaling.factor=%g < 1 is not supported", rd->path, a, factor);
     r->scaling = yarn ? ROPE_YARN : ROPE_LINEAR;
     r->factor = (float)factor;
     return yarn ? read_yarn(rd, r, factor) : 0;
+}
+
+/* ---- Phi-3's LongRoPE ----------------------------------------------------------
+ * llama.cpp's converter writes Phi-3's two sets of per-pair divisors as the
+ * tensors rope_factors_short and rope_factors_long (rot_dim / 2 F32 values
+ * each), L as <arch>.rope.scaling.original_context_length and the magnitude
+ * as <arch>.rope.scaling.attn_factor: sqrt(1 + ln s / ln L) for s =
+ * context_length / L, computed by the converter. As export.py
+ * (gguf_longrope in convert/gguf_rope.py): both tensors or neither, L
+ * required with them, the magnitude as the file gives it (absent, as from
+ * older converters: 0, which run derives as transformers does), s =
+ * max(context_length / L, 1). The factors themselves are slots (build_slots),
+ * checked positive once read (check_rope_factors). */
+static int read_longrope(const Reader *rd, const Config *c, RopeConfig *r) {
+    const char *a = rd->arch->name, *names[] = {"rope_factors_short.weight", "rope_factors_long.weight"};
+    if (!rd->arch->longrope) return 0;
+    int has[2] = {gguf_find_tensor(rd->g, names[0]) != NULL, gguf_find_tensor(rd->g, names[1]) != NULL};
+    GgufStr kind;
+    int has_kind = arch_str(rd, "rope.scaling.type", &kind);
+    if (has_kind < 0) return -1;
+    if (!has[0] && !has[1]) {
+        if (has_kind && gguf_str_is(kind, "longrope"))
+            return fail(rd->err, rd->err_len, "%s: %s.rope.scaling.type is longrope but there are no "
+                        "rope_factors_short/rope_factors_long tensors", rd->path, a);
+        return 0;
+    }
+    if (!has[0] || !has[1])
+        return fail(rd->err, rd->err_len, "%s: missing tensor %s (LongRoPE needs both rope_factors_short and "
+                    "rope_factors_long; the file has %s)", rd->path, names[has[0]], names[!has[0]]);
+    if (r->scaling != ROPE_NONE)
+        return fail(rd->err, rd->err_len, "%s: both %s.rope.scaling.type %s and rope_factors tensors (LongRoPE): not "
+                    "supported", rd->path, a, r->scaling == ROPE_YARN ? "yarn" : "linear");
+    int64_t L;
+    double att = 0.0;
+    int got = arch_int(rd, "rope.scaling.original_context_length", &L);
+    if (got < 0) return -1;
+    if (!got)
+        return fail(rd->err, rd->err_len, "%s: missing required key %s.rope.scaling.original_context_length", rd->path,
+                    a);
+    if (L <= 0 || L > INT32_MAX)
+        return fail(rd->err, rd->err_len, "%s: %s.rope.scaling.original_context_length=%" PRId64 " is not a positive "
+                    "integer", rd->path, a, L);
+    int has_att = arch_float(rd, "rope.scaling.attn_factor", &att);
+    if (has_att < 0) return -1;
+    if (has_att && !(isfinite(att) && att > 0))
+        return fail(rd->err, rd->err_len, "%s: %s.rope.scaling.attn_factor=%g: expected a finite value > 0", rd->path,
+                    a, att);
+    double s = (double)c->train_ctx / (double)L; // only the derived magnitude uses it
+    r->scaling = ROPE_LONGROPE;
+    r->factor = (float)(s > 1.0 ? s : 1.0);
+    r->orig_ctx = (int)L;
+    r->attn_factor = has_att ? (float)att : 0.0;
+    return 0;
 }
 
 /* ---- Llama 3's rope_freqs ---------------------------------------------------
@@ -322,7 +453,7 @@ static void fit_smooth(const double *r, int n, double base, double factor, int n
 static int read_rope_freqs(const Reader *rd, RopeConfig *r) {
     const GgufTensor *t = gguf_find_tensor(rd->g, "rope_freqs.weight");
     const char *where = "tensor rope_freqs.weight";
-    if (!t) return 0;
+    if (!t || !rd->arch->rope_freqs) return 0; // another architecture's: check_no_extra refuses it
     int n = r->rot_dim / 2;
     if (t->type != GGML_F32 || t->n_values != (uint64_t)n || n > MAX_PAIRS)
         return fail(rd->err, rd->err_len, "%s: %s: expected %d F32 values (rot_dim / 2, at most %d)", rd->path, where,
@@ -370,7 +501,9 @@ static int read_rope_freqs(const Reader *rd, RopeConfig *r) {
 /* ---- Tensors -> Weights ---------------------------------------------------- */
 
 /* One of our tensors: its GGUF name (with %d for the layer), its shape (rows,
- * cols; per layer), and where it goes. */
+ * cols; per layer), and where it goes. A part of a fused tensor (phi3's
+ * attn_qkv, ffn_up) is rows first_row .. first_row + rows - 1 of a tensor of
+ * file_rows rows. */
 typedef struct {
     const char *gguf;
     int per_layer;
@@ -378,30 +511,71 @@ typedef struct {
     Matrix *mat;        // a matrix (float32 or q8_0), or
     const float **vec;  // a float32 vector
     int optional;
+    size_t first_row;   // fused: the first of the tensor's rows this slot takes (0 otherwise)
+    size_t file_rows;   // fused: the tensor's rows in the file (0: rows)
     // filled by plan_tensor:
     int q8;             // every part is Q8_0: stored as our q8_0
     int mapped;         // one F32 tensor, 4-byte aligned: read from the file as it is
     size_t values_at, scales_at; // offsets in the converted buffer
 } Slot;
 
-#define N_SLOTS 12
+#define N_SLOTS 17 /* Llama's 12, q/k/v biases, LongRoPE's two factor sets */
 
-static int build_slots(const Config *c, Weights *w, Slot s[N_SLOTS]) {
+/* A matrix slot, a float32 vector slot, and a matrix taken from rows first ..
+ * first + rows - 1 of a fused tensor of file_rows rows. */
+static Slot matrix_slot(const char *gguf, int per_layer, size_t rows, size_t cols, Matrix *m) {
+    return (Slot){.gguf = gguf, .per_layer = per_layer, .rows = rows, .cols = cols, .mat = m};
+}
+static Slot vector_slot(const char *gguf, int per_layer, size_t n, const float **v) {
+    return (Slot){.gguf = gguf, .per_layer = per_layer, .rows = 1, .cols = n, .vec = v};
+}
+static Slot fused_slot(const char *gguf, size_t first, size_t rows, size_t file_rows, size_t cols, Matrix *m) {
+    return (Slot){.gguf = gguf, .per_layer = 1, .rows = rows, .cols = cols, .mat = m, .first_row = first,
+                  .file_rows = file_rows};
+}
+
+/* The tensors of the file's architecture (GGUF_LAYER_TENSORS, the fused ones
+ * and the biases in convert/gguf.py), output.weight last: it alone is
+ * optional (absent: the classifier is tied to the embedding). */
+static int build_slots(const Arch *arch, const Config *c, RopeConfig *r, Weights *w, Slot s[N_SLOTS]) {
     size_t dim = (size_t)c->dim, hidden = (size_t)c->hidden_dim, vocab = (size_t)c->vocab_size;
-    size_t kv_dim = dim / (size_t)c->n_heads * (size_t)c->n_kv_heads;
+    size_t kv_dim = dim / (size_t)c->n_heads * (size_t)c->n_kv_heads, pairs = (size_t)r->rot_dim / 2;
     int n = 0;
-    s[n++] = (Slot){"token_embd.weight", 0, vocab, dim, &w->token_embedding, NULL, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"blk.%d.attn_norm.weight", 1, 1, dim, NULL, &w->rms_att_weight, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"blk.%d.attn_q.weight", 1, dim, dim, &w->wq, NULL, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"blk.%d.attn_k.weight", 1, kv_dim, dim, &w->wk, NULL, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"blk.%d.attn_v.weight", 1, kv_dim, dim, &w->wv, NULL, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"blk.%d.attn_output.weight", 1, dim, dim, &w->wo, NULL, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"blk.%d.ffn_norm.weight", 1, 1, dim, NULL, &w->rms_ffn_weight, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"blk.%d.ffn_gate.weight", 1, hidden, dim, &w->w1, NULL, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"blk.%d.ffn_down.weight", 1, dim, hidden, &w->w2, NULL, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"blk.%d.ffn_up.weight", 1, hidden, dim, &w->w3, NULL, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"output_norm.weight", 0, 1, dim, NULL, &w->rms_final_weight, 0, 0, 0, 0, 0};
-    s[n++] = (Slot){"output.weight", 0, vocab, dim, &w->wcls, NULL, 1, 0, 0, 0, 0};
+    s[n++] = matrix_slot("token_embd.weight", 0, vocab, dim, &w->token_embedding);
+    s[n++] = vector_slot("blk.%d.attn_norm.weight", 1, dim, &w->rms_att_weight);
+    if (arch->fused) { // attn_qkv: the q rows, then k's, then v's
+        size_t qkv = dim + 2 * kv_dim;
+        s[n++] = fused_slot("blk.%d.attn_qkv.weight", 0, dim, qkv, dim, &w->wq);
+        s[n++] = fused_slot("blk.%d.attn_qkv.weight", dim, kv_dim, qkv, dim, &w->wk);
+        s[n++] = fused_slot("blk.%d.attn_qkv.weight", dim + kv_dim, kv_dim, qkv, dim, &w->wv);
+    } else {
+        s[n++] = matrix_slot("blk.%d.attn_q.weight", 1, dim, dim, &w->wq);
+        s[n++] = matrix_slot("blk.%d.attn_k.weight", 1, kv_dim, dim, &w->wk);
+        s[n++] = matrix_slot("blk.%d.attn_v.weight", 1, kv_dim, dim, &w->wv);
+    }
+    s[n++] = matrix_slot("blk.%d.attn_output.weight", 1, dim, dim, &w->wo);
+    s[n++] = vector_slot("blk.%d.ffn_norm.weight", 1, dim, &w->rms_ffn_weight);
+    if (arch->fused) { // ffn_up: the gate rows (w1), then the up rows (w3)
+        s[n++] = fused_slot("blk.%d.ffn_up.weight", 0, hidden, 2 * hidden, dim, &w->w1);
+        s[n++] = matrix_slot("blk.%d.ffn_down.weight", 1, dim, hidden, &w->w2);
+        s[n++] = fused_slot("blk.%d.ffn_up.weight", hidden, hidden, 2 * hidden, dim, &w->w3);
+    } else {
+        s[n++] = matrix_slot("blk.%d.ffn_gate.weight", 1, hidden, dim, &w->w1);
+        s[n++] = matrix_slot("blk.%d.ffn_down.weight", 1, dim, hidden, &w->w2);
+        s[n++] = matrix_slot("blk.%d.ffn_up.weight", 1, hidden, dim, &w->w3);
+    }
+    if (arch->qkv_bias) {
+        s[n++] = vector_slot("blk.%d.attn_q.bias", 1, dim, &w->bq);
+        s[n++] = vector_slot("blk.%d.attn_k.bias", 1, kv_dim, &w->bk);
+        s[n++] = vector_slot("blk.%d.attn_v.bias", 1, kv_dim, &w->bv);
+    }
+    if (r->scaling == ROPE_LONGROPE) { // read_longrope found both
+        s[n++] = vector_slot("rope_factors_short.weight", 0, pairs, &r->short_factor);
+        s[n++] = vector_slot("rope_factors_long.weight", 0, pairs, &r->long_factor);
+    }
+    s[n++] = vector_slot("output_norm.weight", 0, dim, &w->rms_final_weight);
+    s[n] = matrix_slot("output.weight", 0, vocab, dim, &w->wcls);
+    s[n++].optional = 1;
     return n;
 }
 
@@ -411,12 +585,39 @@ static const GgufTensor *slot_tensor(const Reader *rd, const Slot *s, int l, cha
     return gguf_find_tensor(rd->g, name);
 }
 
+/* Whether run reads tensors of this ggml type: the float types, and those gguf_quants.c dequantizes, whose
+ * block sizes must be the ones gguf.c checked the tensor's bytes against (they are: this keeps it so). */
+static int readable_type(uint32_t type) {
+    size_t values, bytes;
+    uint64_t block, size;
+    if (type == GGML_F32 || type == GGML_F16 || type == GGML_BF16) return 1;
+    return gguf_quant_block(type, &values, &bytes) && ggml_type_size(type, &block, &size) && block == values &&
+           size == bytes;
+}
+
+/* What the quantized tensors become (--gguf-convert): WEIGHT_Q8_0 or WEIGHT_F32. */
+static int conversion = WEIGHT_Q8_0;
+
+void gguf_set_conversion(int weight_type) { conversion = weight_type == WEIGHT_F32 ? WEIGHT_F32 : WEIGHT_Q8_0; }
+
+/* The in-memory type of one tensor of a matrix, the loader's one decision per
+ * type: the float types become float32 (exactly); the quantized ones become
+ * q8_0 (the kernels' quantized format), or float32 under --gguf-convert f32.
+ * A matrix is held as q8_0 only when every layer of it is (plan_slot). When
+ * kernels run a GGUF type as stored (a 4-bit one), this returns that type
+ * for it and the conversion of it stops. */
+static int memory_type(uint32_t ggml_type) {
+    if (ggml_type == GGML_F32 || ggml_type == GGML_F16 || ggml_type == GGML_BF16) return WEIGHT_F32;
+    return conversion;
+}
+
 /* Check one tensor: present, the shape the metadata gives, a type run converts. */
 static int check_part(const Reader *rd, const Slot *s, const GgufTensor *t, const char *name) {
     char tn[32];
     if (!t) return fail(rd->err, rd->err_len, "%s: missing tensor %s", rd->path, name);
     int vector = s->rows == 1;
-    if ((vector ? t->n_dims != 1 : t->n_dims != 2) || t->dims[0] != s->cols || (!vector && t->dims[1] != s->rows)) {
+    size_t rows = s->file_rows ? s->file_rows : s->rows; // a fused tensor: all its parts' rows
+    if ((vector ? t->n_dims != 1 : t->n_dims != 2) || t->dims[0] != s->cols || (!vector && t->dims[1] != rows)) {
         char got[96] = "";
         for (uint32_t d = t->n_dims, len = 0; d > 0 && len < sizeof got; d--)
             len += (uint32_t)snprintf(got + len, sizeof got - len, "%s%" PRIu64, d < t->n_dims ? ", " : "",
@@ -425,12 +626,13 @@ static int check_part(const Reader *rd, const Slot *s, const GgufTensor *t, cons
             return fail(rd->err, rd->err_len, "%s: tensor %s has shape [%s], expected [%zu] from the metadata", rd->path,
                         name, got, s->cols);
         return fail(rd->err, rd->err_len, "%s: tensor %s has shape [%s], expected [%zu, %zu] from the metadata",
-                    rd->path, name, got, s->rows, s->cols);
+                    rd->path, name, got, rows, s->cols);
     }
-    if (t->type != GGML_F32 && t->type != GGML_F16 && t->type != GGML_BF16 && t->type != GGML_Q8_0)
+    if (!readable_type(t->type))
         return fail(rd->err, rd->err_len, "%s: tensor %s has type %s, which run does not read yet (it reads F32, F16, "
-                    "BF16 and Q8_0); convert it with: python3 export.py model.bin --gguf %s (also writes its "
-                    "tokenizer.bin beside model.bin)", rd->path, name, ggml_type_name(t->type, tn, sizeof tn), rd->path);
+                    "BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K); convert it with: python3 export.py "
+                    "model.bin --gguf %s (also writes its tokenizer.bin beside model.bin)", rd->path, name,
+                    ggml_type_name(t->type, tn, sizeof tn), rd->path);
     return 0;
 }
 
@@ -446,11 +648,11 @@ static int plan_slot(const Reader *rd, const Config *c, Slot *s, size_t *used) {
     for (int l = 0; l < parts; l++) {
         const GgufTensor *t = slot_tensor(rd, s, l, name, sizeof name);
         if (check_part(rd, s, t, name)) return -1;
-        all_q8 &= t->type == GGML_Q8_0;
+        all_q8 &= memory_type(t->type) == WEIGHT_Q8_0;
     }
     size_t n = s->rows * s->cols * (size_t)parts;
     s->q8 = s->mat && all_q8;
-    s->mapped = parts == 1 && first->type == GGML_F32 && ((uintptr_t)first->data % 4) == 0;
+    s->mapped = parts == 1 && s->first_row == 0 && first->type == GGML_F32 && ((uintptr_t)first->data % 4) == 0;
     if (s->mapped) return 0;
     s->values_at = *used;
     *used = align64(*used + n * (s->q8 ? 1 : 4));
@@ -462,22 +664,24 @@ static int plan_slot(const Reader *rd, const Config *c, Slot *s, size_t *used) {
 }
 
 /* Values first .. first + n - 1 of a tensor as float32: F32, F16 and BF16
- * exactly, Q8_0 (first and n whole blocks) as gguf's dequantize computes it. */
+ * exactly, a quantized type (first and n whole blocks: one row) as the gguf
+ * package's dequantize computes it (gguf_quants.c). */
 static void to_f32(float *out, const GgufTensor *t, size_t first, size_t n) {
     const unsigned char *p = t->data;
+    size_t block, bytes;
+    if (gguf_quant_block(t->type, &block, &bytes)) {
+        gguf_dequantize(t->type, p + first / block * bytes, n / block, out);
+        return;
+    }
     for (size_t k = 0, i = first; k < n; k++, i++) {
         float *o = &out[k];
         if (t->type == GGML_F32) {
             *o = read_le_f32(p + 4 * i);
         } else if (t->type == GGML_F16) {
             *o = half_to_float_c((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
-        } else if (t->type == GGML_BF16) {
+        } else { // BF16: the top half of a float32
             uint32_t bits = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
             memcpy(o, &bits, 4);
-        } else { // Q8_0: blocks of a half scale d and 32 int8, v = q * d in float32 (gguf's dequantize)
-            const unsigned char *b = p + i / 32 * 34;
-            float d = half_to_float_c((uint16_t)(b[0] | b[1] << 8));
-            *o = (float)(int8_t)b[2 + i % 32] * d;
         }
     }
 }
@@ -502,6 +706,17 @@ static long not_finite(const float *v, size_t n) {
     return -1;
 }
 
+/* Drop the process's copy of the file pages of a tensor just converted, so
+ * that memory holds the converted tensor and not the file's bytes as well
+ * (the page cache keeps them; peak memory is then about the converted
+ * buffer). The mapping is private and never written, so a page dropped is
+ * read again from the file when touched: a fused tensor's next part, or a
+ * mapped neighbour sharing a page. */
+static void release_pages(const GgufTensor *t) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)t->data / page * page;
+    madvise((void *)start, (uintptr_t)(t->data + t->n_bytes) - start, MADV_DONTNEED); // advice only: may fail
+}
+
 /* Fill slot s from the file: its Matrix or vector pointer, into the mapping
  * or into `buf` (the converted buffer) as plan_slot decided. */
 static int fill_slot(const Reader *rd, const Config *c, const Slot *s, unsigned char *buf, float *row) {
@@ -515,15 +730,16 @@ static int fill_slot(const Reader *rd, const Config *c, const Slot *s, unsigned 
         for (size_t r = 0; r < s->rows; r++) {
             size_t at = (size_t)l * per_part + r * s->cols;
             float *dst = s->q8 || s->mapped ? row : (float *)(buf + s->values_at) + at;
-            to_f32(dst, t, r * s->cols, s->cols);
+            to_f32(dst, t, (s->first_row + r) * s->cols, s->cols);
             long bad = not_finite(dst, s->cols);
             if (bad >= 0)
                 return fail(rd->err, rd->err_len, "%s: tensor %s contains NaN or infinite values (value %zu)",
-                            rd->path, name, r * s->cols + (size_t)bad);
+                            rd->path, name, (s->first_row + r) * s->cols + (size_t)bad);
             for (size_t g = 0; s->q8 && g < s->cols / 32; g++)
                 quantize_group((int8_t *)(buf + s->values_at) + at + g * 32,
                                (float *)(buf + s->scales_at) + (at + g * 32) / 32, dst + g * 32);
         }
+        if (!s->mapped) release_pages(t);
     }
     if (s->vec) *s->vec = values;
     if (s->mat && s->q8)
@@ -533,39 +749,51 @@ static int fill_slot(const Reader *rd, const Config *c, const Slot *s, unsigned 
     return 0;
 }
 
-/* Whether tensor name is one of the slots' (or rope_freqs). */
+/* Whether tensor name is one of the slots' (or rope_freqs, for llama). */
 static int known_tensor(const Reader *rd, const Config *c, const Slot *slots, int n, GgufStr name) {
     char want[64];
-    if (gguf_str_is(name, "rope_freqs.weight")) return 1;
+    if (rd->arch->rope_freqs && gguf_str_is(name, "rope_freqs.weight")) return 1;
     for (int i = 0; i < n; i++)
         for (int l = 0; slots[i].gguf && l < (slots[i].per_layer ? c->n_layers : 1); l++) {
             snprintf(want, sizeof want, slots[i].gguf, l);
             if (gguf_str_is(name, want)) return 1;
         }
-    (void)rd;
     return 0;
 }
 
 /* Every tensor in the file is one the model uses (export.py refuses the others too). */
 static int check_no_extra(const Reader *rd, const Config *c, const Slot *slots, int n) {
-    uint64_t used = gguf_find_tensor(rd->g, "rope_freqs.weight") != NULL;
-    for (int i = 0; i < n; i++)
-        if (slots[i].gguf) used += slots[i].per_layer ? (uint64_t)c->n_layers : 1;
+    uint64_t used = rd->arch->rope_freqs && gguf_find_tensor(rd->g, "rope_freqs.weight") != NULL;
+    for (int i = 0; i < n; i++) // a fused tensor once: its first slot
+        if (slots[i].gguf && slots[i].first_row == 0) used += slots[i].per_layer ? (uint64_t)c->n_layers : 1;
     if (used == rd->g->n_tensors) return 0; // names are unique and every slot's are present
     for (uint64_t k = 0; k < rd->g->n_tensors; k++)
         if (!known_tensor(rd, c, slots, n, rd->g->tensors[k].name)) {
             char shown[96];
-            return fail(rd->err, rd->err_len, "%s: unexpected tensor %s (not part of a llama model)", rd->path,
-                        gguf_show(rd->g->tensors[k].name, shown, sizeof shown));
+            return fail(rd->err, rd->err_len, "%s: unexpected tensor %s (not part of a %s model)", rd->path,
+                        gguf_show(rd->g->tensors[k].name, shown, sizeof shown), rd->arch->name);
+        }
+    return 0;
+}
+
+/* LongRoPE's factors divide frequencies: each must be > 0 (fill_slot checked them finite), as run.c checks a
+ * checkpoint's. */
+static int check_rope_factors(const Reader *rd, const RopeConfig *r) {
+    for (int which = 0; r->scaling == ROPE_LONGROPE && which < 2; which++)
+        for (int i = 0; i < r->rot_dim / 2; i++) {
+            float v = (which ? r->long_factor : r->short_factor)[i];
+            if (!(v > 0.0f))
+                return fail(rd->err, rd->err_len, "%s: tensor %s[%d]=%g: expected a finite value > 0", rd->path,
+                            which ? "rope_factors_long.weight" : "rope_factors_short.weight", i, (double)v);
         }
     return 0;
 }
 
 /* The metadata -> config and RoPE parameters, checked as a checkpoint's header is. */
-static int read_config(const Reader *rd, Config *c, RopeConfig *r) {
+static int read_config(Reader *rd, Config *c, RopeConfig *r) {
     c->version = 2; // what export.py would write for it (run.c's validate_config checks by version)
     if (check_architecture(rd) || read_sizes(rd, c, r) || read_vocab(rd, c) || read_scaling(rd, r) ||
-        validate_config(rd->path, c, r, rd->err, rd->err_len) || read_rope_freqs(rd, r) ||
+        read_longrope(rd, c, r) || validate_config(rd->path, c, r, rd->err, rd->err_len) || read_rope_freqs(rd, r) ||
         validate_config(rd->path, c, r, rd->err, rd->err_len)) // again: with Llama 3's scaling from rope_freqs
         return -1;
     if (r->orig_ctx == 0) r->orig_ctx = c->train_ctx;
@@ -602,24 +830,35 @@ static int read_weights(const Reader *rd, Transformer *t, Slot *slots, int n) {
     return 0;
 }
 
-/* One notice: what was converted (tensors of each type, and what each became) and the memory it takes. */
+/* One notice: what was converted (tensors of each type, and what each became) and the memory it takes, beside
+ * what the same tensors take in the file, e.g. "(61 F32 copied, 1 Q8_0 -> q8_0, 210 Q4_1 -> q8_0; layers
+ * stacked): 144.3 MiB of memory (92.6 MiB in the file)". */
 static void conversion_notice(const Reader *rd, const Slot *slots, int n, int n_layers, size_t used) {
-    const char *names[] = {"F32 copied", "F16 -> f32", "BF16 -> f32", "Q8_0 -> f32", "Q8_0 -> q8_0"};
-    const uint32_t types[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q8_0};
-    char what[256] = "";
+    static const uint32_t types[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
+                                     GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+    char what[512] = "", tn[32];
     size_t len = 0;
-    for (int k = 0; k < 5; k++) {
-        int count = 0;
-        for (int i = 0; i < n; i++)
-            for (int l = 0; slots[i].gguf && !slots[i].mapped && l < (slots[i].per_layer ? n_layers : 1); l++) {
-                char name[64];
-                count += slot_tensor(rd, &slots[i], l, name, sizeof name)->type == types[k] && slots[i].q8 == (k == 4);
-            }
-        if (count && len < sizeof what)
-            len += (size_t)snprintf(what + len, sizeof what - len, "%s%d %s", len ? ", " : "", count, names[k]);
-    }
-    if (used) notice("%s: GGUF tensors converted at load (%s; layers stacked): %.1f MiB of memory", rd->path, what,
-                     used / 1048576.0);
+    uint64_t in_file = 0;
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
+        for (int q8 = 0; q8 <= 1; q8++) { // what it became: float32, then q8_0
+            int count = 0;
+            for (int i = 0; i < n; i++)
+                for (int l = 0; slots[i].gguf && !slots[i].mapped && !slots[i].first_row && // a fused tensor once
+                                l < (slots[i].per_layer ? n_layers : 1); l++) {
+                    char name[64];
+                    const GgufTensor *t = slot_tensor(rd, &slots[i], l, name, sizeof name);
+                    if (t->type != types[k] || slots[i].q8 != q8) continue;
+                    count++;
+                    in_file += t->n_bytes;
+                }
+            if (count && len < sizeof what)
+                len += (size_t)snprintf(what + len, sizeof what - len, "%s%d %s %s", len ? ", " : "", count,
+                                        ggml_type_name(types[k], tn, sizeof tn),
+                                        q8 ? "-> q8_0" : types[k] == GGML_F32 ? "copied" : "-> f32");
+        }
+    if (used)
+        notice("%s: GGUF tensors converted at load (%s; layers stacked): %.1f MiB of memory (%.1f MiB in the file)",
+               rd->path, what, used / 1048576.0, in_file / 1048576.0);
 }
 
 int gguf_load_checkpoint(Transformer *t, const char *path, int fd, size_t file_size, char *err, size_t err_len) {
@@ -629,12 +868,13 @@ int gguf_load_checkpoint(Transformer *t, const char *path, int fd, size_t file_s
     t->mapping = map;
     t->file_size = file_size;
     GgufFile g;
-    Reader rd = {&g, path, err, err_len};
+    Reader rd = {&g, path, err, err_len, NULL}; // arch: check_architecture sets it
     Slot slots[N_SLOTS];
     int rc = gguf_parse(&g, path, map, file_size, err, err_len);
     if (rc == 0) rc = read_config(&rd, &t->config, &t->rope);
-    int n = rc == 0 ? build_slots(&t->config, &t->weights, slots) : 0;
+    int n = rc == 0 ? build_slots(rd.arch, &t->config, &t->rope, &t->weights, slots) : 0;
     if (rc == 0) rc = read_weights(&rd, t, slots, n);
+    if (rc == 0) rc = check_rope_factors(&rd, &t->rope);
     if (rc == 0) rc = check_no_extra(&rd, &t->config, slots, n);
     if (rc == 0) conversion_notice(&rd, slots, n, t->config.n_layers, t->converted_size);
     gguf_free(&g);

@@ -273,7 +273,7 @@ static void print_info_text(const ModeInput *in) {
     field("rope_scaling", "%s", text);
     position_setup_text(text, sizeof text, t);
     field("position", "%s (a run without position flags)", text);
-    field("tokenizer", "%s", in->tok_path);
+    field("tokenizer", "%s%s", in->tok_path, tok->from_gguf ? " (the GGUF's own vocabulary, tokenizer.ggml.*)" : "");
     field("tokenizer_kind", "%s, version %d", tokenizer_type_name(tok), tok->version);
     int kinds[PIECE_N_KINDS];
     count_kinds(tok, kinds);
@@ -342,6 +342,7 @@ static void print_info_json(const ModeInput *in) {
     count_kinds(tok, kinds);
     printf(", \"tokenizer\": {\"file\": ");
     print_json_string(in->tok_path);
+    printf(", \"source\": \"%s\"", tok->from_gguf ? "gguf" : "file"); // a GGUF's metadata, or a tokenizer file
     printf(", \"kind\": \"%s\", \"version\": %d, \"vocab_size\": %d, \"pieces\": {", tokenizer_type_name(tok),
            tok->version, tok->vocab_size);
     for (int k = 0; k < PIECE_N_KINDS; k++) printf("%s\"%s\": %d", k ? ", " : "", PIECE_KIND_NAMES[k], kinds[k]);

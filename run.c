@@ -1500,10 +1500,11 @@ static void describe(char *out, size_t size, const Transformer *t, const char *c
 #endif
     int len = snprintf(out, size,
             "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, train_ctx %d%s; weights %s; %s %.1f MiB; "
-            "%d threads%s%s; loaded in %.2f s\n",
+            "%d threads%s%s%s; loaded in %.2f s\n",
             shown_path(checkpoint), c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size,
             c->train_ctx, biases, WEIGHT_NAMES[c->weight_type], setup, kv_bytes / 1048576.0, threads,
-            tok ? "; tokenizer " : "", tok ? tokenizer_type_name(tok) : "", load_seconds);
+            tok ? "; tokenizer " : "", tok ? tokenizer_type_name(tok) : "",
+            tok && tok->from_gguf ? " from the GGUF's metadata (tokenizer.ggml.*)" : "", load_seconds);
     if (ov->factor.given && !ov->attn_factor.given && t->rope.attn_factor > 0 &&
         (t->rope.scaling == ROPE_YARN || t->rope.scaling == ROPE_LONGROPE) && len > 0 &&
         (size_t)len < size) // a stored magnitude is not derived from the factor
@@ -1533,6 +1534,7 @@ int main(int argc, char **argv) {
     Transformer t;
     double t0 = now_seconds();
     PositionOverrides overrides = position_overrides(&o);
+    gguf_set_conversion(o.gguf_convert); // what a GGUF's quantized tensors become (gguf_model.c)
     int runs_model = o.mode == MODE_GENERATE || o.mode == MODE_CHAT || o.mode == MODE_PPL ||
                      (o.mode == MODE_PASSKEY && !o.prompts_only); // the others need no KV cache
     int built = (runs_model ? build_transformer : configure_transformer)(&t, checkpoint, &overrides, ctx, o.kv_type,

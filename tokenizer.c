@@ -616,37 +616,59 @@ static void tokenizer_clear(Tokenizer *t) {
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
 }
 
-/* Load path as a vocabulary of exactly vocab_size pieces: an "LTOK" file (version 2 or 3)
- * when it starts with the magic "LTOK", else a version 1 tokenizer.bin.
- * bos_id and eos_id (the checkpoint's) must be valid ids, or -1 for "this
- * model has none". Returns 0 on success; on failure returns -1, leaves t
+/* Fill t from a tokenizer file image data[0..size): an "LTOK" file (version 2
+ * or 3) when it starts with the magic "LTOK", else a version 1
+ * tokenizer.bin. name is the file as the messages call it. bos_id and
+ * eos_id (the checkpoint's) must be valid ids, or -1 for "this model has
+ * none". Returns 0, or -1 with t empty and a message. */
+static int build_from_image(Tokenizer *t, const char *name, const unsigned char *data, size_t size, int vocab_size,
+                            int bos_id, int eos_id, char *err, size_t err_len) {
+    t->vocab_size = vocab_size;
+    t->bos_id = bos_id;
+    t->eos_id = eos_id;
+    int rc = size >= 4 && (uint32_t)read_le_i32(data) == TOK_MAGIC
+                 ? parse_ltok(t, name, data, size, bos_id, eos_id, err, err_len)
+                 : parse_version1(t, name, data, size, err, err_len);
+    if (rc == 0 && t->version < 3) rc = default_chat_fields(t, name, err, err_len);
+    if (rc != 0) {
+        tokenizer_free(t);
+        return -1;
+    }
+    return 0;
+}
+
+/* The checkpoint's side of a load: a vocabulary size and ids inside it. */
+static int check_model_ids(const char *name, int vocab_size, int bos_id, int eos_id, char *err, size_t err_len) {
+    if (vocab_size <= 0) return fail(err, err_len, "tokenizer %s: invalid vocab_size %d", name, vocab_size);
+    if (bos_id < -1 || bos_id >= vocab_size || eos_id < -1 || eos_id >= vocab_size)
+        return fail(err, err_len, "tokenizer %s: bos_id %d / eos_id %d outside the vocabulary of %d tokens", name,
+                    bos_id, eos_id, vocab_size);
+    return 0;
+}
+
+/* Load path as a vocabulary of exactly vocab_size pieces (build_from_image
+ * says which formats). Returns 0 on success; on failure returns -1, leaves t
  * empty (safe to tokenizer_free) and writes a one-line message naming the
  * file to err. Never aborts on bad input. */
 int tokenizer_build(Tokenizer *t, const char *path, int vocab_size, int bos_id, int eos_id, char *err,
                     size_t err_len) {
     tokenizer_clear(t);
     const char *name = shown_path(path); // the path as the messages show it (the parse functions' `path`)
-    if (vocab_size <= 0) return fail(err, err_len, "tokenizer %s: invalid vocab_size %d", name, vocab_size);
-    if (bos_id < -1 || bos_id >= vocab_size || eos_id < -1 || eos_id >= vocab_size)
-        return fail(err, err_len, "tokenizer %s: bos_id %d / eos_id %d outside the vocabulary of %d tokens", name,
-                    bos_id, eos_id, vocab_size);
+    if (check_model_ids(name, vocab_size, bos_id, eos_id, err, err_len) != 0) return -1;
     size_t size;
     char *data = read_file(path, "tokenizer", &size, err, err_len);
     if (!data) return -1;
-    t->vocab_size = vocab_size;
-    t->bos_id = bos_id;
-    t->eos_id = eos_id;
-    const unsigned char *bytes = (const unsigned char *)data;
-    int rc = size >= 4 && (uint32_t)read_le_i32(bytes) == TOK_MAGIC
-                 ? parse_ltok(t, name, bytes, size, bos_id, eos_id, err, err_len)
-                 : parse_version1(t, name, bytes, size, err, err_len);
-    if (rc == 0 && t->version < 3) rc = default_chat_fields(t, name, err, err_len);
+    int rc = build_from_image(t, shown_path(path), (const unsigned char *)data, size, vocab_size, bos_id, eos_id,
+                              err, err_len);
     free(data);
-    if (rc != 0) {
-        tokenizer_free(t);
-        return -1;
-    }
-    return 0;
+    return rc;
+}
+
+int tokenizer_build_bytes(Tokenizer *t, const char *name, const unsigned char *data, size_t size, int vocab_size,
+                          int bos_id, int eos_id, char *err, size_t err_len) {
+    tokenizer_clear(t);
+    if (check_model_ids(name, vocab_size, bos_id, eos_id, err, err_len) != 0) return -1;
+    return build_from_image(t, name, data, size, vocab_size, bos_id, eos_id, err, err_len);
 }
 
 /* Release everything tokenizer_build allocated; t is left empty, so calling

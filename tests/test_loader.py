@@ -437,25 +437,19 @@ def test_unshared_model_loads(base):
 
 
 # ---------------------------------------------------------------------------
-# Files given in the wrong place: a GGUF, safetensors, a PyTorch file or a
-# tokenizer as the checkpoint, a checkpoint or an unconverted tokenizer to -z.
+# Files given in the wrong place: safetensors, a PyTorch file or a tokenizer
+# as the checkpoint, a checkpoint or an unconverted tokenizer to -z. (A GGUF
+# is read in either place: tests/test_gguf_load.py and
+# tests/test_gguf_tokenizer.py; the latter has a GGUF without a vocabulary
+# given to -z.)
 # Each is made by the library that writes that format where one is at hand
-# (gguf, safetensors, torch, tokenizers), and the message must say what the
+# (safetensors, torch, tokenizers), and the message must say what the
 # file is and give the export.py command that converts it (docs/convert.md;
 # test_gguf.py and test_convert.py run the commands).
 
 def foreign_file(kind, d, base):
     """A file of `kind` in folder d (or base's files); returns its path."""
     d.mkdir(parents=True, exist_ok=True)
-    if kind == "gguf":
-        gguf = pytest.importorskip("gguf")
-        w = gguf.GGUFWriter(str(d / "m.gguf"), "llama")
-        w.add_block_count(1)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        return d / "m.gguf"
     if kind == "safetensors":
         st = pytest.importorskip("safetensors.numpy")
         import numpy as np
@@ -521,7 +515,6 @@ def test_foreign_file_as_checkpoint_names_the_conversion(base, tmp_path, kind):
 AS_TOKENIZER = {
     "checkpoint": ["a checkpoint", "first argument"],
     "llama2c-checkpoint": ["a checkpoint", "first argument"],
-    "gguf": ["a GGUF file", "python3 export.py tokenizer.bin --tokenizer {p}"],
     "safetensors": ["safetensors", "python3 export.py tokenizer.bin --tokenizer {d}/tokenizer.json"],
     "pytorch": ["zip archive", "python3 export.py tokenizer.bin --tokenizer {d}/tokenizer.model"],
     "config-json": ["config.json", "python3 export.py tokenizer.bin --tokenizer {d}/tokenizer.json"],

@@ -28,6 +28,10 @@ Every case also shows that transformers' NLL moves by more than MIN_EFFECT
 when the feature under test is removed (same weights), so a converter or a
 run that ignored the feature could not pass.
 
+The GGUF cases write the transformers model as llama.cpp's converter writes a
+Qwen2 or Phi-3 GGUF (tests/test_gguf_archs.py) and convert it with
+export.py --gguf instead of --hf.
+
 Skipped when torch or transformers is missing. About 20-30 s on two cores (torch on one thread).
 """
 
@@ -418,3 +422,43 @@ def test_llama3_top_level_original_context_wins(tmp_path, syn_tokenizer, text_fi
         c.pop("original_max_position_embeddings")
     assert_effect(ref, hf_ppl(variant(d, tmp_path / "inner", inner_only), text_ids, 64, 32),
                   "the top-level original_max_position_embeddings")
+
+
+# ---------------------------------------------------------------------------
+# GGUF: a transformers model written the way llama.cpp's converter writes it
+
+def _config_for_gguf(directory):
+    """The saved config.json with rope_theta, partial_rotary_factor and a
+    longrope rope_scaling at the top level, where tests/test_gguf_archs.py's
+    writer reads them (transformers v5 keeps them in rope_parameters)."""
+    c = json.loads((pathlib.Path(directory) / "config.json").read_text())
+    rp = c.get("rope_parameters") or {}
+    c.setdefault("rope_theta", rp.get("rope_theta", 10000.0))
+    c.setdefault("partial_rotary_factor", rp.get("partial_rotary_factor", 1.0))
+    if rp.get("rope_type") == "longrope":
+        c["rope_scaling"] = dict(rp, type="longrope")
+    return c
+
+
+@pytest.mark.parametrize("family", ["qwen2", "phi3"])
+def test_gguf_of_a_transformers_model(family, tmp_path, syn_tokenizer, text_file, text_ids):
+    """The model written as a GGUF as llama.cpp's converter writes it
+    (test_gguf_archs.gguf_of_hf: Qwen2's biases, Phi-3's fused attn_qkv and
+    gate|up ffn_up, its rope.dimension_count, LongRoPE factor tensors and
+    attention factor, its window), converted with export.py --gguf: run's NLL
+    is transformers'. qwen2 tied; phi3 with partial rotary 0.5, LongRoPE past
+    L = 16 (transformers decoding token by token) and a window of 24."""
+    from safetensors.numpy import load_file
+    from test_gguf_archs import gguf_of_hf
+    if family == "qwen2":
+        d, how = build(tmp_path / family, family, seed=3, tie_word_embeddings=True), "full"
+    else:
+        params = dict(rope_type="longrope", short_factor=[1.0, 1.2, 1.4, 1.5], long_factor=[1.0, 2.0, 5.0, 11.0],
+                      partial_rotary_factor=0.5)
+        d, how = build(tmp_path / family, family, seed=3, original_max_position_embeddings=16, sliding_window=24,
+                       rope_parameters=params), "tokens"
+    path, _ = gguf_of_hf(tmp_path / "m.gguf", _config_for_gguf(d), load_file(str(d / "model.safetensors")))
+    code = export.main([str(tmp_path / "m.bin"), "--gguf", str(path), "--tokenizer-out", str(tmp_path / "tok.bin")])
+    assert code == 0
+    got = run_ppl(tmp_path / "m.bin", syn_tokenizer, text_file, 48)
+    check(got, hf_ppl(d, text_ids, 48, got["orig_ctx"], how), f"{family} GGUF (ctx 48, {how})")

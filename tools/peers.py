@@ -14,8 +14,8 @@ The model files:
                     the llama2.c tokenizer.bin the bench uses)
   llama.cpp q8_0:   that GGUF through llama-quantize Q8_0
   SmolLM2:          llama.cpp's f32 and q8_0 GGUFs come from the Q4_1 GGUF
-                    that `make smollm2` converted ours from (bench.py finds
-                    it) through llama-quantize --allow-requantize, so both
+                    that `make smollm2` fetches and ours are converted from
+                    (bench.py finds it) through llama-quantize --allow-requantize, so both
                     programs run the same dequantized weights; llama2.c has
                     no SmolLM2 (its byte-level BPE tokenizer and RoPE base
                     are not llama2.c's).

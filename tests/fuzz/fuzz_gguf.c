@@ -5,21 +5,27 @@
  *
  * Input: two option bytes, then the GGUF file's bytes.
  *   byte 0: bit 0 KV cache f16 instead of f32; bit 1 portable kernels (when
- *           built in)
+ *           built in); bit 2 quantized tensors converted to float32
+ *           instead of q8_0 (--gguf-convert f32)
  *   byte 1: n_ctx = 1 + byte % 40
  * The bytes are parsed as they are (gguf_parse, then every typed lookup on
- * every key and every tensor name), and given to build_transformer through an
+ * every key and every tensor name); the vocabulary in their metadata
+ * (tokenizer.ggml.*) is converted to a version 3 tokenizer file
+ * (gguf_tokenizer_ltok) and, when it is, loaded and run: a few texts encoded,
+ * every id decoded. Then the bytes go to build_transformer through an
  * anonymous in-memory file (memfd). When the model loads, a prompt goes
  * through in blocks, then greedy steps. Any crash, sanitizer report or leak
  * is a finding; a one-line refusal is the expected answer to a bad file. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "gguf.h"
+#include "gguf_tokenizer.h"
 
 /* Every lookup on every key and tensor of a parsed file. */
 static void look_everywhere(const GgufFile *g) {
@@ -45,12 +51,47 @@ static void look_everywhere(const GgufFile *g) {
     }
 }
 
+/* The GGUF's own tokenizer: converted, loaded with the ids its header
+ * states, then each text encoded (BOS as the file says) and every id
+ * decoded; an id outside the vocabulary or past the decode bound aborts. */
+static void run_vocabulary(const GgufFile *g) {
+    static const char *const texts[] = {"the cat sat", "caf\xc3\xa9 \xf0\x9f\x98\x80 12345", "\xff\xfe bad",
+                                        "<|im_start|>user\nhi<|im_end|>", ""};
+    unsigned char *ltok;
+    size_t n_bytes;
+    char note[GGUF_TOK_NOTE_BYTES], err[512];
+    if (gguf_tokenizer_ltok(g, &ltok, &n_bytes, note, err, sizeof err) != 0) return;
+    Tokenizer t; // the header's vocab_size, bos_id and eos_id (bytes 16, 24, 28)
+    if (tokenizer_build_bytes(&t, "fuzz.gguf", ltok, n_bytes, read_le_i32(ltok + 16), read_le_i32(ltok + 24),
+                              read_le_i32(ltok + 28), err, sizeof err) == 0) {
+        char *out = malloc(tokenizer_decode_bound(&t) + 8);
+        for (size_t i = 0; out && i < sizeof texts / sizeof texts[0]; i++) {
+            size_t len = strlen(texts[i]);
+            int *ids = malloc(tokenizer_bound(len) * sizeof *ids);
+            int n = ids ? tokenizer_encode(&t, texts[i], len, t.add_bos, 0, ids) : -1;
+            DecodeState st = {{0}, 0};
+            for (int k = 0; k < n; k++) {
+                if (ids[k] < 0 || ids[k] >= t.vocab_size) abort();
+                if (tokenizer_decode(&t, &st, k ? ids[k - 1] : -1, ids[k], out) > tokenizer_decode_bound(&t)) abort();
+            }
+            tokenizer_decode_flush(&st, out);
+            free(ids);
+        }
+        free(out);
+    }
+    tokenizer_free(&t);
+    free(ltok);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
     int opt = data[0], n_ctx = 1 + data[1] % 40;
     char path[64], err[512];
     GgufFile g;
-    if (gguf_parse(&g, "fuzz.gguf", data + 2, size - 2, err, sizeof err) == 0) look_everywhere(&g);
+    if (gguf_parse(&g, "fuzz.gguf", data + 2, size - 2, err, sizeof err) == 0) {
+        look_everywhere(&g);
+        run_vocabulary(&g);
+    }
     gguf_free(&g);
 
     int fd = memfd_create("fuzz", 0);
@@ -63,6 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #if HAVE_SIMD
     use_simd = !(opt & 2);
 #endif
+    gguf_set_conversion(opt & 4 ? WEIGHT_F32 : WEIGHT_Q8_0);
     PositionOverrides o = {0};
     Transformer t;
     if (build_transformer(&t, path, &o, n_ctx, opt & 1 ? KV_F16 : KV_F32, err, sizeof err) == 0) {

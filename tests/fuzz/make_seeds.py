@@ -22,7 +22,9 @@ fuzzers start from files the loaders accept and mutate from there):
                           turns, CRLF lines, a NUL byte, a long line, no final newline
     OUT_DIR/gguf/         option bytes + a small GGUF (tests/fuzz/gguf_seeds.py): each
                           tensor type run reads and one it refuses, scaling keys,
-                          every metadata value type
+                          every metadata value type; vocabularies alone (sentencepiece,
+                          byte-level with the ChatML and Llama 3.1 templates); qwen2 and
+                          phi3 files (tests/fuzz/gguf_arch_seeds.py)
     OUT_DIR/tokenizers/   the two fixed tokenizers fuzz_encode and fuzz_chat load:
                           sp.bin (the bundled models/tokenizer.bin, copied) and
                           bpe.bin (a byte-level BPE vocabulary with ChatML pieces)
@@ -136,8 +138,11 @@ def main():
     for i, (sel, text) in enumerate(itertools.product((0, 1, 5, 31), typed)):
         (out / "chat_input" / f"typed-{i}").write_bytes(bytes([sel]) + text)
     tmp.unlink()
-    from gguf_seeds import write_gguf_seeds  # beside this file: small GGUFs for fuzz_gguf
+    from gguf_seeds import write_gguf_seeds, write_vocabulary_seeds  # beside this file: small GGUFs for fuzz_gguf
     write_gguf_seeds(out / "gguf")
+    write_vocabulary_seeds(out / "gguf")
+    from gguf_arch_seeds import write_arch_seeds  # beside this file: qwen2 and phi3 GGUFs
+    write_arch_seeds(out / "gguf")
     print(f"make_seeds: wrote {out}", file=sys.stderr)
 
 
