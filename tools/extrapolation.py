@@ -19,8 +19,10 @@ Studies (each skipped with a message when its files are absent):
                validation text, k = 1..16
   retrieval    passkey, models/retrieval/model.bin (the bundled model's recipe trained
                with passkey samples, L = 256), k = 1..16, every method
-  smollm2      perplexity, models/smollm2/model-q8_0.bin (`make smollm2`;
-               SmolLM2-135M-Instruct, L = 8192) on 98,304 tokens of the held-out
+  smollm2      perplexity, models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (`make
+               smollm2`; SmolLM2-135M-Instruct, L = 8192; run reads it as q8_0,
+               the weights of model-q8_0.bin, which the cells of 2026-12 name) on
+               98,304 tokens of the held-out
                books, k = 1/4, 1/2, 1, 2, 4, every method (4x: 3 windows of 32,768)
   smollm2-passkey, smollm2-chat
                passkey on SmolLM2 in both prompt forms: plain text, and the chat
@@ -146,9 +148,9 @@ from extrapolation_study.files import (OutputError, fits, folder_problem, list_p
                                        write_text)
 from extrapolation_study.modes import (cell_main, collect_main, default_out, list_main,  # noqa: E402,F401
                                        prepare, stream_cell_main, study_main)
-from extrapolation_study.plan import (Study, all_jobs, cell_command, config_cells, job_cost,  # noqa: E402,F401
-                                      make_plan, make_studies, passkey_jobs, plan_args, plan_config,
-                                      plan_of_studies, ppl_jobs, train_ctx)
+from extrapolation_study.plan import (SMOLLM2, SMOLLM2_BEFORE, Study, all_jobs, cell_command,  # noqa: E402,F401
+                                      config_cells, job_cost, make_plan, make_studies, passkey_jobs, plan_args,
+                                      plan_config, plan_of_studies, ppl_jobs, same_study, train_ctx)
 from extrapolation_study.plots import (GAP, add_position_bins, draw_plots, finish_axes,  # noqa: E402,F401
                                        nice_log_ticks, plain_ticks, plot_passkey, plot_ppl, plotted_factor,
                                        replot)

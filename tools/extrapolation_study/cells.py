@@ -14,7 +14,7 @@ from .commands import ROOT, SHARED, Where
 from .config import cell_name, factor_label, num, parse_cell_name
 from .fanout import collect_folders, write_cell_file
 from .files import list_problem, read_json, shape_problem
-from .plan import Study, plan_args, plan_config
+from .plan import Study, plan_args, plan_config, same_study
 from .stats import clock, position_bins
 
 CELL_FORMAT = "extrapolation-cell/1"  # a cell file's "format"; --collect reads no other
@@ -228,7 +228,7 @@ def check_one_plan(cells, where):
             shown = [" ".join(plan_args(cells[n]["plan"])) or "the full study" for n in (name, first)]
             raise ValueError(f"{where[name]}: made by the plan {shown[0]!r}, expected {shown[1]!r} as {where[first]}")
         s = rec["study"]["name"]
-        if s in study_seen and rec["study"] != cells[study_seen[s]]["study"]:
+        if s in study_seen and not same_study(rec["study"], cells[study_seen[s]]["study"]):
             raise ValueError(f"{where[name]}: describes study {s} unlike {where[study_seen[s]]} (another model, "
                              "text or checkout?)")
         study_seen.setdefault(s, name)

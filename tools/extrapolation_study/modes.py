@@ -14,7 +14,8 @@ from .collect import collect, kept_trials, shown_folder, write_outputs
 from .commands import ROOT, Where
 from .config import cell_name, parse_cell_name
 from .files import OutputError, folder_problem, make_folder
-from .plan import all_jobs, cell_command, config_cells, make_studies, plan_args, plan_config, plan_of_studies
+from .plan import (all_jobs, cell_command, config_cells, make_studies, plan_args, plan_config, plan_of_studies,
+                   same_study)
 from .stats import clock
 from .texts import stream_cell
 
@@ -146,7 +147,7 @@ def study_main(plan, out, n_jobs, threads, results):
             if rec["plan"] != plan:
                 sys.exit(f"extrapolation: {where[name]}: made by another plan ({' '.join(plan_args(rec['plan']))})"
                          f"; give another --results folder")
-            if rec["study"]["name"] in records and rec["study"] != records[rec["study"]["name"]]:
+            if rec["study"]["name"] in records and not same_study(rec["study"], records[rec["study"]["name"]]):
                 sys.exit(f"extrapolation: {where[name]}: made with other settings of study {rec['study']['name']} "
                          "(its text, tokens, methods or factors changed since); move it away to run it again")
         for name in have:  # a cell whose file was written but whose kept trials were not removed (stopped

@@ -15,6 +15,13 @@ from .commands import (ROOT, RUN, SHARED, Where, passkey_by_trials, passkey_comm
 from .config import ANSWER_TOKENS, CHAT_ANSWER_TOKENS, FULL, QUICK, cell_name, method_flags
 from .texts import TokenCounter, prefix_bytes, stream_cell
 
+# SmolLM2-135M-Instruct as `make smollm2` fetches it. run reads its Q4_1
+# weights as q8_0, the same weights and logits as the model-q8_0.bin that
+# make smollm2 converted them to before (and make smollm2-export still
+# writes), which the study's SmolLM2 cells of 2026-12 record.
+SMOLLM2 = ROOT / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_BEFORE = "models/smollm2/model-q8_0.bin"
+
 
 class Study:
     """One study: a model, its training context L, and the cells to measure."""
@@ -161,9 +168,9 @@ def make_studies(config, work, tokens_override=None, passkey_ckpt=None):
             studies.append(ppl_study(name, ckpt, tok, src.read_text(encoding="utf-8"), "stories.txt", Where().path(src),
                                      "TinyStories validation stream", cfg))
         elif name == "smollm2":
-            ckpt = ROOT / "models" / "smollm2" / "model-q8_0.bin"
+            ckpt = SMOLLM2
             if not ckpt.is_file() or need_heldout() is None:
-                skip(name, "models/smollm2/model-q8_0.bin (make smollm2) or ../shared/data/books absent")
+                skip(name, f"{Where().path(ckpt)} (make smollm2) or ../shared/data/books absent")
                 continue
             studies.append(ppl_study(name, ckpt, None, heldout, "smollm2-books.txt", "heldout.txt", books_desc,
                                      cfg))
@@ -171,7 +178,7 @@ def make_studies(config, work, tokens_override=None, passkey_ckpt=None):
             if name == "retrieval":
                 ckpt = Path(passkey_ckpt) if passkey_ckpt else ROOT / "models" / "retrieval" / "model.bin"
             else:
-                ckpt = ROOT / "models" / "smollm2" / "model-q8_0.bin"
+                ckpt = SMOLLM2
             if not ckpt.is_file() or need_heldout() is None:
                 skip(name, f"{Where().path(ckpt)} or ../shared/data/books absent")
                 continue
@@ -183,6 +190,16 @@ def make_studies(config, work, tokens_override=None, passkey_ckpt=None):
         else:
             raise ValueError(f"unknown study {name!r}")
     return studies
+
+
+def same_study(a, b):
+    """Whether two study records (cells.study_record) describe one study: equal,
+    or equal but for SmolLM2's checkpoint named as the converted q8_0 file
+    (SMOLLM2_BEFORE) in one and as the GGUF in the other, which run reads as
+    the same weights."""
+    def key(rec):
+        return dict(rec, ckpt=Where().path(SMOLLM2)) if rec.get("ckpt") == SMOLLM2_BEFORE else rec
+    return key(a) == key(b)
 
 
 def train_ctx(path):
