@@ -40,7 +40,7 @@ LDLIBS = -lm
 # run.c is the model and main; keys.c the long-context key strategies its RoPE
 # stage calls; messages.c the one-line messages and stdout; every other mode
 # and the command line are files of their own; filekind.c says what a file
-# given in the wrong place is (a GGUF as the checkpoint, ...). The tests build
+# given in the wrong place is (a safetensors file as the checkpoint, ...). The tests build
 # all of them with -DTESTING, which leaves run.c's main out.
 MODES = chat.c lineedit.c ppl.c attn_stats.c passkey.c tokenize.c rope_mode.c info.c cli.c
 SRC = run.c keys.c messages.c $(MODES) filekind.c gguf.c gguf_model.c gguf_quants.c gguf_tokenizer.c kernels.c tokenizer.c

@@ -105,7 +105,7 @@ static const Flag FLAGS[] = {
      "keep going past stop tokens (EOS, end of turn), for benchmarks"},
     {"-y", NULL, CHAT, TEXT, 0, 0, FIELD(system), NULL, "<text>", "system prompt"},
     {"--chat-template", NULL, CHAT | TOK | PASS, CHOICE, 0, 0, FIELD(chat_template), CHAT_TEMPLATE_NAMES + 1, "<name>",
-     "how turns are written, default the tokenizer file's"},
+     "how turns are written, default the tokenizer's (or GGUF's)"},
     {"--chat", NULL, CHAT | TOK | PASS, SWITCH, 0, 0, FIELD(conversation_input), NULL, "",
      "-f / -i is a conversation, one \"role: text\" per line (role system,\n"
      "user or assistant; \\n for a newline): tokenize prints the ids the chat\n"

@@ -9,7 +9,10 @@ Q5_K file, whose 256-value blocks need rows of 256) and one it refuses
 general.alignment 64; GGUF version 2 (the same layout, another number);
 metadata of every value type, arrays of each, and nested arrays (for the
 parser). Each file is a seed twice: with option bytes 0 (q8_0 conversion)
-and 7 (f16 cache, portable kernels, float32 conversion)."""
+and 7 (f16 cache, portable kernels, float32 conversion). The small-* seeds
+repeat the block types in one layer of width 32 (a few KB each instead of
+40-270): a mutant of a small file costs a tenth of the time, so a long
+campaign reaches millions of executions in hours."""
 import numpy as np
 
 DIM, HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB, CTX = 64, 96, 2, 4, 2, 40, 16
@@ -107,6 +110,12 @@ def write_gguf_seeds(out):
                 ("q4_0", Q.Q4_0, {}), ("q4_1-tied", Q.Q4_1, dict(tied=True)), ("q5_0", Q.Q5_0, {}),
                 ("q5_1", Q.Q5_1, {}), ("q4_k_m", k_m, k_sizes), ("q5_k-tied", Q.Q5_K, dict(tied=True, **k_sizes)),
                 ("q2_k-refused", Q.Q2_K, k_sizes), ("f16-every-type", Q.F16, dict(every_type=True))]
+    small = dict(dim=32, hidden=32, layers=1)
+    variants += [("small-f32-linear", Q.F32, dict(scaling="linear", **small)),
+                 ("small-f16-tied", Q.F16, dict(tied=True, **small)), ("small-bf16", Q.BF16, small),
+                 ("small-q8_0-yarn", Q.Q8_0, dict(scaling="yarn", **small)), ("small-q4_0", Q.Q4_0, small),
+                 ("small-q4_1-tied", Q.Q4_1, dict(tied=True, **small)), ("small-q5_0", Q.Q5_0, small),
+                 ("small-q5_1", Q.Q5_1, small)]
     for name, qtype, kw in variants:
         data = write_one(gguf, tmp, qtype, **kw)
         for opt, ctx in ((0, 20), (7, 9)):
