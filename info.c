@@ -99,7 +99,7 @@ void position_setup_text(char *out, size_t size, const Transformer *t) {
     if (p->window > 0)
         append(out, size, "; window %d (layers %d..%d)", p->window, p->window_first_layer, t->config.n_layers - 1);
     else append(out, size, "; window off");
-    append(out, size, "; KV cache %s", KV_NAMES[t->kv_type]);
+    append(out, size, "; KV cache %s, %zu bytes per position", KV_NAMES[t->kv_type], kv_position_bytes(t));
 }
 
 /* The context E that Self-Extend with group size G and neighbour window W
@@ -157,7 +157,7 @@ void print_position_json(const Transformer *t) {
     out_printf(", \"sliding_window\": ");
     if (p->window > 0) out_printf("{\"size\": %d, \"first_layer\": %d}", p->window, p->window_first_layer);
     else out_printf("null");
-    out_printf(", \"kv\": \"%s\"}", KV_NAMES[t->kv_type]);
+    out_printf(", \"kv\": \"%s\", \"kv_bytes_per_position\": %zu}", KV_NAMES[t->kv_type], kv_position_bytes(t));
 }
 
 /* ---- -m info -------------------------------------------------------------- */
