@@ -153,7 +153,8 @@ void kv_store(void *cache, int kv_type, size_t offset, const float *src, int n) 
     }
     if (kv_type == KV_Q8_0) {
         KvBlock *b = (KvBlock *)cache + offset / KV_Q8_BLOCK;
-        for (int i = 0; i < n / KV_Q8_BLOCK; i++) b[i].scale = quantize_group(b[i].q, src + i * KV_Q8_BLOCK, KV_Q8_BLOCK);
+        for (int i = 0; i < n / KV_Q8_BLOCK; i++)
+            b[i].scale = quantize_group(b[i].q, src + (size_t)i * KV_Q8_BLOCK, KV_Q8_BLOCK);
         return;
     }
     uint16_t *h = (uint16_t *)cache + offset;
@@ -238,7 +239,8 @@ static inline void kv_axpy4(float *out, const float *a, const void *cache, int k
     if (kv_type == KV_Q8_0) {
         for (int i = 0, run; i < n; i += run) {
             float s[4];
-            const int8_t *restrict v0 = q8_at(cache, offset + i, s), *restrict v1 = q8_at(cache, offset + stride + i, s + 1);
+            const int8_t *restrict v0 = q8_at(cache, offset + i, s);
+            const int8_t *restrict v1 = q8_at(cache, offset + (size_t)stride + i, s + 1);
             const int8_t *restrict v2 = q8_at(cache, offset + 2 * (size_t)stride + i, s + 2);
             const int8_t *restrict v3 = q8_at(cache, offset + 3 * (size_t)stride + i, s + 3);
             float a0 = a[0] * s[0], a1 = a[1] * s[1], a2 = a[2] * s[2], a3 = a[3] * s[3], *restrict o = out + i;

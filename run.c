@@ -882,9 +882,10 @@ int build_transformer(Transformer *t, const char *path, const PositionOverrides 
     return build_run_state(t, ctx_name, err, err_len);
 }
 
-size_t kv_position_bytes(const Transformer *t) {
+size_t kv_position_bytes(const Transformer *t, int kv_type) {
     const Config *c = &t->config;
-    return 2 * (size_t)c->n_layers * kv_bytes(t->kv_type, (size_t)(c->dim / c->n_heads) * c->n_kv_heads);
+    size_t kv_dim = (size_t)(c->dim / c->n_heads) * c->n_kv_heads;
+    return kv_type == KV_Q8_0 && kv_dim % KV_Q8_BLOCK ? 0 : 2 * (size_t)c->n_layers * kv_bytes(kv_type, kv_dim);
 }
 
 /* Release everything build_transformer (or a failed call of it) acquired. */
@@ -1497,7 +1498,7 @@ void generate_mode(const ModeInput *in) {
 static void describe(char *out, size_t size, const Transformer *t, const char *checkpoint, const Tokenizer *tok,
                      const PositionOverrides *ov, double load_seconds) {
     const Config *c = &t->config;
-    size_t cache_bytes = kv_position_bytes(t) * t->n_ctx;
+    size_t cache_bytes = kv_position_bytes(t, t->kv_type) * t->n_ctx;
     char biases[32] = ""; // only some families have them
     if (c->bias_flags)
         snprintf(biases, sizeof biases, "; biases%s%s%s", c->bias_flags & BIAS_QKV ? " qkv" : "",

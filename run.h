@@ -190,8 +190,9 @@ int configure_transformer(Transformer *t, const char *path, const PositionOverri
 void free_transformer(Transformer *t);
 int block_limit(const Transformer *t);
 /* Bytes the KV cache takes per position: a key and a value row of every
- * layer, of t->kv_type (-m info, the load line and the JSON reports say it). */
-size_t kv_position_bytes(const Transformer *t);
+ * layer, of kv_type (KV_F32 ..; -m info, the load line and the JSON reports
+ * say it); 0 for a q8_0 cache the model's kv_dim cannot hold. */
+size_t kv_position_bytes(const Transformer *t, int kv_type);
 
 /* ---- 4. Ops -------------------------------------------------------------- */
 
