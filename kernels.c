@@ -181,6 +181,19 @@ void kv_load(float *out, const void *cache, int kv_type, size_t offset, int n) {
     for (int i = 0; i < n; i++) out[i] = half_to_float(h[i]);
 }
 
+/* x = what a cache of kv_type gives back for x (n values; q8_0: n a
+ * multiple of KV_Q8_BLOCK): the same values as kv_store then kv_load. */
+void kv_round(float *x, int kv_type, int n) {
+    if (kv_type == KV_F16)
+        for (int i = 0; i < n; i++) x[i] = half_to_float(float_to_half(x[i]));
+    if (kv_type != KV_Q8_0) return;
+    for (int b = 0; b < n / KV_Q8_BLOCK; b++) {
+        int8_t q[KV_Q8_BLOCK];
+        float *xb = x + (size_t)b * KV_Q8_BLOCK, s = quantize_group(q, xb, KV_Q8_BLOCK);
+        for (int i = 0; i < KV_Q8_BLOCK; i++) xb[i] = s * q[i];
+    }
+}
+
 /* q . cache[offset .. offset+n) */
 static inline float kv_dot(const float *q, const void *cache, int kv_type, size_t offset, int n) {
     if (kv_type == KV_F32) return dot(q, (const float *)cache + offset, n);

@@ -166,6 +166,9 @@ size_t kv_bytes(int kv_type, size_t n);
 /* cache[offset .. offset+n) = src, converted to the cache's type (q8_0:
  * offset and n multiples of KV_Q8_BLOCK) */
 void kv_store(void *cache, int kv_type, size_t offset, const float *src, int n);
+/* x = what a cache of kv_type gives back for x: kv_store then kv_load, in
+ * place (q8_0: n a multiple of KV_Q8_BLOCK) */
+void kv_round(float *x, int kv_type, int n);
 /* out = cache[offset .. offset+n) as float32 */
 void kv_load(float *out, const void *cache, int kv_type, size_t offset, int n);
 /* out[j] = q . row j, for the n_keys rows of n values from offset on
