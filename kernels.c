@@ -203,6 +203,7 @@ static inline float kv_dot(const float *q, const void *cache, int kv_type, size_
             float s, part = 0.0f;
             const int8_t *restrict k = q8_at(cache, offset + i, &s);
             run = q8_run(offset, i, n);
+#pragma omp simd reduction(+ : part)
             for (int c = 0; c < run; c++) part += q[i + c] * k[c];
             sum += s * part;
         }
