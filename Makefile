@@ -77,7 +77,7 @@ FUZZ_SEEDS = tests/fuzz/build/seeds
 # under ASan): every bad file and truncation, and one file of each tensor type; of
 # tests/test_gguf_archs.py, every refusal and each qwen2 and phi3 file (10 s); of
 # tests/test_gguf_quants.py, every non-finite scale and the Q4_K_M-like mix.
-GGUF_SAN_TESTS = bad or truncated or refused or unsupported or architecture or untied or arch_run_bit_identical \
+GGUF_SAN_TESTS = bad or truncated or refused or unsupported or architecture or untied or arch_run_bit_identical or info_keys \
 	or Q4_K_M
 
 .PHONY: all build portable reference run test lint test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation \

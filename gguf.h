@@ -53,6 +53,7 @@ typedef struct {
     const unsigned char *value; // the value's bytes; an array: its first element
     uint32_t elem_type;         // an array: its elements' type
     uint64_t count;             // an array: its elements
+    int looked_up;              // 1 once gguf_find_key found it (a reader asked for this key)
 } GgufKV;
 
 typedef struct {
@@ -123,4 +124,11 @@ int gguf_load_checkpoint(Transformer *t, const char *path, int fd, size_t file_s
  * types), which the kernels do not run as stored: WEIGHT_Q8_0 (the default)
  * or WEIGHT_F32. main sets it from --gguf-convert before the model loads. */
 void gguf_set_conversion(int weight_type);
+/* -m info's account of a GGUF checkpoint's metadata: each key in file order,
+ * with 1 when loading it reads the key (the model's configuration and RoPE
+ * scaling, the tokenizer's tokenizer.ggml.* and chat template) and 0 when the
+ * load passes it by (general.name, licences, ...). The file in t's mapping is
+ * parsed again and both readers run on it as at load. 0, or -1 and err. */
+typedef void (*GgufKeyVisit)(const char *key, int read, void *ctx);
+int gguf_key_usage(const Transformer *t, GgufKeyVisit visit, void *ctx, char *err, size_t err_len);
 #endif

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "gguf_tokenizer.h"
 
 /* The architectures run reads, and what each adds to Llama's tensors and keys
  * (GGUF_ARCHS in convert/gguf.py; docs/gguf.md says why):
@@ -885,4 +886,20 @@ int gguf_load_checkpoint(Transformer *t, const char *path, int fd, size_t file_s
         return -1;
     }
     return 0;
+}
+
+int gguf_key_usage(const Transformer *t, GgufKeyVisit visit, void *ctx, char *err, size_t err_len) {
+    GgufFile g;
+    Config c = {0}; // zeroed, as gguf_load_checkpoint's are: read_config fills what the file holds
+    RopeConfig r = {0};
+    unsigned char *ltok = NULL;
+    size_t ltok_size;
+    char note[GGUF_TOK_NOTE_BYTES], key[256];
+    Reader rd = {&g, "checkpoint", err, err_len, NULL};
+    int rc = gguf_parse(&g, "checkpoint", t->mapping, t->file_size, err, err_len);
+    if (rc == 0) rc = read_config(&rd, &c, &r);
+    if (rc == 0 && gguf_tokenizer_ltok(&g, &ltok, &ltok_size, note, err, err_len) == 0) free(ltok);
+    for (uint64_t k = 0; rc == 0 && k < g.n_kv; k++) visit(gguf_show(g.kv[k].key, key, sizeof key), g.kv[k].looked_up, ctx);
+    gguf_free(&g);
+    return rc;
 }
