@@ -13,7 +13,8 @@
  * (tokenizer.ggml.*) is converted to a version 3 tokenizer file
  * (gguf_tokenizer_ltok) and, when it is, loaded and run: a few texts encoded,
  * every id decoded. Then the bytes go to build_transformer through an
- * anonymous in-memory file (memfd). When the model loads, a prompt goes
+ * anonymous in-memory file (memfd). When the model loads, -m info's account
+ * of its keys (gguf_key_usage) must visit each key once, and a prompt goes
  * through in blocks, then greedy steps. Any crash, sanitizer report or leak
  * is a finding; a one-line refusal is the expected answer to a bad file. */
 #define _GNU_SOURCE
@@ -83,6 +84,18 @@ static void run_vocabulary(const GgufFile *g) {
     free(ltok);
 }
 
+/* The header's metadata count (bytes 16..23 of the file, little-endian). */
+static uint64_t n_kv_of(const uint8_t *file) {
+    uint64_t n = 0;
+    for (int b = 7; b >= 0; b--) n = n << 8 | file[16 + b];
+    return n;
+}
+
+static void count_key(const char *key, int read, void *ctx) {
+    (void)key, (void)read;
+    (*(int *)ctx)++;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
     int opt = data[0], n_ctx = 1 + data[1] % 40;
@@ -108,6 +121,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     PositionOverrides o = {0};
     Transformer t;
     if (build_transformer(&t, path, &o, n_ctx, opt & 1 ? KV_F16 : KV_F32, err, sizeof err) == 0) {
+        int keys = 0; // -m info's mapped and ignored keys: every key visited once
+        if (gguf_key_usage(&t, count_key, &keys, err, sizeof err) == 0 && (uint64_t)keys != n_kv_of(data + 2))
+            abort();
         int V = t.config.vocab_size, tokens[64];
         for (int i = 0; i < n_ctx; i++) tokens[i] = (i * 7 + 1) % V;
         int prompt = n_ctx < 5 ? n_ctx : 5, status;
