@@ -260,7 +260,7 @@ static void print_info_text(const ModeInput *in) {
     field("train_ctx", "%d", c->train_ctx);
     field("classifier", "%s", c->shared_classifier ? "shared with the token embedding" : "its own (wcls)");
     field("norm_eps", "%g", c->norm_eps);
-    if (c->weight_type == WEIGHT_Q8_0) field("weights", "q8_0, groups of %d", c->group_size);
+    if (c->weight_type != WEIGHT_F32) field("weights", "%s, groups of %d", WEIGHT_NAMES[c->weight_type], c->group_size);
     else field("weights", "%s", WEIGHT_NAMES[c->weight_type]);
     field("biases", "%s", bias_names(c->bias_flags));
     if (c->sliding_window > 0)
