@@ -189,7 +189,7 @@ TWARN = $(WARN) -Wno-unused-function
 # test_run is one program from these files: main and the shared helpers
 # (test_run.c, tests/check.h), then one file per subject.
 TEST_RUN_C = tests/test_run.c tests/test_rope.c tests/test_kernels.c tests/test_forward.c tests/test_sampler.c \
-	tests/test_loader.c tests/test_modes.c
+	tests/test_loader.c tests/test_modes.c tests/test_q4.c
 # test_run is built with $(OPT) like ./run, so on a SIMD machine it compares
 # the SIMD kernels with the portable ones. Every kernel path the machine can
 # run gets tested: test_run (-march=native: AVX-512 and VNNI where the CPU has
