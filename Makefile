@@ -211,9 +211,10 @@ tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/test_tokenizer.c $(LDLIBS)
 tests/tok_driver: tests/tok_driver.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/tok_driver.c $(LDLIBS)
-# gguf_quants.c's dequantizers on the command line (tests/test_gguf_quants.py), built with ./run's flags
-tests/quant_driver: tests/quant_driver.c gguf_quants.c gguf_quants.h
-	$(CC) $(OPT) $(FP) $(WARN) -I. -o $@ tests/quant_driver.c gguf_quants.c $(LDLIBS)
+# gguf_quants.c's dequantizers and kernels.c's matrix_row on the command line (tests/test_gguf_quants.py), built
+# with ./run's flags
+tests/quant_driver: tests/quant_driver.c gguf_quants.c kernels.c gguf_quants.h kernels.h model.h
+	$(CC) $(OPT) $(FP) $(OMP) $(WARN) -I. -o $@ tests/quant_driver.c gguf_quants.c kernels.c $(LDLIBS)
 
 test-c: tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer
 	./tests/test_run

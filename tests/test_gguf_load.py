@@ -51,8 +51,8 @@ def _logits(ckpt, tok, text_file, out, extra=()):
     return pathlib.Path(out).read_bytes()
 
 
-def _info(ckpt, tok):
-    info = json.loads(run_ok(ckpt, "-z", tok, "-m", "info", "--json").stdout)
+def _info(ckpt, tok, extra=()):
+    info = json.loads(run_ok(ckpt, "-z", tok, "-m", "info", "--json", *extra).stdout)
     for key in ("file", "file_size", "format_version", "gguf_version", "converted_bytes"):
         info.pop(key, None)
     return info
@@ -66,7 +66,7 @@ def assert_same_model(tmp_path, path, text_file, q8=False, extra=()):
     assert len(a) > 10000 and a == b
     gen = ["-z", tok, "-t", "0", "-n", "24", "-i", "the cat", *extra]
     assert run_ok(path, *gen).stdout == run_ok(ref, *gen).stdout
-    assert _info(path, tok) == _info(ref, tok)
+    assert _info(path, tok, extra) == _info(ref, tok)
     return tok
 
 
