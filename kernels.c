@@ -5,8 +5,8 @@
  *      beside its portable C version
  *   3. attention over the cache: one query's scores; a block of queries in
  *      tiles, with an online softmax (flash attention)
- *   4. matmul over float32 or q8_0 weights: chunks of rows over threads,
- *      tiles of rows x tokens within a chunk
+ *   4. matmul over float32, q8_0, q4_0 or q4_1 weights: chunks of rows over
+ *      threads, tiles of rows x tokens within a chunk
  * Every function computes exactly the formula in its first comment line (or
  * kernels.h's); tests/test_kernels.c checks each against run.c's matmul_reference
  * or a double-precision reference.
@@ -1506,7 +1506,7 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
 }
 
 /* ==========================================================================
- * 4. matmul over float32 or q8_0 weights
+ * 4. matmul over float32, q8_0, q4_0 or q4_1 weights
  * ========================================================================== */
 
 Matrix matrix_rows(Matrix m, size_t first_row, size_t cols) {
@@ -1727,8 +1727,8 @@ static void transpose_block(float *xt, const float *x, int B, int padded, int n)
 }
 
 /* out = x @ w^T        x (B, n), w (d, n) -> out (B, d)
- * w is float32 or q8_0 (q8_method says how); kernels.h says which
- * scratch each needs. Chunks of ROW_CHUNK rows are split across threads; a
+ * w is float32, q8_0 (q8_method says how), q4_0 or q4_1 (q4_method);
+ * kernels.h says which scratch each needs. Chunks of ROW_CHUNK rows are split across threads; a
  * chunk, once loaded, serves all B tokens (one token on AMD: each thread
  * takes an even share of the rows in runs, dot_rows_streams and
  * dot_q8_runs). Each output is computed by the same code whatever the thread

@@ -2,7 +2,7 @@
  *
  * run.c states each operation as a formula and a plain loop (its
  * matmul_reference is the definition of matmul); kernels.c computes the same
- * things fast: weights stored float32 or q8_0, a KV cache of float32 or IEEE
+ * things fast: weights stored float32, q8_0, q4_0 or q4_1, a KV cache of float32 or IEEE
  * half, SIMD tiles (AVX-512 or AVX2) that let one load of a weight serve many
  * tokens, and threads. Every kernel here has a portable C version;
  * tests/test_kernels.c checks each one against run.c's matmul_reference or a
@@ -316,8 +316,9 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
  * (ROW_CHUNK rows at a time); the q8_0 column kernel reads x_q packed into
  * x_qt and x_scale_t, and each thread's chunk's group sums from its slice of
  * w_sums. Float32 weights need no scratch (NULL: blocks then take the
- * portable tiles); q8_0 weights need at least x_q and x_scale (then int8 dot
- * products for any B). n below is max(dim, hidden_dim). */
+ * portable tiles); q8_0 and q4_0 weights need at least x_q and x_scale
+ * (then int8 dot products for any B), q4_1 x_sum too. n below is
+ * max(dim, hidden_dim). */
 typedef struct {
     float *x_t;       // (n * cols_round_up(B)) the input transposed, in panels of COLS_TOKENS tokens; B > 1 only
     int8_t *x_q;      // (B, n) the input, quantized
