@@ -76,9 +76,10 @@ FUZZ_SEEDS = tests/fuzz/build/seeds
 # The GGUF loader's tests the sanitizer builds run (all of tests/test_gguf_load.py takes 3.5 min
 # under ASan): every bad file and truncation, and one file of each tensor type; of
 # tests/test_gguf_archs.py, every refusal and each qwen2 and phi3 file (10 s); of
-# tests/test_gguf_quants.py, every non-finite scale and the Q4_K_M-like mix.
+# tests/test_gguf_quants.py, every non-finite scale, the Q4_K_M-like mix and the Q4_0 and Q4_1 files
+# kept as stored.
 GGUF_SAN_TESTS = bad or truncated or refused or unsupported or architecture or untied or arch_run_bit_identical \
-	or Q4_K_M
+	or Q4_K_M or q4_kept or q4_mixes
 
 .PHONY: all build portable reference run test lint test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation \
 	bench venv venv-export smollm2 smollm2-export clean help FORCE

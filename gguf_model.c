@@ -829,7 +829,8 @@ static int read_weights(const Reader *rd, Transformer *t, Slot *slots, int n) {
     }
     c->shared_classifier = slots[n - 1].gguf == NULL;
     for (int i = 0; i < n; i++) // model.h's Config: wq's type when quantized, else any quantized matrix's
-        if (slots[i].gguf && slots[i].type != WEIGHT_F32 && (c->weight_type == WEIGHT_F32 || slots[i].mat == &t->weights.wq))
+        if (slots[i].gguf && slots[i].type != WEIGHT_F32 &&
+            (c->weight_type == WEIGHT_F32 || slots[i].mat == &t->weights.wq))
             c->weight_type = slots[i].type, c->group_size = 32;
     t->converted = used ? aligned_alloc(64, used) : NULL;
     float *row = malloc(widest * sizeof *row);

@@ -1744,7 +1744,8 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
         pack_q8_block(scratch->x_qt, scratch->x_scale_t, scratch->x_q, scratch->x_scale, B, ldx, n, gs);
 #endif
 #if HAVE_SIMD
-    if (use_simd && B == 1 && w.type == WEIGHT_F32 && (f32_rows_together == 4 || f32_rows_together == 8) && n % SIMD_FLOATS == 0) {
+    if (use_simd && B == 1 && w.type == WEIGHT_F32 && (f32_rows_together == 4 || f32_rows_together == 8) &&
+        n % SIMD_FLOATS == 0) {
         dot_rows_streams(out, (const float *)w.values, x, n, d, f32_rows_together); // one token, float32 rows, on AMD
         return;
     }

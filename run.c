@@ -884,7 +884,8 @@ void free_transformer(Transformer *t) {
     void *bufs[] = {st->x, st->xb, st->xb2, st->hb, st->hb2, st->q, st->k, st->v, st->scores, st->attn_tiles,
                     st->logits, st->key_cache, st->value_cache, st->rope_cos, st->rope_sin, st->q_second,
                     st->key_rot, st->key_grouped, st->value_rows, st->frame_rows, st->frame_freq, st->mm.x_q,
-                    st->mm.x_scale, st->mm.w_rows, st->mm.x_t, st->mm.x_qt, st->mm.x_scale_t, st->mm.w_sums};
+                    st->mm.x_scale, st->mm.w_rows, st->mm.x_t, st->mm.x_qt, st->mm.x_scale_t, st->mm.w_sums,
+                    st->mm.x_sum};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(st->inv_freq);
     if (t->mapping) munmap(t->mapping, t->file_size);

@@ -41,7 +41,8 @@ static Q4 make_q4(int type, int rows, int n, uint64_t *rng) {
             uint16_t bits = test_half_bits(rng);
             b[h] = (unsigned char)bits, b[h + 1] = (unsigned char)(bits >> 8);
         }
-        for (int j = 0; j < 16; j++) b[bytes - 16 + j] = k ? (unsigned char)random_u32(rng) : (unsigned char)(j | (15 - j) << 4);
+        for (int j = 0; j < 16; j++) // block 0: byte j holds j and 15 - j
+            b[bytes - 16 + j] = k ? (unsigned char)random_u32(rng) : (unsigned char)(j | (15 - j) << 4);
     }
     gguf_q4_split(type == WEIGHT_Q4_1 ? GGML_Q4_1 : GGML_Q4_0, w.gguf, blocks, w.qs, w.d, w.m);
     w.mat = (Matrix){type, 32, w.qs, NULL, w.d, w.m};
@@ -124,8 +125,9 @@ static void check_one_token(const Q4 *w, int rows, int n) {
         int bad = -1;
         for (int i = 0; i < rows && bad < 0; i++)
             if (!(fabs(out[i] - ref[i]) <= bound[i])) bad = i;
+        int at = bad < 0 ? 0 : bad;
         CHECK(bad < 0, "%s matmul n=%d %s: row %d: %.9g vs %.9g (bound %.3g)", WEIGHT_NAMES[w->mat.type], n,
-              simd ? "SIMD" : "portable", bad, bad < 0 ? 0 : out[bad], bad < 0 ? 0 : ref[bad], bad < 0 ? 0 : bound[bad]);
+              simd ? "SIMD" : "portable", bad, out[at], ref[at], bound[at]);
         set_threads(4);
         memset(out4, 0xff, sizeof(float) * rows);
         matmul(out4, x, w->mat, 1, n, rows, &scratch);
@@ -172,7 +174,10 @@ static void check_blocks(const Q4 *w, int rows, int n, int B) {
         matrix_row(row, w->mat, i, n);
         for (int b = 0; b < B; b++) {
             double ref = 0, s = 0;
-            for (int k = 0; k < n; k++) ref += (double)row[k] * x[(size_t)b * n + k], s += fabs((double)row[k] * x[(size_t)b * n + k]);
+            for (int k = 0; k < n; k++) {
+                double p = (double)row[k] * x[(size_t)b * n + k];
+                ref += p, s += fabs(p);
+            }
             bad += !(fabs(deq[(size_t)b * rows + i] - ref) <= n * ldexp(1.0, -23) * s);
         }
     }
