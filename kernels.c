@@ -29,6 +29,7 @@ int use_simd = HAVE_SIMD;
 int prefetch_f32 = 1;
 int f32_rows_together = 1;
 int q8_runs = 1;
+int q4_avx512 = 0;
 
 #if HAVE_SIMD
 /* The CPU's family from cpuid leaf 1 (the base family, plus the extended
@@ -1044,16 +1045,17 @@ static inline __attribute__((always_inline)) float dot_q4_avx512(const uint8_t *
 #endif
 #endif
 
-/* dot_q4_c by the widest kernel this build has (use_simd = 0: dot_q4_c). */
+/* dot_q4_c by this build's SIMD kernel (kernels.h's q4_avx512 picks the
+ * 512-bit one where there is one; use_simd = 0: dot_q4_c). */
 static float dot_q4_row(const uint8_t *qs, const uint16_t *d, const uint16_t *m, const int8_t *x, const float *xs,
                         const float *xsum, int n) {
 #if HAVE_SIMD
     if (use_simd) {
 #if HAVE_Q8_AVX512
-        return m ? dot_q4_avx512(qs, d, m, x, xs, xsum, n, 0) : dot_q4_avx512(qs, d, NULL, x, xs, NULL, n, 1);
-#else
-        return m ? dot_q4_avx(qs, d, m, x, xs, xsum, n, 0) : dot_q4_avx(qs, d, NULL, x, xs, NULL, n, 1);
+        if (q4_avx512)
+            return m ? dot_q4_avx512(qs, d, m, x, xs, xsum, n, 0) : dot_q4_avx512(qs, d, NULL, x, xs, NULL, n, 1);
 #endif
+        return m ? dot_q4_avx(qs, d, m, x, xs, xsum, n, 0) : dot_q4_avx(qs, d, NULL, x, xs, NULL, n, 1);
     }
 #endif
     return dot_q4_c(qs, d, m, x, xs, xsum, n);

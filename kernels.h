@@ -65,6 +65,14 @@ extern int f32_rows_together;
  * elsewhere (not measured on Intel). Each row is the same sum either way:
  * the same bits (the tests check). */
 extern int q8_runs;
+/* Whether q4_0 and q4_1 one-token products use the 512-bit kernel
+ * (kernels.c's dot_q4_avx512, AVX-512 BW and VNNI builds) instead of the
+ * 256-bit one (dot_q4_avx, with VNNI's instruction where the build has it).
+ * 0 everywhere for now: on the Intel VM (AVX-512, 1 thread, SmolLM2's Q4_1
+ * file, 5 interleaved rounds on a loaded machine) the 512-bit kernel gave a
+ * median of 52.1 tokens/s against 53.2, slower in all 5 rounds; not measured
+ * on AMD. Both give the same sums up to float rounding (the tests run both). */
+extern int q4_avx512;
 #ifdef TESTING
 extern int q8_runs_calls; // how often the 2-run kernel ran (tests/test_kernels.c checks that it did)
 extern int q8_pair_calls; // how often its two-row pass ran (AVX-512 VNNI builds, gs 32)

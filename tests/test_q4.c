@@ -115,9 +115,9 @@ static void check_one_token(const Q4 *w, int rows, int n) {
     int8_t *xq = malloc((size_t)n);
     make_x(x, n);
     MatmulScratch scratch = {.x_q = xq, .x_scale = xs, .x_sum = xsum, .threads = 1};
-    int saved = use_simd;
-    for (int simd = 0; simd <= HAVE_SIMD; simd++) {
-        use_simd = simd;
+    int saved = use_simd, saved_wide = q4_avx512;
+    for (int simd = 0; simd <= HAVE_SIMD + HAVE_Q8_AVX512; simd++) { // portable, SIMD, the 512-bit kernel
+        use_simd = simd > 0, q4_avx512 = simd == 2;
         set_threads(1);
         memset(out, 0xff, sizeof(float) * rows);
         matmul(out, x, w->mat, 1, n, rows, &scratch);
@@ -127,14 +127,14 @@ static void check_one_token(const Q4 *w, int rows, int n) {
             if (!(fabs(out[i] - ref[i]) <= bound[i])) bad = i;
         int at = bad < 0 ? 0 : bad;
         CHECK(bad < 0, "%s matmul n=%d %s: row %d: %.9g vs %.9g (bound %.3g)", WEIGHT_NAMES[w->mat.type], n,
-              simd ? "SIMD" : "portable", bad, out[at], ref[at], bound[at]);
+              simd == 2 ? "AVX-512" : simd ? "SIMD" : "portable", bad, out[at], ref[at], bound[at]);
         set_threads(4);
         memset(out4, 0xff, sizeof(float) * rows);
         matmul(out4, x, w->mat, 1, n, rows, &scratch);
         CHECK(memcmp(out, out4, sizeof(float) * rows) == 0, "%s matmul n=%d %s: 1 and 4 threads differ",
               WEIGHT_NAMES[w->mat.type], n, simd ? "SIMD" : "portable");
     }
-    use_simd = saved;
+    use_simd = saved, q4_avx512 = saved_wide;
     free(x), free(xs), free(xsum), free(out), free(out4), free(ref), free(bound), free(xq);
 }
 
