@@ -2,12 +2,12 @@
  *
  * run.c states each operation as a formula and a plain loop (its
  * matmul_reference is the definition of matmul); kernels.c computes the same
- * things fast: weights stored float32, q8_0, q4_0 or q4_1, a KV cache of float32 or IEEE
- * half, SIMD tiles (AVX-512 or AVX2) that let one load of a weight serve many
- * tokens, and threads. Every kernel here has a portable C version;
- * tests/test_kernels.c checks each one against run.c's matmul_reference or a
- * double-precision reference. Read run.c first; come here to see how the time
- * is spent.
+ * things fast: weights stored float32, q8_0, q4_0 or q4_1, a KV cache of
+ * float32 or IEEE half, SIMD tiles (AVX-512 or AVX2) that let one load of a
+ * weight serve many tokens, and threads. Every kernel here has a portable C
+ * version; tests/test_kernels.c (tests/test_q4.c for q4_0 and q4_1) checks
+ * each one against run.c's matmul_reference or a double-precision reference.
+ * Read run.c first; come here to see how the time is spent.
  *
  * Shape names are model.h's (dim, kv_dim, head_size, n_ctx, ...); B is the
  * number of tokens a call carries.
