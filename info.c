@@ -310,8 +310,14 @@ static void print_info_text(const ModeInput *in) {
     field("train_ctx", "%d", c->train_ctx);
     field("classifier", "%s", c->shared_classifier ? "shared with the token embedding" : "its own (wcls)");
     field("norm_eps", "%g", c->norm_eps);
-    if (c->weight_type == WEIGHT_Q8_0) field("weights", "q8_0, groups of %d", c->group_size);
-    else field("weights", "%s", WEIGHT_NAMES[c->weight_type]);
+    const Weights *w = &t->weights; // a GGUF's embedding and classifier may differ from the layers (model.h's Config)
+    char others[96] = "";
+    if (w->token_embedding.type != c->weight_type || w->wcls.type != c->weight_type)
+        snprintf(others, sizeof others, " (token embedding %s, classifier %s)", WEIGHT_NAMES[w->token_embedding.type],
+                 WEIGHT_NAMES[w->wcls.type]);
+    if (c->weight_type != WEIGHT_F32)
+        field("weights", "%s, groups of %d%s", WEIGHT_NAMES[c->weight_type], c->group_size, others);
+    else field("weights", "%s%s", WEIGHT_NAMES[c->weight_type], others);
     field("biases", "%s", bias_names(c->bias_flags));
     if (c->sliding_window > 0)
         field("sliding_window", "%d (layers %d..%d)", c->sliding_window, c->window_first_layer, c->n_layers - 1);

@@ -6,7 +6,8 @@
  * Input: two option bytes, then the GGUF file's bytes.
  *   byte 0: bit 0 KV cache f16 instead of f32; bit 1 portable kernels (when
  *           built in); bit 2 quantized tensors converted to float32
- *           instead of q8_0 (--gguf-convert f32)
+ *           (--gguf-convert f32), else bit 3 to q8_0 (--gguf-convert q8_0),
+ *           else as the loader's default (Q4_0 and Q4_1 kept as stored)
  *   byte 1: n_ctx = 1 + byte % 40
  * The bytes are parsed as they are (gguf_parse, then every typed lookup on
  * every key and every tensor name); the vocabulary in their metadata
@@ -117,7 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #if HAVE_SIMD
     use_simd = !(opt & 2);
 #endif
-    gguf_set_conversion(opt & 4 ? WEIGHT_F32 : WEIGHT_Q8_0);
+    gguf_set_conversion(opt & 4 ? GGUF_TO_F32 : opt & 8 ? GGUF_TO_Q8_0 : GGUF_KEEP);
     PositionOverrides o = {0};
     Transformer t;
     if (build_transformer(&t, path, &o, n_ctx, opt & 1 ? KV_F16 : KV_F32, err, sizeof err) == 0) {
