@@ -76,12 +76,13 @@ FUZZ_SEEDS = tests/fuzz/build/seeds
 # The GGUF loader's tests the sanitizer builds run (all of tests/test_gguf_load.py takes 3.5 min
 # under ASan): every bad file and truncation, and one file of each tensor type; of
 # tests/test_gguf_archs.py, every refusal and each qwen2 and phi3 file (10 s); of
-# tests/test_gguf_quants.py, every non-finite scale and the Q4_K_M-like mix.
+# tests/test_gguf_quants.py, every non-finite scale, the Q4_K_M-like mix and the Q4_0 and Q4_1 files
+# kept as stored.
 # The q8_0 KV cache's tests the sanitizer build runs: generation and ppl blocks
 # through it, the sizes, the refusal (not the bundled model's 4x windows).
 KV_Q8_SAN_TESTS = threads or bytes or refused
 GGUF_SAN_TESTS = bad or truncated or refused or unsupported or architecture or untied or arch_run_bit_identical \
-	or Q4_K_M
+	or info_keys or Q4_K_M or q4_kept or q4_mixes
 
 .PHONY: all build portable reference run test lint test-c test-py sanitize fuzz fuzz-smoke fuzz-export extrapolation \
 	bench venv venv-export smollm2 smollm2-export clean help FORCE
@@ -192,7 +193,7 @@ TWARN = $(WARN) -Wno-unused-function
 # test_run is one program from these files: main and the shared helpers
 # (test_run.c, tests/check.h), then one file per subject.
 TEST_RUN_C = tests/test_run.c tests/test_rope.c tests/test_kernels.c tests/test_forward.c tests/test_sampler.c \
-	tests/test_loader.c tests/test_modes.c
+	tests/test_loader.c tests/test_modes.c tests/test_q4.c
 # test_run is built with $(OPT) like ./run, so on a SIMD machine it compares
 # the SIMD kernels with the portable ones. Every kernel path the machine can
 # run gets tested: test_run (-march=native: AVX-512 and VNNI where the CPU has
@@ -214,9 +215,10 @@ tests/test_tokenizer: tests/test_tokenizer.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/test_tokenizer.c $(LDLIBS)
 tests/tok_driver: tests/tok_driver.c tokenizer.c $(HDR)
 	$(CC) -O2 $(WARN) -I. -o $@ tests/tok_driver.c $(LDLIBS)
-# gguf_quants.c's dequantizers on the command line (tests/test_gguf_quants.py), built with ./run's flags
-tests/quant_driver: tests/quant_driver.c gguf_quants.c gguf_quants.h
-	$(CC) $(OPT) $(FP) $(WARN) -I. -o $@ tests/quant_driver.c gguf_quants.c $(LDLIBS)
+# gguf_quants.c's dequantizers and kernels.c's matrix_row on the command line (tests/test_gguf_quants.py), built
+# with ./run's flags
+tests/quant_driver: tests/quant_driver.c gguf_quants.c kernels.c gguf_quants.h kernels.h model.h
+	$(CC) $(OPT) $(FP) $(OMP) $(WARN) -I. -o $@ tests/quant_driver.c gguf_quants.c kernels.c $(LDLIBS)
 
 test-c: tests/test_run tests/test_run-avxvnni tests/test_run-avx2 tests/test_run-portable tests/test_tokenizer
 	./tests/test_run

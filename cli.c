@@ -15,6 +15,7 @@
 
 #include "chat.h"
 #include "cli.h"
+#include "gguf.h"
 #include "gguf_tokenizer.h"
 #include "filekind.h"
 
@@ -75,9 +76,10 @@ static const Flag FLAGS[] = {
     {"-z", NULL, ALL & ~ROPE, TEXT, 0, 0, FIELD(tokenizer), NULL, "<file>",
      "tokenizer file, or a GGUF (its vocabulary); default: a GGUF checkpoint's own,\n"
      "else tokenizer.bin beside the checkpoint, else ./tokenizer.bin"},
-    {"--gguf-convert", NULL, ALL, CHOICE, 0, 0, FIELD(gguf_convert), WEIGHT_NAMES, "<type>",
+    {"--gguf-convert", NULL, ALL, CHOICE, 0, 0, FIELD(gguf_convert), GGUF_CONVERT_NAMES, "<type>",
      "what a GGUF's quantized tensors (Q8_0, Q4_0 .. Q6_K) become at load:\n"
-     "q8_0 (default), or f32: the values as dequantized, 4x the memory"},
+     "native (default: Q4_0 and Q4_1 run as stored, the others become q8_0),\n"
+     "q8_0 (every one), or f32: the values as dequantized, 4x the memory"},
     {"--ctx", "-c", ALL & ~(TOK | INFO), INT, 1, MAX_CTX, FIELD(ctx), NULL, "<int>",
      "context length; default the training context; may exceed it"},
     {"--threads", NULL, MODEL, INT, 1, 1024, FIELD(threads), NULL, "<int>",
@@ -267,7 +269,8 @@ static void usage(FILE *out, int mode) {
     fprintf(out, "Common options (run --help MODE lists every option MODE reads):\n");
     for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) flag_help(out, find_flag(common[i]));
     fprintf(out, "Weights: float32 or q8_0, as the checkpoint says (export.py --dtype); a GGUF's\n"
-                 "quantized ones become q8_0 at load (--gguf-convert f32: float32).\n"
+                 "Q4_0 and Q4_1 run as stored, its other quantized ones become q8_0 at load\n"
+                 "(--gguf-convert q8_0: all of them; f32: float32).\n"
                  "Exit status: 0 ok, 1 bad input or runtime failure, 2 bad usage.\n"
                  "Examples:\n"
                  "  run models/model.bin -i \"It was a dark and stormy night\" -t 0.8 -n 200\n"
@@ -371,7 +374,7 @@ static void check_combinations(const Options *o) {
 const char *parse_args(int argc, char **argv, Options *o) {
     *o = (Options){.temperature = 1.0, .topp = 0.9, .repeat_penalty = 1.0, .repeat_last_n = 64, .steps = 256,
                    .mode = MODE_GENERATE, .kv_type = KV_F32, .trials = 5, .key_digits = 5,
-                   .gguf_convert = WEIGHT_Q8_0};
+                   .gguf_convert = GGUF_KEEP};
     const char *checkpoint = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -22,7 +22,7 @@ typedef struct {
     int topk, repeat_last_n, steps;                   // --top-k, --repeat-last-n, -n
     long seed;                                        // -s (default: the time; passkey: 0)
     int ctx, kv_type, threads, q8_activations;        // --ctx (0 = the training context), --kv, ...
-    int gguf_convert;                                 // --gguf-convert: WEIGHT_Q8_0 | WEIGHT_F32
+    int gguf_convert;                                 // --gguf-convert: GGUF_KEEP | GGUF_TO_Q8_0 | GGUF_TO_F32
     int ignore_eos, json, per_position;
     int chat_template, conversation_input;            // --chat-template (CHAT_PLAIN - 1 ..), --chat
                                                       // (passkey: the prompts in the chat template)

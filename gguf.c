@@ -365,7 +365,10 @@ void gguf_free(GgufFile *g) {
 
 const GgufKV *gguf_find_key(const GgufFile *g, const char *key) {
     for (uint64_t k = 0; g->kv && k < g->n_kv; k++)
-        if (gguf_str_is(g->kv[k].key, key)) return &g->kv[k];
+        if (gguf_str_is(g->kv[k].key, key)) {
+            g->kv[k].looked_up = 1; // for -m info's mapped and ignored keys (gguf_key_usage)
+            return &g->kv[k];
+        }
     return NULL;
 }
 

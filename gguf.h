@@ -53,6 +53,7 @@ typedef struct {
     const unsigned char *value; // the value's bytes; an array: its first element
     uint32_t elem_type;         // an array: its elements' type
     uint64_t count;             // an array: its elements
+    int looked_up;              // 1 once gguf_find_key found it (a reader asked for this key)
 } GgufKV;
 
 typedef struct {
@@ -119,8 +120,18 @@ int validate_config(const char *path, const Config *c, const RopeConfig *r, char
  * mapping and the converted tensors are t's (free_transformer releases them).
  * Returns 0, or -1 with one line in err and t zeroed. */
 int gguf_load_checkpoint(Transformer *t, const char *path, int fd, size_t file_size, char *err, size_t err_len);
-/* What the loader makes of the quantized tensors (Q8_0 and the 4- to 6-bit
- * types), which the kernels do not run as stored: WEIGHT_Q8_0 (the default)
- * or WEIGHT_F32. main sets it from --gguf-convert before the model loads. */
-void gguf_set_conversion(int weight_type);
+/* What the loader makes of the quantized tensors (--gguf-convert, whose
+ * choices GGUF_CONVERT_NAMES spells in this order): GGUF_KEEP (the default)
+ * keeps Q4_0 and Q4_1 matrices as stored (the kernels run them) and makes
+ * the other quantized types q8_0; GGUF_TO_Q8_0 makes every quantized tensor
+ * q8_0; GGUF_TO_F32 float32. main sets it before the model loads. */
+enum { GGUF_TO_F32 = 0, GGUF_TO_Q8_0 = 1, GGUF_KEEP = 2 };
+void gguf_set_conversion(int conversion);
+/* -m info's account of a GGUF checkpoint's metadata: each key in file order,
+ * with 1 when loading it reads the key (the model's configuration and RoPE
+ * scaling, the tokenizer's tokenizer.ggml.* and chat template) and 0 when the
+ * load passes it by (general.name, licences, ...). The file in t's mapping is
+ * parsed again and both readers run on it as at load. 0, or -1 and err. */
+typedef void (*GgufKeyVisit)(const char *key, int read, void *ctx);
+int gguf_key_usage(const Transformer *t, GgufKeyVisit visit, void *ctx, char *err, size_t err_len);
 #endif

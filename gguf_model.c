@@ -14,13 +14,15 @@
  * GGUF stores each layer as a tensor of its own, so the per-layer tensors are
  * copied once, at load, into stacked buffers the Transformer owns
  * (t->converted, one allocation): F32 as it is, F16 and BF16 widened to
- * float32 exactly; the quantized types (Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1,
- * Q4_K, Q5_K, Q6_K, which the kernels do not run as stored) dequantized as
- * the gguf package does (gguf_quants.c), then quantized again into our q8_0
- * (int8 values, a float32 scale per 32) with export.py's arithmetic, so that
- * the logits are bit-identical to its `--dtype q8_0` conversion; or, with
- * --gguf-convert f32, kept as float32, as its default conversion. One
- * function, memory_type, decides what each tensor becomes. token_embd,
+ * float32 exactly; Q4_0 and Q4_1, which the kernels run as stored, kept:
+ * their blocks' bytes split into nibbles and half scales (kernels.h's q4_0
+ * and q4_1); the other quantized types (Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)
+ * dequantized as the gguf package does (gguf_quants.c), then quantized again
+ * into our q8_0 (int8 values, a float32 scale per 32) with export.py's
+ * arithmetic, so that the logits are bit-identical to its `--dtype q8_0`
+ * conversion. --gguf-convert q8_0 makes Q4_0 and Q4_1 q8_0 too; --gguf-convert
+ * f32 makes every quantized tensor float32, as export.py's default
+ * conversion. One function, memory_type, decides what each tensor becomes. token_embd,
  * output and output_norm in F32 are read from the mapping as they are. Other
  * tensor types (Q2_K, IQ4_NL, ...) are refused by name. docs/gguf.md says
  * what it costs.
@@ -36,6 +38,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "gguf_tokenizer.h"
 
 /* The architectures run reads, and what each adds to Llama's tensors and keys
  * (GGUF_ARCHS in convert/gguf.py; docs/gguf.md says why):
@@ -508,15 +511,15 @@ typedef struct {
     const char *gguf;
     int per_layer;
     size_t rows, cols;
-    Matrix *mat;        // a matrix (float32 or q8_0), or
+    Matrix *mat;        // a matrix (float32, q8_0, q4_0 or q4_1), or
     const float **vec;  // a float32 vector
     int optional;
     size_t first_row;   // fused: the first of the tensor's rows this slot takes (0 otherwise)
     size_t file_rows;   // fused: the tensor's rows in the file (0: rows)
     // filled by plan_tensor:
-    int q8;             // every part is Q8_0: stored as our q8_0
+    int type;           // WEIGHT_F32 | WEIGHT_Q8_0 | WEIGHT_Q4_0 | WEIGHT_Q4_1: what it is held as
     int mapped;         // one F32 tensor, 4-byte aligned: read from the file as it is
-    size_t values_at, scales_at; // offsets in the converted buffer
+    size_t values_at, scales_at, mins_at; // offsets in the converted buffer
 } Slot;
 
 #define N_SLOTS 17 /* Llama's 12, q/k/v biases, LongRoPE's two factor sets */
@@ -595,20 +598,23 @@ static int readable_type(uint32_t type) {
            size == bytes;
 }
 
-/* What the quantized tensors become (--gguf-convert): WEIGHT_Q8_0 or WEIGHT_F32. */
-static int conversion = WEIGHT_Q8_0;
+/* What the quantized tensors become (--gguf-convert): gguf.h's GGUF_KEEP, GGUF_TO_Q8_0 or GGUF_TO_F32. */
+static int conversion = GGUF_KEEP;
 
-void gguf_set_conversion(int weight_type) { conversion = weight_type == WEIGHT_F32 ? WEIGHT_F32 : WEIGHT_Q8_0; }
+void gguf_set_conversion(int how) { conversion = how == GGUF_TO_F32 || how == GGUF_TO_Q8_0 ? how : GGUF_KEEP; }
 
 /* The in-memory type of one tensor of a matrix, the loader's one decision per
- * type: the float types become float32 (exactly); the quantized ones become
- * q8_0 (the kernels' quantized format), or float32 under --gguf-convert f32.
- * A matrix is held as q8_0 only when every layer of it is (plan_slot). When
- * kernels run a GGUF type as stored (a 4-bit one), this returns that type
- * for it and the conversion of it stops. */
+ * type: the float types become float32 (exactly); Q4_0 and Q4_1 stay as they
+ * are (GGUF_KEEP); the other quantized ones become q8_0, or all of them
+ * float32 under --gguf-convert f32. A matrix's layers share one type
+ * (plan_slot): the layers' one type, else q8_0 when every layer is
+ * quantized, else float32. */
 static int memory_type(uint32_t ggml_type) {
-    if (ggml_type == GGML_F32 || ggml_type == GGML_F16 || ggml_type == GGML_BF16) return WEIGHT_F32;
-    return conversion;
+    if (ggml_type == GGML_F32 || ggml_type == GGML_F16 || ggml_type == GGML_BF16 || conversion == GGUF_TO_F32)
+        return WEIGHT_F32;
+    if (conversion == GGUF_KEEP && ggml_type == GGML_Q4_0) return WEIGHT_Q4_0;
+    if (conversion == GGUF_KEEP && ggml_type == GGML_Q4_1) return WEIGHT_Q4_1;
+    return WEIGHT_Q8_0;
 }
 
 /* Check one tensor: present, the shape the metadata gives, a type run converts. */
@@ -642,23 +648,29 @@ static size_t align64(size_t n) { return (n + 63) / 64 * 64; }
  * the converted buffer (at *used). Returns 0 (1 for an absent optional slot), -1. */
 static int plan_slot(const Reader *rd, const Config *c, Slot *s, size_t *used) {
     char name[64];
-    int parts = s->per_layer ? c->n_layers : 1, all_q8 = 1;
+    int parts = s->per_layer ? c->n_layers : 1, same = 1, any_f32 = 0;
     const GgufTensor *first = slot_tensor(rd, s, 0, name, sizeof name);
     if (!first && s->optional) return 1;
     for (int l = 0; l < parts; l++) {
         const GgufTensor *t = slot_tensor(rd, s, l, name, sizeof name);
         if (check_part(rd, s, t, name)) return -1;
-        all_q8 &= memory_type(t->type) == WEIGHT_Q8_0;
+        same &= memory_type(t->type) == memory_type(first->type);
+        any_f32 |= memory_type(t->type) == WEIGHT_F32;
     }
     size_t n = s->rows * s->cols * (size_t)parts;
-    s->q8 = s->mat && all_q8;
+    s->type = !s->mat || any_f32 ? WEIGHT_F32 : same ? memory_type(first->type) : WEIGHT_Q8_0;
     s->mapped = parts == 1 && s->first_row == 0 && first->type == GGML_F32 && ((uintptr_t)first->data % 4) == 0;
     if (s->mapped) return 0;
-    s->values_at = *used;
-    *used = align64(*used + n * (s->q8 ? 1 : 4));
-    if (s->q8) {
+    int q4 = s->type == WEIGHT_Q4_0 || s->type == WEIGHT_Q4_1;
+    s->values_at = *used; // float32 4 bytes a value, q8_0 1, q4 half a byte; then the scales (and mins)
+    *used = align64(*used + (s->type == WEIGHT_F32 ? 4 * n : q4 ? n / 2 : n));
+    if (s->type != WEIGHT_F32) {
         s->scales_at = *used;
-        *used = align64(*used + n / 32 * 4);
+        *used = align64(*used + n / 32 * (q4 ? sizeof(uint16_t) : sizeof(float)));
+    }
+    if (s->type == WEIGHT_Q4_1) {
+        s->mins_at = *used;
+        *used = align64(*used + n / 32 * sizeof(uint16_t));
     }
     return 0;
 }
@@ -729,23 +741,30 @@ static int fill_slot(const Reader *rd, const Config *c, const Slot *s, unsigned 
         const GgufTensor *t = slot_tensor(rd, s, l, name, sizeof name);
         for (size_t r = 0; r < s->rows; r++) {
             size_t at = (size_t)l * per_part + r * s->cols;
-            float *dst = s->q8 || s->mapped ? row : (float *)(buf + s->values_at) + at;
-            to_f32(dst, t, (s->first_row + r) * s->cols, s->cols);
+            float *dst = s->type != WEIGHT_F32 || s->mapped ? row : (float *)(buf + s->values_at) + at;
+            to_f32(dst, t, (s->first_row + r) * s->cols, s->cols); // (q4 too: its values checked finite)
             long bad = not_finite(dst, s->cols);
             if (bad >= 0)
                 return fail(rd->err, rd->err_len, "%s: tensor %s contains NaN or infinite values (value %zu)",
                             rd->path, name, (s->first_row + r) * s->cols + (size_t)bad);
-            for (size_t g = 0; s->q8 && g < s->cols / 32; g++)
+            for (size_t g = 0; s->type == WEIGHT_Q8_0 && g < s->cols / 32; g++)
                 quantize_group((int8_t *)(buf + s->values_at) + at + g * 32,
                                (float *)(buf + s->scales_at) + (at + g * 32) / 32, dst + g * 32);
+            if (s->type == WEIGHT_Q4_0 || s->type == WEIGHT_Q4_1) // the row's blocks as they are, split
+                gguf_q4_split(t->type, t->data + (s->first_row + r) * s->cols / 32 * (s->type == WEIGHT_Q4_1 ? 20 : 18),
+                              s->cols / 32, buf + s->values_at + at / 2, (uint16_t *)(buf + s->scales_at) + at / 32,
+                              (uint16_t *)(buf + s->mins_at) + at / 32);
         }
         if (!s->mapped) release_pages(t);
     }
     if (s->vec) *s->vec = values;
-    if (s->mat && s->q8)
-        *s->mat = (Matrix){WEIGHT_Q8_0, 32, buf + s->values_at, (const float *)(buf + s->scales_at)};
+    if (s->mat && s->type == WEIGHT_Q8_0)
+        *s->mat = (Matrix){WEIGHT_Q8_0, 32, buf + s->values_at, (const float *)(buf + s->scales_at), NULL, NULL};
+    else if (s->mat && s->type != WEIGHT_F32)
+        *s->mat = (Matrix){s->type, 32, buf + s->values_at, NULL, (const uint16_t *)(buf + s->scales_at),
+                           s->type == WEIGHT_Q4_1 ? (const uint16_t *)(buf + s->mins_at) : NULL};
     else if (s->mat)
-        *s->mat = (Matrix){WEIGHT_F32, 0, values, NULL};
+        *s->mat = (Matrix){WEIGHT_F32, 0, values, NULL, NULL, NULL};
     return 0;
 }
 
@@ -810,8 +829,10 @@ static int read_weights(const Reader *rd, Transformer *t, Slot *slots, int n) {
         if (rc == 1) slots[i].gguf = NULL; // absent and optional: output.weight, tied to the embedding
     }
     c->shared_classifier = slots[n - 1].gguf == NULL;
-    for (int i = 0; i < n; i++)
-        if (slots[i].gguf && slots[i].q8) c->weight_type = WEIGHT_Q8_0, c->group_size = 32;
+    for (int i = 0; i < n; i++) // model.h's Config: wq's type when quantized, else any quantized matrix's
+        if (slots[i].gguf && slots[i].type != WEIGHT_F32 &&
+            (c->weight_type == WEIGHT_F32 || slots[i].mat == &t->weights.wq))
+            c->weight_type = slots[i].type, c->group_size = 32;
     t->converted = used ? aligned_alloc(64, used) : NULL;
     float *row = malloc(widest * sizeof *row);
     if ((used && !t->converted) || !row) {
@@ -830,9 +851,9 @@ static int read_weights(const Reader *rd, Transformer *t, Slot *slots, int n) {
     return 0;
 }
 
-/* One notice: what was converted (tensors of each type, and what each became) and the memory it takes, beside
- * what the same tensors take in the file, e.g. "(61 F32 copied, 1 Q8_0 -> q8_0, 210 Q4_1 -> q8_0; layers
- * stacked): 144.3 MiB of memory (92.6 MiB in the file)". */
+/* One notice: what was converted (tensors of each type, and what each became: "copied" for F32, "kept" for
+ * a type held as stored) and the memory it takes, beside what the same tensors take in the file, e.g. "(61
+ * F32 copied, 1 Q8_0 -> q8_0, 210 Q4_1 kept; layers stacked): 98.3 MiB of memory (92.6 MiB in the file)". */
 static void conversion_notice(const Reader *rd, const Slot *slots, int n, int n_layers, size_t used) {
     static const uint32_t types[] = {GGML_F32,  GGML_F16,  GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1,
                                      GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
@@ -840,21 +861,24 @@ static void conversion_notice(const Reader *rd, const Slot *slots, int n, int n_
     size_t len = 0;
     uint64_t in_file = 0;
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
-        for (int q8 = 0; q8 <= 1; q8++) { // what it became: float32, then q8_0
+        for (int became = 0; became < WEIGHT_N_TYPES; became++) { // float32, q8_0, q4_0, q4_1
             int count = 0;
             for (int i = 0; i < n; i++)
                 for (int l = 0; slots[i].gguf && !slots[i].mapped && !slots[i].first_row && // a fused tensor once
                                 l < (slots[i].per_layer ? n_layers : 1); l++) {
                     char name[64];
                     const GgufTensor *t = slot_tensor(rd, &slots[i], l, name, sizeof name);
-                    if (t->type != types[k] || slots[i].q8 != q8) continue;
+                    if (t->type != types[k] || slots[i].type != became) continue;
                     count++;
                     in_file += t->n_bytes;
                 }
             if (count && len < sizeof what)
                 len += (size_t)snprintf(what + len, sizeof what - len, "%s%d %s %s", len ? ", " : "", count,
                                         ggml_type_name(types[k], tn, sizeof tn),
-                                        q8 ? "-> q8_0" : types[k] == GGML_F32 ? "copied" : "-> f32");
+                                        became == WEIGHT_Q8_0 ? "-> q8_0"
+                                        : became != WEIGHT_F32 ? "kept"
+                                        : types[k] == GGML_F32 ? "copied"
+                                        : "-> f32");
         }
     if (used)
         notice("%s: GGUF tensors converted at load (%s; layers stacked): %.1f MiB of memory (%.1f MiB in the file)",
@@ -885,4 +909,20 @@ int gguf_load_checkpoint(Transformer *t, const char *path, int fd, size_t file_s
         return -1;
     }
     return 0;
+}
+
+int gguf_key_usage(const Transformer *t, GgufKeyVisit visit, void *ctx, char *err, size_t err_len) {
+    GgufFile g;
+    Config c = {0}; // zeroed, as gguf_load_checkpoint's are: read_config fills what the file holds
+    RopeConfig r = {0};
+    unsigned char *ltok = NULL;
+    size_t ltok_size;
+    char note[GGUF_TOK_NOTE_BYTES], key[256];
+    Reader rd = {&g, "checkpoint", err, err_len, NULL};
+    int rc = gguf_parse(&g, "checkpoint", t->mapping, t->file_size, err, err_len);
+    if (rc == 0) rc = read_config(&rd, &c, &r);
+    if (rc == 0 && gguf_tokenizer_ltok(&g, &ltok, &ltok_size, note, err, err_len) == 0) free(ltok);
+    for (uint64_t k = 0; rc == 0 && k < g.n_kv; k++) visit(gguf_show(g.kv[k].key, key, sizeof key), g.kv[k].looked_up, ctx);
+    gguf_free(&g);
+    return rc;
 }

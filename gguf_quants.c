@@ -22,6 +22,7 @@
  * in Q6_K: j and j + 64), so that one mask and one shift unpack a whole run.
  */
 #include <math.h>
+#include <string.h>
 
 #include "gguf_quants.h"
 
@@ -205,4 +206,16 @@ int gguf_dequantize(uint32_t type, const unsigned char *src, size_t n_blocks, fl
             return 0;
         }
     return -1;
+}
+
+int gguf_q4_split(uint32_t type, const unsigned char *src, size_t n_blocks, uint8_t *qs, uint16_t *d, uint16_t *m) {
+    if (type != GGML_Q4_0 && type != GGML_Q4_1) return -1;
+    size_t halves = type == GGML_Q4_1 ? 2 : 1, bytes = 2 * halves + 16; // 18 or 20
+    for (size_t k = 0; k < n_blocks; k++) {
+        const unsigned char *b = src + k * bytes;
+        d[k] = (uint16_t)(b[0] | b[1] << 8);
+        if (halves == 2) m[k] = (uint16_t)(b[2] | b[3] << 8);
+        memcpy(qs + 16 * k, b + 2 * halves, 16);
+    }
+    return 0;
 }

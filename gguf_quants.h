@@ -35,4 +35,10 @@ int gguf_quant_block(uint32_t type, size_t *values, size_t *bytes);
  * values; the caller checks (gguf_model.c refuses them). */
 int gguf_dequantize(uint32_t type, const unsigned char *src, size_t n_blocks, float *out);
 
+/* n_blocks Q4_0 or Q4_1 blocks at src in the kernels' layout (kernels.h's
+ * q4_0 and q4_1): block k's 16 bytes of nibbles to qs + 16 k, its half d to
+ * d[k] and (Q4_1) its half m to m[k], bytes and bits unchanged. Returns 0,
+ * or -1 (nothing written) for another type. */
+int gguf_q4_split(uint32_t type, const unsigned char *src, size_t n_blocks, uint8_t *qs, uint16_t *d, uint16_t *m);
+
 #endif

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gguf.h"
 #include "modes.h"
 
 /* ---- The position setup -------------------------------------------------- */
@@ -237,6 +238,46 @@ static void text_field(const char *name, const char *text) {
 /* The special pieces shown in the text output, at most; --json lists all. */
 #define SPECIAL_SHOWN 24
 
+/* A GGUF checkpoint's metadata keys, split as gguf_key_usage splits them:
+ * read by the load (mapped onto the config, RoPE and tokenizer) or passed by
+ * (ignored). Each list is its keys one after another, '\0' after each. */
+typedef struct {
+    char *keys[2]; // [0] ignored, [1] read
+    size_t len[2];
+    int n[2];
+} GgufKeys;
+
+static void add_gguf_key(const char *key, int read, void *ctx) {
+    GgufKeys *k = ctx;
+    size_t n = strlen(key) + 1;
+    char *grown = realloc(k->keys[read], k->len[read] + n);
+    if (!grown) return; // the list stays as it was: info then shows fewer keys
+    memcpy(grown + k->len[read], key, n);
+    k->keys[read] = grown, k->len[read] += n, k->n[read]++;
+}
+
+/* The two lists of t's GGUF keys, or 0 when t is not a GGUF (or, which the
+ * load rules out, it cannot be read again). */
+static int gguf_keys(const Transformer *t, GgufKeys *k) {
+    char err[512];
+    memset(k, 0, sizeof *k);
+    if (!t->mapping || memcmp(t->mapping, "GGUF", 4)) return 0;
+    return gguf_key_usage(t, add_gguf_key, k, err, sizeof err) == 0;
+}
+
+/* One list as text ("3: a, b, c") or as a JSON array. */
+static void print_gguf_keys(const GgufKeys *k, int read, int json) {
+    const char *key = k->keys[read];
+    if (!json) printf("%d%s", k->n[read], k->n[read] ? ": " : "");
+    else putchar('[');
+    for (int i = 0; i < k->n[read]; i++, key += strlen(key) + 1) {
+        if (i) fputs(", ", stdout);
+        if (json) print_json_string(key);
+        else fputs(key, stdout);
+    }
+    if (json) putchar(']');
+}
+
 /* The q8_0 cache's bytes per position, or why this model cannot have one. */
 static const char *kv_q8_text(char *out, size_t size, const Transformer *t) {
     size_t bytes = kv_position_bytes(t, KV_Q8_0);
@@ -261,6 +302,15 @@ static void print_info_text(const ModeInput *in) {
               read_le_i32(head + 4), t->converted_size / 1048576.0);
     else if (c->version == 0) field("format", "llama2.c (version 0: RoPE, eps and token ids fixed)");
     else field("format", "LRPE version %d", c->version);
+    GgufKeys keys;
+    if (gguf_keys(t, &keys)) { // the metadata the load mapped, and what it passed by
+        for (int read = 1; read >= 0; read--) {
+            printf("%-18s ", read ? "gguf_keys_mapped" : "gguf_keys_ignored");
+            print_gguf_keys(&keys, read, 0);
+            putchar('\n');
+        }
+        free(keys.keys[0]), free(keys.keys[1]);
+    }
     field("dim", "%d", c->dim);
     field("hidden_dim", "%d", c->hidden_dim);
     field("n_layers", "%d", c->n_layers);
@@ -271,8 +321,14 @@ static void print_info_text(const ModeInput *in) {
     field("train_ctx", "%d", c->train_ctx);
     field("classifier", "%s", c->shared_classifier ? "shared with the token embedding" : "its own (wcls)");
     field("norm_eps", "%g", c->norm_eps);
-    if (c->weight_type == WEIGHT_Q8_0) field("weights", "q8_0, groups of %d", c->group_size);
-    else field("weights", "%s", WEIGHT_NAMES[c->weight_type]);
+    const Weights *w = &t->weights; // a GGUF's embedding and classifier may differ from the layers (model.h's Config)
+    char others[96] = "";
+    if (w->token_embedding.type != c->weight_type || w->wcls.type != c->weight_type)
+        snprintf(others, sizeof others, " (token embedding %s, classifier %s)", WEIGHT_NAMES[w->token_embedding.type],
+                 WEIGHT_NAMES[w->wcls.type]);
+    if (c->weight_type != WEIGHT_F32)
+        field("weights", "%s, groups of %d%s", WEIGHT_NAMES[c->weight_type], c->group_size, others);
+    else field("weights", "%s%s", WEIGHT_NAMES[c->weight_type], others);
     field("biases", "%s", bias_names(c->bias_flags));
     if (c->sliding_window > 0)
         field("sliding_window", "%d (layers %d..%d)", c->sliding_window, c->window_first_layer, c->n_layers - 1);
@@ -331,6 +387,15 @@ static void print_info_json(const ModeInput *in) {
     if (t->mapping && !memcmp(t->mapping, "GGUF", 4)) // read directly (gguf_model.c)
         printf("\"gguf_version\": %d, \"converted_bytes\": %zu, ", read_le_i32((const unsigned char *)t->mapping + 4),
                t->converted_size);
+    GgufKeys keys;
+    if (gguf_keys(t, &keys)) {
+        printf("\"gguf_keys_mapped\": ");
+        print_gguf_keys(&keys, 1, 1);
+        printf(", \"gguf_keys_ignored\": ");
+        print_gguf_keys(&keys, 0, 1);
+        printf(", ");
+        free(keys.keys[0]), free(keys.keys[1]);
+    }
     print_json_field("norm_eps", c->norm_eps);
     printf("\"weights\": \"%s\", \"group_size\": %d, \"biases\": [", WEIGHT_NAMES[c->weight_type], c->group_size);
     const char *bias[] = {"qkv", "o", "mlp"};

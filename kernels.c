@@ -6,8 +6,8 @@
  *      beside its portable C version
  *   3. attention over the cache: one query's scores; a block of queries in
  *      tiles, with an online softmax (flash attention)
- *   4. matmul over float32 or q8_0 weights: chunks of rows over threads,
- *      tiles of rows x tokens within a chunk
+ *   4. matmul over float32, q8_0, q4_0 or q4_1 weights: chunks of rows over
+ *      threads, tiles of rows x tokens within a chunk
  * Every function computes exactly the formula in its first comment line (or
  * kernels.h's); tests/test_kernels.c checks each against run.c's matmul_reference
  * or a double-precision reference.
@@ -30,6 +30,7 @@ int use_simd = HAVE_SIMD;
 int prefetch_f32 = 1;
 int f32_rows_together = 1;
 int q8_runs = 1;
+int q4_avx512 = 0;
 
 #if HAVE_SIMD
 /* The CPU's family from cpuid leaf 1 (the base family, plus the extended
@@ -337,6 +338,27 @@ static void dot_tile_q8_c(float *out, int ldo, const int8_t *w, const float *ws,
             }
             out[(size_t)t * ldo + r] = sum;
         }
+}
+
+/* One row of q4_0 (m == NULL) or q4_1 weights against one token quantized
+ * as q8_0 in blocks of 32 (kernels.h's q4_method):
+ *   sum over blocks g of d_g * xs_g * (sum_i w_i x_i) [+ m_g * xsum_g for q4_1]
+ * w_i = q_i - 8 (q4_0) or q_i (q4_1), q the block's nibbles (qs: 16 bytes a
+ * block), d and m halves, x the token's int8 values, xs their scales, xsum
+ * each block's xs times the sum of its x (q4_1). */
+static float dot_q4_c(const uint8_t *qs, const uint16_t *d, const uint16_t *m, const int8_t *x, const float *xs,
+                      const float *xsum, int n) {
+    int off = m ? 0 : 8;
+    float sum = 0.0f;
+    for (int g = 0; g < n / 32; g++) {
+        const uint8_t *qg = qs + (size_t)g * 16;
+        const int8_t *xg = x + (size_t)g * 32;
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) isum += ((qg[j] & 15) - off) * xg[j] + ((qg[j] >> 4) - off) * xg[j + 16];
+        sum += (float)isum * (half_to_float(d[g]) * xs[g]);
+        if (m) sum += half_to_float(m[g]) * xsum[g];
+    }
+    return sum;
 }
 
 /* A tile of ATT_KEYS keys rotated by one query's frame (section 3's
@@ -1041,6 +1063,129 @@ static void dot_q8_runs(float *out, const int8_t *w, const float *ws, const int8
 }
 #endif
 
+#if HAVE_SIMD
+/* 8 IEEE halves as float32 (exact): one F16C instruction where the compiler
+ * targets it (every AVX2 CPU has it), else one by one. */
+static inline __m256 halves8(const uint16_t *h) {
+#ifdef __F16C__
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+#else
+    float f[8];
+    for (int i = 0; i < 8; i++) f[i] = half_to_float(h[i]);
+    return _mm256_loadu_ps(f);
+#endif
+}
+
+/* The 32 nibbles of a q4 block (16 bytes) as bytes 0..15 in value order:
+ * the low nibbles (values 0-15) in the low 128 bits, the high ones above. */
+static inline __m256i q4_unpack_avx(const uint8_t *qs) {
+    __m128i b = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
+}
+
+/* sum_i w_i x_i over one block in 8 int32 lanes (exact): q4_1's nibbles are
+ * unsigned bytes as they are; q4_0's w = q - 8 takes group_dot_i8_avx's
+ * signs (|w| by x with w's sign). */
+static inline __attribute__((always_inline)) __m256i q4_block_avx(const uint8_t *qs, const int8_t *x, int q4_0) {
+    __m256i q = q4_unpack_avx(qs), xv = _mm256_loadu_si256((const __m256i *)x), zero = _mm256_setzero_si256();
+    if (!q4_0) return dot_u8s8_avx(zero, q, xv);
+    __m256i w = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    return dot_u8s8_avx(zero, _mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
+}
+
+/* dot_q4_c with AVX2 (q4_0 a constant): 8 blocks a step, their d * xs
+ * computed in one vector, two float sums; q4_1's m_g * xsum_g in a third. */
+static inline __attribute__((always_inline)) float dot_q4_avx(const uint8_t *qs, const uint16_t *d,
+                                                              const uint16_t *m, const int8_t *x, const float *xs,
+                                                              const float *xsum, int n, int q4_0) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, accm = acc0;
+    int groups = n / 32, g = 0;
+    for (; g + 8 <= groups; g += 8) {
+        float ds[8];
+        _mm256_storeu_ps(ds, _mm256_mul_ps(halves8(d + g), _mm256_loadu_ps(xs + g)));
+        if (!q4_0) accm = _mm256_fmadd_ps(halves8(m + g), _mm256_loadu_ps(xsum + g), accm);
+        prefetch_ahead(qs + (size_t)g * 16);
+        prefetch_ahead(qs + (size_t)g * 16 + 64);
+        for (int k = 0; k < 8; k += 2) {
+            __m256i s0 = q4_block_avx(qs + (size_t)(g + k) * 16, x + (size_t)(g + k) * 32, q4_0);
+            __m256i s1 = q4_block_avx(qs + (size_t)(g + k + 1) * 16, x + (size_t)(g + k + 1) * 32, q4_0);
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(ds[k]), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_set1_ps(ds[k + 1]), acc1);
+        }
+    }
+    float rest = 0.0f;
+    for (; g < groups; g++) {
+        __m256i s0 = q4_block_avx(qs + (size_t)g * 16, x + (size_t)g * 32, q4_0);
+        acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_set1_ps(half_to_float(d[g]) * xs[g]), acc0);
+        if (!q4_0) rest += half_to_float(m[g]) * xsum[g];
+    }
+    return hsum_avx(_mm256_add_ps(_mm256_add_ps(acc0, acc1), accm)) + rest;
+}
+
+#if HAVE_Q8_AVX512
+/* dot_q4_avx with 512-bit vectors and VNNI: two blocks a vector (their 32
+ * bytes of nibbles unpacked, the 128-bit quarters put in value order: block
+ * g's low and high nibbles, then block g+1's), one VNNI product into 16
+ * lanes (0-7 block g, 8-15 block g+1) scaled as dot_q8_32_avx512 does;
+ * q4_0's signs as there. 8 blocks a step; the rest through dot_q4_avx. */
+static inline __attribute__((always_inline)) float dot_q4_avx512(const uint8_t *qs, const uint16_t *d,
+                                                                 const uint16_t *m, const int8_t *x,
+                                                                 const float *xs, const float *xsum, int n,
+                                                                 int q4_0) {
+    __m512 acc[4];
+    for (int p = 0; p < 4; p++) acc[p] = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512(), eight = _mm512_set1_epi8(8);
+    const __m256i mask = _mm256_set1_epi8(15);
+    const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0); // lane i: i / 8
+    int groups = n / 32, g = 0;
+    for (; g + 8 <= groups; g += 8) {
+        prefetch_ahead(qs + (size_t)g * 16);
+        prefetch_ahead(qs + (size_t)g * 16 + 64);
+        __m512 ds = _mm512_castps256_ps512(_mm256_mul_ps(halves8(d + g), _mm256_loadu_ps(xs + g)));
+        if (!q4_0) accm = _mm256_fmadd_ps(halves8(m + g), _mm256_loadu_ps(xsum + g), accm);
+        for (int p = 0; p < 4; p++) { // blocks g + 2p, g + 2p + 1
+            __m256i b = _mm256_loadu_si256((const __m256i *)(qs + (size_t)(g + 2 * p) * 16));
+            __m256i lo = _mm256_and_si256(b, mask), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+            __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); // lo_g lo_g+1 hi_g hi_g+1
+            q = _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(3, 1, 2, 0));          // lo_g hi_g lo_g+1 hi_g+1
+            __m512i xv = _mm512_loadu_si512(x + (size_t)(g + 2 * p) * 32), i;
+            if (q4_0) {
+                __m512i w = _mm512_sub_epi8(q, eight);
+                i = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(w),
+                                        _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(w), zero, xv));
+            } else
+                i = _mm512_dpbusd_epi32(zero, q, xv);
+            __m512i pick = _mm512_add_epi32(_mm512_set1_epi32(2 * p), halves);
+            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(pick, ds), acc[p]);
+        }
+    }
+    float rest = 0.0f;
+    if (g < groups)
+        rest = dot_q4_avx(qs + (size_t)g * 16, d + g, m ? m + g : NULL, x + (size_t)g * 32, xs + g,
+                          xsum ? xsum + g : NULL, n - g * 32, q4_0);
+    __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    return _mm512_reduce_add_ps(sum) + hsum_avx(accm) + rest;
+}
+#endif
+#endif
+
+/* dot_q4_c by this build's SIMD kernel (kernels.h's q4_avx512 picks the
+ * 512-bit one where there is one; use_simd = 0: dot_q4_c). */
+static float dot_q4_row(const uint8_t *qs, const uint16_t *d, const uint16_t *m, const int8_t *x, const float *xs,
+                        const float *xsum, int n) {
+#if HAVE_SIMD
+    if (use_simd) {
+#if HAVE_Q8_AVX512
+        if (q4_avx512)
+            return m ? dot_q4_avx512(qs, d, m, x, xs, xsum, n, 0) : dot_q4_avx512(qs, d, NULL, x, xs, NULL, n, 1);
+#endif
+        return m ? dot_q4_avx(qs, d, m, x, xs, xsum, n, 0) : dot_q4_avx(qs, d, NULL, x, xs, NULL, n, 1);
+    }
+#endif
+    return dot_q4_c(qs, d, m, x, xs, xsum, n);
+}
+
 /* ==========================================================================
  * 3. Attention over the cache
  * ========================================================================== */
@@ -1488,24 +1633,50 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
 }
 
 /* ==========================================================================
- * 4. matmul over float32 or q8_0 weights
+ * 4. matmul over float32, q8_0, q4_0 or q4_1 weights
  * ========================================================================== */
 
 Matrix matrix_rows(Matrix m, size_t first_row, size_t cols) {
     size_t first = first_row * cols; // values before the row
     if (m.type == WEIGHT_F32) {
         m.values = (const float *)m.values + first;
-    } else {
+    } else if (m.type == WEIGHT_Q8_0) {
         m.values = (const int8_t *)m.values + first;
         m.scale += first / (size_t)m.group_size;
+    } else { // q4_0, q4_1: two values a byte, a half d (and m) per 32
+        m.values = (const uint8_t *)m.values + first / 2;
+        m.half_scale += first / 32;
+        if (m.half_min) m.half_min += first / 32;
     }
     return m;
+}
+
+/* out = the 32 values of each of n_blocks q4_0 or q4_1 blocks (kernels.h's
+ * formulas, in float32 in the order written: gguf_quants.c's, the gguf
+ * package's). */
+static void q4_dequantize(float *out, const uint8_t *qs, const uint16_t *d, const uint16_t *m, int n_blocks) {
+    for (int g = 0; g < n_blocks; g++) {
+        const uint8_t *restrict q = qs + (size_t)g * 16;
+        float *restrict o = out + (size_t)g * 32, s = half_to_float(d[g]);
+        if (m) {
+            float min = half_to_float(m[g]);
+            for (int j = 0; j < 16; j++) {
+                float lo = s * (float)(q[j] & 15), hi = s * (float)(q[j] >> 4);
+                o[j] = lo + min, o[j + 16] = hi + min;
+            }
+        } else
+            for (int j = 0; j < 16; j++) o[j] = s * (float)((q[j] & 15) - 8), o[j + 16] = s * (float)((q[j] >> 4) - 8);
+    }
 }
 
 void matrix_row(float *out, Matrix m, int row, int cols) {
     m = matrix_rows(m, (size_t)row, (size_t)cols);
     if (m.type == WEIGHT_F32) {
         memcpy(out, m.values, (size_t)cols * sizeof(float));
+        return;
+    }
+    if (m.type != WEIGHT_Q8_0) {
+        q4_dequantize(out, m.values, m.half_scale, m.half_min, cols / 32);
         return;
     }
     int gs = m.group_size;
@@ -1547,6 +1718,42 @@ int q8_method(const MatmulScratch *scratch, int B, int gs) {
         gs <= 4096) // (int32 sums: 255 * 128 * 4096 < 2^31)
         return Q8_COLUMNS;
     return Q8_DOTS;
+}
+
+/* kernels.h: as q8_method's Q8_ROWS where it has w_rows for this many
+ * threads (then each thread's slice of w_rows is its own), else int8 dot
+ * products token by token. */
+int q4_method(const MatmulScratch *scratch, int B) {
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    if (B == 1 || !scratch || threads > scratch->threads || !scratch->w_rows) return Q8_DOTS;
+    return Q8_ROWS;
+}
+
+/* xsum[g] = xs[g] * (sum of the 32 x_q of block g), for `blocks` blocks
+ * (q4_1's min term, kernels.h). */
+static void block_sums(float *xsum, const int8_t *xq, const float *xs, long blocks) {
+    for (long g = 0; g < blocks; g++) {
+        int32_t isum = 0;
+        for (int i = 0; i < 32; i++) isum += xq[g * 32 + i];
+        xsum[g] = xs[g] * (float)isum;
+    }
+}
+
+/* out[b * ldo + i] for rows i < rows of q4 matrix w (from its row 0) and T
+ * tokens of x quantized (x_q, x_scale, x_sum: n / 32 of each a token). */
+static void q4_rows(float *out, int ldo, Matrix w, int rows, const int8_t *xq, const float *xs, const float *xsum,
+                    int T, int n) {
+    int blocks = n / 32;
+    for (int b = 0; b < T; b++)
+        for (int i = 0; i < rows; i++) {
+            size_t at = (size_t)i * blocks; // row i's first block
+            out[(size_t)b * ldo + i] =
+                dot_q4_row((const uint8_t *)w.values + at * 16, w.half_scale + at, w.half_min ? w.half_min + at : NULL,
+                           xq + (size_t)b * n, xs + (size_t)b * blocks, xsum ? xsum + (size_t)b * blocks : NULL, n);
+        }
 }
 
 #if HAVE_Q8_COLS
@@ -1617,26 +1824,29 @@ static void transpose_block(float *xt, const float *x, int B, int padded, int n)
 }
 
 /* out = x @ w^T        x (B, n), w (d, n) -> out (B, d)
- * w is float32 or q8_0 (q8_method says how); kernels.h says which
- * scratch each needs. Chunks of ROW_CHUNK rows are split across threads; a
+ * w is float32, q8_0 (q8_method says how), q4_0 or q4_1 (q4_method);
+ * kernels.h says which scratch each needs. Chunks of ROW_CHUNK rows are split across threads; a
  * chunk, once loaded, serves all B tokens (one token on AMD: each thread
  * takes an even share of the rows in runs, dot_rows_streams and
  * dot_q8_runs). Each output is computed by the same code whatever the thread
  * count. */
 void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const MatmulScratch *scratch) {
-    int q8 = w.type == WEIGHT_Q8_0, gs = w.group_size, method = q8 ? q8_method(scratch, B, gs) : -1;
-    int dequant = method == Q8_ROWS, int8 = q8 && !dequant, ldx = simd_round_up(B);
+    int q8 = w.type == WEIGHT_Q8_0, q4 = w.type == WEIGHT_Q4_0 || w.type == WEIGHT_Q4_1, gs = w.group_size;
+    int method = q8 ? q8_method(scratch, B, gs) : q4 ? q4_method(scratch, B) : -1;
+    int dequant = method == Q8_ROWS, int8 = (q8 || q4) && !dequant, ldx = simd_round_up(B);
     if (int8) quantize_q8(scratch->x_q, scratch->x_scale, x, B, n, gs);
+    if (int8 && w.type == WEIGHT_Q4_1) block_sums(scratch->x_sum, scratch->x_q, scratch->x_scale, (long)B * n / 32);
 #if HAVE_Q8_COLS
     if (method == Q8_COLUMNS)
         pack_q8_block(scratch->x_qt, scratch->x_scale_t, scratch->x_q, scratch->x_scale, B, ldx, n, gs);
 #endif
 #if HAVE_SIMD
-    if (use_simd && B == 1 && !q8 && (f32_rows_together == 4 || f32_rows_together == 8) && n % SIMD_FLOATS == 0) {
+    if (use_simd && B == 1 && w.type == WEIGHT_F32 && (f32_rows_together == 4 || f32_rows_together == 8) &&
+        n % SIMD_FLOATS == 0) {
         dot_rows_streams(out, (const float *)w.values, x, n, d, f32_rows_together); // one token, float32 rows, on AMD
         return;
     }
-    if (use_simd && B == 1 && int8 && q8_runs == 2 && gs % 32 == 0) { // one token, q8_0 rows, on AMD
+    if (use_simd && B == 1 && q8 && int8 && q8_runs == 2 && gs % 32 == 0) { // one token, q8_0 rows, on AMD
         dot_q8_runs(out, (const int8_t *)w.values, w.scale, scratch->x_q, scratch->x_scale, n, d, gs);
         return;
     }
@@ -1653,7 +1863,12 @@ void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const Mat
 #ifdef _OPENMP
         thread = omp_get_thread_num(); // which slice of w_rows or w_sums is this thread's
 #endif
-        const float *rows = q8 ? NULL : (const float *)w.values + (size_t)start * n; // (end - start, n) floats
+        const float *rows = q8 || q4 ? NULL : (const float *)w.values + (size_t)start * n; // (end - start, n) floats
+        if (q4 && int8) { // int8 products, token by token
+            q4_rows(out + start, d, matrix_rows(w, (size_t)start, (size_t)n), end - start, scratch->x_q,
+                    scratch->x_scale, w.type == WEIGHT_Q4_1 ? scratch->x_sum : NULL, B, n);
+            continue;
+        }
 #if HAVE_Q8_COLS
         if (method == Q8_COLUMNS) {
             const int8_t *wq = (const int8_t *)w.values + (size_t)start * n;

@@ -2,12 +2,13 @@
  *
  * run.c states each operation as a formula and a plain loop (its
  * matmul_reference is the definition of matmul); kernels.c computes the same
- * things fast: weights stored float32 or q8_0, a KV cache of float32, IEEE
- * half or q8_0, SIMD tiles (AVX-512 or AVX2) that let one load of a weight
- * serve many tokens, and threads. Every kernel here has a portable C version;
- * tests/test_kernels.c checks each one against run.c's matmul_reference or a
- * double-precision reference. Read run.c first; come here to see how the time
- * is spent.
+ * things fast: weights stored float32, q8_0, q4_0 or q4_1, a KV cache of
+ * float32, IEEE half or q8_0, SIMD tiles (AVX-512 or AVX2) that let one load
+ * of a weight serve many tokens, and threads. Every kernel here has a
+ * portable C version; tests/test_kernels.c (tests/test_q4.c for q4_0 and
+ * q4_1) checks each one against run.c's matmul_reference or a
+ * double-precision reference. Read run.c first; come here to see how the
+ * time is spent.
  *
  * Shape names are model.h's (dim, kv_dim, head_size, n_ctx, ...); B is the
  * number of tokens a call carries.
@@ -65,6 +66,14 @@ extern int f32_rows_together;
  * elsewhere (not measured on Intel). Each row is the same sum either way:
  * the same bits (the tests check). */
 extern int q8_runs;
+/* Whether q4_0 and q4_1 one-token products use the 512-bit kernel
+ * (kernels.c's dot_q4_avx512, AVX-512 BW and VNNI builds) instead of the
+ * 256-bit one (dot_q4_avx, with VNNI's instruction where the build has it).
+ * 0 everywhere for now: on the Intel VM (AVX-512, 1 thread, SmolLM2's Q4_1
+ * file, 5 interleaved rounds on a loaded machine) the 512-bit kernel gave a
+ * median of 52.1 tokens/s against 53.2, slower in all 5 rounds; not measured
+ * on AMD. Both give the same sums up to float rounding (the tests run both). */
+extern int q4_avx512;
 #ifdef TESTING
 extern int q8_runs_calls; // how often the 2-run kernel ran (tests/test_kernels.c checks that it did)
 extern int q8_pair_calls; // how often its two-row pass ran (AVX-512 VNNI builds, gs 32)
@@ -291,8 +300,31 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
                      int window, int n_heads, int n_kv_heads, int head_size, float *scratch, int threads);
 
 /* ------------------------------------------------------------------------
- * Weight matrices (model.h's Matrix: float32 or q8_0) and matmul
+ * Weight matrices (model.h's Matrix: float32, q8_0, q4_0 or q4_1) and matmul
  * ------------------------------------------------------------------------ */
+
+/* The layouts, row r of a (rows, cols) matrix at values + r * cols (in
+ * elements of values' type), its scales at r * cols / group_size:
+ *   float32  values float32 (rows, cols)
+ *   q8_0     values int8 (rows, cols), scale float32 (rows, cols / group_size)
+ *            x[i] = q[i] * scale[i / group_size]
+ *   q4_0     values: 16 bytes per block of 32 (rows, cols / 2); half_scale:
+ *            one IEEE half d per block (rows, cols / 32). Byte j of a block
+ *            holds value j in its low nibble and value j + 16 in its high one
+ *            (GGUF's order), q in 0..15:
+ *              x[i] = d * (q[i] - 8)
+ *   q4_1     as q4_0, and half_min: one IEEE half m per block (rows, cols / 32)
+ *              x[i] = d * q[i] + m
+ * q4_0 and q4_1 are GGUF's Q4_0 and Q4_1 blocks (f16 d [, f16 m], 16 bytes
+ * of nibbles) with the scales moved out into arrays of their own, kept as
+ * halves: the same bytes as the file (4.5 and 5 bits a value; float32 scales
+ * would add 0.5 and 1 bit, 11% and 20% more to read a token), the nibbles of
+ * consecutive blocks contiguous, and 8 blocks' scales one vector load (one
+ * F16C conversion) in the SIMD kernels, where interleaved blocks would need a
+ * gather. A block of rows (matrix_rows) is then three pointer offsets, as
+ * for q8_0. The dequantized values (matrix_row) are the gguf package's, bit
+ * for bit: a half widens to float32 exactly and each formula is evaluated in
+ * float32 in the order written. */
 
 /* Rows of w one thread takes at a time in matmul (a multiple of the tile
  * heights in kernels.c: 6, 4 and 3): with several tokens, the chunk's rows
@@ -307,8 +339,9 @@ void attention_block(float *out, const float *q, const void *keys, int key_type,
  * (ROW_CHUNK rows at a time); the q8_0 column kernel reads x_q packed into
  * x_qt and x_scale_t, and each thread's chunk's group sums from its slice of
  * w_sums. Float32 weights need no scratch (NULL: blocks then take the
- * portable tiles); q8_0 weights need at least x_q and x_scale (then int8 dot
- * products for any B). n below is max(dim, hidden_dim). */
+ * portable tiles); q8_0 and q4_0 weights need at least x_q and x_scale
+ * (then int8 dot products for any B), q4_1 x_sum too. n below is
+ * max(dim, hidden_dim). */
 typedef struct {
     float *x_t;       // (n * cols_round_up(B)) the input transposed, in panels of COLS_TOKENS tokens; B > 1 only
     int8_t *x_q;      // (B, n) the input, quantized
@@ -318,6 +351,7 @@ typedef struct {
     uint8_t *x_qt;    // (n / 4, simd_round_up(B), 4) x_q + 128, 4 columns per token side by side, or NULL
     float *x_scale_t; // (n / group_size, simd_round_up(B)) x_scale transposed
     int32_t *w_sums;  // (threads, ROW_CHUNK, n / group_size) -128 x each group's sum of weights
+    float *x_sum;     // (B, n / 32) q4_1: each block's x_scale x the sum of its x_q (the min's term)
     int int8_blocks;  // 1: q8_0 blocks quantize their activations to int8 (run's --q8-activations; q8_method)
 } MatmulScratch;
 
@@ -344,8 +378,18 @@ void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs)
  * SmolLM2 0.0011 and 98.2%, 0.0039 and 96.7% (README, Command line: --q8-activations). */
 enum { Q8_DOTS, Q8_COLUMNS, Q8_ROWS }; // int8 dot products, the q8_0 column kernel, dequantized rows
 int q8_method(const MatmulScratch *scratch, int B, int gs);
+/* q4_0 and q4_1 weights (needing x_q, x_scale, and x_sum for q4_1): one
+ * token, x quantized as q8_0 in blocks of 32 (quantize_q8: scale = max|x| /
+ * 127, round half away from zero, so each x_q is within scale / 2 of x) and
+ * integer dot products of the nibbles by x_q, per block
+ *   q4_0: d * x_scale * sum_i (q_i - 8) x_q,i
+ *   q4_1: d * x_scale * sum_i q_i x_q,i + m * x_sum,   x_sum = x_scale * sum_i x_q,i
+ * (the integer sums exact; the float ones rounded). Several tokens:
+ * dequantized rows in w_rows and the float kernel, as Q8_ROWS (x float32),
+ * or without w_rows the one-token products token by token. */
+int q4_method(const MatmulScratch *scratch, int B);
 /* out = x @ w^T        x (B, n), w (d, n) -> out (B, d)
- * run.c's matmul_reference with w float32 or q8_0, tiled and threaded. */
+ * run.c's matmul_reference with w float32, q8_0, q4_0 or q4_1, tiled and threaded. */
 void matmul(float *out, const float *x, Matrix w, int B, int n, int d, const MatmulScratch *scratch);
 
 #endif

@@ -265,7 +265,11 @@ static inline char *read_file(const char *path, const char *what, size_t *n_out,
 #define CKPT_ALIGN 64
 #define LEGACY_HEADER_BYTES 28
 
-enum { WEIGHT_F32 = 0, WEIGHT_Q8_0 = 1, WEIGHT_N_TYPES };
+/* Weight types. Our checkpoint format stores WEIGHT_F32 or WEIGHT_Q8_0 (its
+ * header's weight_type; WEIGHT_FILE_TYPES of them); WEIGHT_Q4_0 and
+ * WEIGHT_Q4_1 are GGUF matrices kept as stored (gguf_model.c; their layout
+ * in memory: kernels.h). */
+enum { WEIGHT_F32 = 0, WEIGHT_Q8_0 = 1, WEIGHT_FILE_TYPES = 2, WEIGHT_Q4_0 = 2, WEIGHT_Q4_1 = 3, WEIGHT_N_TYPES };
 enum { ROPE_INTERLEAVED = 0, ROPE_NEOX = 1 };
 enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 }; /* KV cache element type (run --kv; kernels.h) */
 enum { ROPE_NONE = 0, ROPE_LINEAR, ROPE_NTK, ROPE_DYNAMIC, ROPE_YARN, ROPE_LLAMA3, ROPE_LONGROPE, ROPE_N_SCALINGS };
@@ -283,8 +287,9 @@ typedef struct {
     int bos_id, eos_id;    // e.g. 1, 2
     float norm_eps;        // RMSNorm epsilon, e.g. 1e-5
     int version;           // 0 = legacy llama2.c file, 1 or 2 = ours
-    int weight_type;       // WEIGHT_F32 | WEIGHT_Q8_0
-    int group_size;        // q8_0: values per scale, e.g. 32; 0 for float32
+    int weight_type;       // WEIGHT_F32 | WEIGHT_Q8_0; a GGUF's layer matrices may be WEIGHT_Q4_0 | WEIGHT_Q4_1
+                           // (each Matrix has its type; WEIGHT_F32 here only when every matrix is float32)
+    int group_size;        // quantized: values per scale, e.g. 32; 0 for float32
     int bias_flags;        // BIAS_QKV | BIAS_O | BIAS_MLP: which projections add a bias; 0 = none
     int sliding_window;    // a query sees this many most recent positions (itself included); 0 = all
     int window_first_layer; // layers l >= this use sliding_window; 0 = every layer
@@ -311,14 +316,17 @@ typedef struct {
     const float *long_factor;  // and once it is longer; in the mapping; NULL when the checkpoint has none
 } RopeConfig;
 
-/* A weight matrix (rows, cols) in the mapping, float32 or q8_0. kernels.c's
- * matmul reads it through this struct, so the forward pass never sees the
- * weight type. */
+/* A weight matrix (rows, cols) in the mapping (or in a GGUF's converted
+ * buffer), float32, q8_0, q4_0 or q4_1 (kernels.h shows each layout).
+ * kernels.c's matmul reads it through this struct, so the forward pass never
+ * sees the weight type. */
 typedef struct {
-    int type;           // WEIGHT_F32 | WEIGHT_Q8_0
-    int group_size;     // q8_0: values per scale; 0 for float32
-    const void *values; // (rows, cols) float32, or int8 for q8_0
-    const float *scale; // q8_0: (rows, cols / group_size); NULL for float32
+    int type;           // WEIGHT_F32 | WEIGHT_Q8_0 | WEIGHT_Q4_0 | WEIGHT_Q4_1
+    int group_size;     // values per scale: q8_0 e.g. 32; q4_0 and q4_1 32; 0 for float32
+    const void *values; // (rows, cols) float32, int8 for q8_0, two 4-bit values a byte for q4_0 and q4_1
+    const float *scale; // q8_0: (rows, cols / group_size); NULL otherwise
+    const uint16_t *half_scale; // q4_0, q4_1: (rows, cols / 32) IEEE half d; NULL otherwise
+    const uint16_t *half_min;   // q4_1: (rows, cols / 32) IEEE half m; NULL otherwise
 } Matrix;
 
 /* Pointers into the read-only mapping; never written, never freed one by one.

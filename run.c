@@ -143,7 +143,7 @@ size_t place_tensors(const Config *c, RopeConfig *r, Weights *w, const char *map
         if (!map) continue;
         if (table[i].vec) *table[i].vec = (const float *)values;
         if (table[i].mat)
-            *table[i].mat = (Matrix){c->weight_type, c->group_size, values, (const float *)scales};
+            *table[i].mat = (Matrix){c->weight_type, c->group_size, values, (const float *)scales, NULL, NULL};
     }
     return offset;
 }
@@ -160,7 +160,8 @@ size_t expected_file_size(const Config *c, const RopeConfig *r) {
 const char *const SCALING_NAMES[] = {"none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", NULL};
 const char *const LAYOUT_NAMES[] = {"interleaved", "neox", NULL};
 const char *const KV_NAMES[] = {"f32", "f16", "q8_0", NULL};
-const char *const WEIGHT_NAMES[] = {"f32", "q8_0", NULL};
+const char *const WEIGHT_NAMES[] = {"f32", "q8_0", "q4_0", "q4_1", NULL};
+const char *const GGUF_CONVERT_NAMES[] = {"f32", "q8_0", "native", NULL};
 const char *const DYNAMIC_NAMES[] = {"hf", "exact", NULL}; // PositionSettings.dynamic_exact = 0, 1
 const char *const KEY_NAMES[] = {"rotated-once", "per-length", "self-extend", "sinks", NULL};
 
@@ -210,7 +211,7 @@ int parse_header(const char *path, const unsigned char *h, size_t n_read, Config
         }
         c->weight_type = weight_type;
         c->group_size = group_size;
-        if (weight_type < 0 || weight_type >= WEIGHT_N_TYPES)
+        if (weight_type < 0 || weight_type >= WEIGHT_FILE_TYPES)
             return fail(err, err_len, "%s: weight_type %d is not supported (expected 0 = float32 or 1 = q8_0)", path,
                         weight_type);
         if (weight_type == WEIGHT_F32 && group_size != 0)
@@ -664,7 +665,7 @@ static int build_run_state(Transformer *t, const char *ctx_name, char *err, size
     size_t kv_dim = head_size * c->n_kv_heads, n_ctx = t->n_ctx, n_pairs = t->rope.rot_dim / 2;
     size_t cache_values = (size_t)c->n_layers * n_ctx * kv_dim;
     size_t B = (size_t)block_limit(t); // tokens one forward_block call may carry
-    size_t rows = (size_t)t->table_rows, widest = hidden > dim ? hidden : dim, q8 = c->weight_type == WEIGHT_Q8_0;
+    size_t rows = (size_t)t->table_rows, widest = hidden > dim ? hidden : dim, q8 = c->weight_type != WEIGHT_F32;
     size_t threads = 1, sinks = t->keys == KEYS_SINKS && B > 1, frames = t->keys == KEYS_PER_LENGTH && B > 1;
     size_t n_coarse = (n_ctx - 1) / ATT_KEYS + 1; // a frame's coarse rows (kernels.h's QueryFrames)
 #ifdef _OPENMP
@@ -700,6 +701,7 @@ static int build_run_state(Transformer *t, const char *ctx_name, char *err, size
         FLOATS(st->mm.x_scale_t, q8 && B > 1 ? widest / c->group_size * simd_round_up((int)B) : 0),
         {(void **)&st->mm.w_sums, q8 && B > 1 ? (size_t)threads * ROW_CHUNK * widest / c->group_size : 0,
          sizeof(int32_t)},
+        FLOATS(st->mm.x_sum, q8 ? B * widest / 32 : 0), // q4_1's block sums (group_size 32)
 #undef FLOATS
     };
     double total = 0, cache = 2.0 * kv_bytes(t->kv_type, cache_values), memory = (double)physical_memory();
@@ -894,7 +896,8 @@ void free_transformer(Transformer *t) {
     void *bufs[] = {st->x, st->xb, st->xb2, st->hb, st->hb2, st->q, st->k, st->v, st->scores, st->attn_tiles,
                     st->logits, st->key_cache, st->value_cache, st->rope_cos, st->rope_sin, st->q_second,
                     st->key_rot, st->key_grouped, st->value_rows, st->frame_rows, st->frame_freq, st->mm.x_q,
-                    st->mm.x_scale, st->mm.w_rows, st->mm.x_t, st->mm.x_qt, st->mm.x_scale_t, st->mm.w_sums};
+                    st->mm.x_scale, st->mm.w_rows, st->mm.x_t, st->mm.x_qt, st->mm.x_scale_t, st->mm.w_sums,
+                    st->mm.x_sum};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(st->inv_freq);
     if (t->mapping) munmap(t->mapping, t->file_size);

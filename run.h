@@ -140,6 +140,7 @@ extern const char *const SCALING_NAMES[];
 extern const char *const LAYOUT_NAMES[];
 extern const char *const KV_NAMES[];
 extern const char *const WEIGHT_NAMES[];
+extern const char *const GGUF_CONVERT_NAMES[]; // --gguf-convert's choices (gguf.h's GGUF_TO_F32 ..)
 extern const char *const DYNAMIC_NAMES[];
 extern const char *const KEY_NAMES[];
 

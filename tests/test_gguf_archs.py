@@ -49,9 +49,9 @@ import export
 from conftest import run_ok, run_ppl  # noqa: F401
 from test_convert import LAYOUT_TOL, export_ok, export_run, make_hf, text_file, write_hf_dir  # noqa: F401
 from test_gguf import CTX, encode, llama_metadata, write_gguf
-from test_gguf_load import _info, assert_same_model, refused
+from test_gguf_load import _exported, _info, assert_same_model, refused
 
-FILE_TYPES = {Q.F32: 0, Q.F16: 1, Q.Q8_0: 7, Q.BF16: 32}  # general.file_type, llama.cpp's numbers
+FILE_TYPES = {Q.F32: 0, Q.F16: 1, Q.Q4_1: 3, Q.Q8_0: 7, Q.BF16: 32}  # general.file_type, llama.cpp's numbers
 
 
 def hf_model(directory, arch, tied=False, seed=0, **overrides):
@@ -352,3 +352,16 @@ def test_gguf_arch_refused(kind, tmp_path):
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert str(path) in err and all(w in err for w in words), (words, err)
     assert not (tmp_path / "out.bin").exists()
+
+
+def test_gguf_phi3_q4_1_kept(tmp_path, text_file):
+    """phi3 with Q4_1 matrices, kept as stored: the fused attn_qkv (q, k, v)
+    and gate|up ffn_up split by rows out of the stored blocks ("kept" in the
+    notice), near the --gguf-convert f32 model (test_gguf_quants.py's
+    assert_near_f32: blocks of tokens bit for bit, one token within 6%)."""
+    from test_gguf_quants import _note, assert_near_f32
+    config, tensors = hf_model(tmp_path / "hf-src", "phi3", seed=7)
+    path, _ = gguf_of_hf(tmp_path / "m.gguf", config, tensors, Q.Q4_1, seed=7)
+    _, tok = _exported(tmp_path, path)
+    assert "Q4_1 kept" in _note(path, tok) and "Q4_1 ->" not in _note(path, tok)
+    assert_near_f32(path, tok, text_file, tmp_path)

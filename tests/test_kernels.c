@@ -33,7 +33,7 @@ static void check_int8_blocks(const float *x, const int8_t *wq, const float *ws,
     float *dots = malloc(sizeof(float) * B * d), *cols = malloc(sizeof(float) * B * d);
     float *xs = malloc(sizeof(float) * B * n / gs);
     int8_t *xq = malloc((size_t)B * n);
-    Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+    Matrix mq = {WEIGHT_Q8_0, gs, wq, ws, NULL, NULL};
     MatmulScratch int8_only = {.x_q = xq, .x_scale = xs};
     matmul(dots, x, mq, B, n, d, &int8_only);
     MatmulScratch blocks = {.x_q = xq, .x_scale = xs, .threads = threads, .x_qt = malloc((size_t)n * ldx),
@@ -77,7 +77,7 @@ void test_generation_rows(void) {
     fill_randn(x, n, 1.0f);
     fill_randn(w, (size_t)d * n, 1.0f);
     matmul_ref(ref, x, w, 1, n, d);
-    Matrix mf = {WEIGHT_F32, 0, w, NULL};
+    Matrix mf = {WEIGHT_F32, 0, w, NULL, NULL, NULL};
     CHECK((long)n * d >= PARALLEL_MIN_WORK, "the generation test's matrix is split between threads (n*d=%d)", n * d);
 #ifdef _OPENMP
     int max_threads = omp_get_max_threads();
@@ -149,7 +149,7 @@ static void generation_q8_runs(int n) {
     use_simd = HAVE_SIMD;
     for (int gs = 32; gs <= 64; gs += 32) {
         quantize_q8(wq, ws, w, d, n, gs);
-        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws, NULL, NULL};
         q8_runs = 1;
         memset(in_order, 0xff, sizeof(float) * d); // NaN
         matmul(in_order, x, mq, 1, n, d, &scratch);
@@ -204,7 +204,7 @@ void test_column_passes(void) {
     MatmulScratch fs = {.x_t = xt};
     fill_randn(x, (size_t)B * n, 1.0f);
     fill_randn(w, (size_t)d * n, 1.0f);
-    Matrix mf = {WEIGHT_F32, 0, w, NULL};
+    Matrix mf = {WEIGHT_F32, 0, w, NULL, NULL, NULL};
     use_simd = 1;
     matmul(out, x, mf, B, n, d, &fs);
     int differ = 0;
@@ -251,7 +251,7 @@ void test_matmul_kernels(void) {
             for (int i = 0; i < d; i++)
                 worst_def = fmax(worst_def, fabs(ref[(size_t)b * d + i] - dot64(x + (size_t)b * n, w + (size_t)i * n, n)));
         CHECK(worst_def < 2e-4, "matmul_reference B=%d n=%d d=%d vs double: %.3g", B, n, d, worst_def);
-        Matrix mf = {WEIGHT_F32, 0, w, NULL};
+        Matrix mf = {WEIGHT_F32, 0, w, NULL, NULL, NULL};
         use_simd = HAVE_SIMD;
         matmul(simd, x, mf, B, n, d, &fs);
         use_simd = 0;
@@ -311,7 +311,7 @@ void test_matmul_kernels(void) {
         // int8 all the same; every kernel must still be exact (no sign wrap)
         wq[0] = wq[(size_t)d * n - 1] = -128;
         for (size_t i = 0; i < (size_t)d * n; i++) wd[i] = wq[i] * ws[i / gs];
-        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws, NULL, NULL};
         MatmulScratch int8_only = {.x_q = xq, .x_scale = xs}; // no w_rows: int8 dot products for any B
         matmul(simd, x, mq, B, n, d, &int8_only);
         use_simd = 0;
@@ -362,7 +362,7 @@ void test_q8_group_sizes(void) {
         fill_randn(x, (size_t)n, 1.0f);
         fill_randn(w, (size_t)d * n, 1.0f);
         quantize_q8(wq, ws, w, d, n, gs);
-        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws};
+        Matrix mq = {WEIGHT_Q8_0, gs, wq, ws, NULL, NULL};
         MatmulScratch int8_only = {.x_q = xq, .x_scale = xs};
         matmul(simd, x, mq, 1, n, d, &int8_only);
         use_simd = 0;
@@ -397,7 +397,7 @@ void test_q8_rows_and_quantize(void) {
     // matrix_row dequantizes one row (the embedding lookup)
     int8_t q[8] = {1, -2, 3, -4, 127, 0, -127, 5};
     float sc[2] = {0.5f, 2.0f}, row[4];
-    matrix_row(row, (Matrix){WEIGHT_Q8_0, 4, q, sc}, 1, 4);
+    matrix_row(row, (Matrix){WEIGHT_Q8_0, 4, q, sc, NULL, NULL}, 1, 4);
     CHECK(row[0] == 254 && row[1] == 0 && row[2] == -254 && row[3] == 10, "matrix_row q8_0: %g %g %g %g", row[0],
           row[1], row[2], row[3]);
     // quantize_q8 never converts a non-finite float to an integer: a group holding a

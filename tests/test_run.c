@@ -130,6 +130,7 @@ int main(void) {
     test_column_passes();
     test_q8_group_sizes();
     test_q8_rows_and_quantize();
+    test_q4();
     test_attention_scores();
     test_exp_fast();
     test_attention_block();

@@ -23,8 +23,8 @@ tools/extrapolation_study/config.py). Studies:
   bundled   models/model.bin, L = 256: the perplexity study's 16,384 tokens, 16
             windows at 4x (seconds a cell)
   smollm2   models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (make smollm2; run reads
-            it as q8_0, the weights of the model-q8_0.bin its cells were made
-            with), L = 8192: one window of 32,768 tokens at 4x (5-14 min a cell
+            it as q8_0 under --gguf-convert q8_0, which the study passes: the
+            weights of the model-q8_0.bin its cells were made with), L = 8192: one window of 32,768 tokens at 4x (5-14 min a cell
             on one thread; 92 CPU-minutes for its nine cells)
 
 Outputs (in --out, default docs/extrapolation/):

@@ -20,8 +20,9 @@ Studies (each skipped with a message when its files are absent):
   retrieval    passkey, models/retrieval/model.bin (the bundled model's recipe trained
                with passkey samples, L = 256), k = 1..16, every method
   smollm2      perplexity, models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (`make
-               smollm2`; SmolLM2-135M-Instruct, L = 8192; run reads it as q8_0,
-               the weights of model-q8_0.bin, which the cells of 2026-12 name) on
+               smollm2`; SmolLM2-135M-Instruct, L = 8192; run reads it as q8_0
+               under --gguf-convert q8_0, which the study passes: the weights of
+               model-q8_0.bin, which the cells of 2026-12 name) on
                98,304 tokens of the held-out
                books, k = 1/4, 1/2, 1, 2, 4, every method (4x: 3 windows of 32,768)
   smollm2-passkey, smollm2-chat

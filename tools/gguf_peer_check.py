@@ -16,8 +16,9 @@ as markdown, and exits 0 whatever the comparison shows.
    FILE` read it. Equal lists are counted; each unequal one is shown.
 2. Greedy text, PROMPTS x --tokens new tokens, end of text ignored, special
    tokens printed as text (llama-cli --special), one thread:
-   a. the file as shipped: llama.cpp runs its 4-bit blocks against 8-bit
-      activations, run converts them to q8_0 at load;
+   a. the file as shipped: both run its 4-bit blocks against activations
+      rounded to 8 bits per block of 32 (run's default keeps Q4_0 and Q4_1
+      as stored; other types it converts to q8_0 at load);
    b. float32 on both sides: llama-quantize --allow-requantize writes the
       dequantized weights as an F32 GGUF for llama.cpp, run reads the
       original with --gguf-convert f32.
@@ -168,7 +169,7 @@ def explain(gguf, prompt, ours, theirs, extra, tmp):
 def compare_text(bin_dir, gguf, f32_gguf, n, tmp):
     print(f"\n## Greedy text, {len(PROMPTS)} prompts x {n} new tokens, one thread\n")
     results = []
-    for label, ours_extra, theirs_file in (("as shipped (run: q8_0 in memory; llama.cpp: the 4-bit blocks)",
+    for label, ours_extra, theirs_file in (("as shipped (both: the 4-bit blocks by 8-bit activations)",
                                             (), gguf),
                                            ("float32 (run: --gguf-convert f32; llama.cpp: F32 requantized file)",
                                             ("--gguf-convert", "f32"), f32_gguf)):

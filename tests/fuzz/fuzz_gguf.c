@@ -6,14 +6,16 @@
  * Input: two option bytes, then the GGUF file's bytes.
  *   byte 0: bit 0 KV cache f16 instead of f32; bit 1 portable kernels (when
  *           built in); bit 2 quantized tensors converted to float32
- *           instead of q8_0 (--gguf-convert f32)
+ *           (--gguf-convert f32), else bit 3 to q8_0 (--gguf-convert q8_0),
+ *           else as the loader's default (Q4_0 and Q4_1 kept as stored)
  *   byte 1: n_ctx = 1 + byte % 40
  * The bytes are parsed as they are (gguf_parse, then every typed lookup on
  * every key and every tensor name); the vocabulary in their metadata
  * (tokenizer.ggml.*) is converted to a version 3 tokenizer file
  * (gguf_tokenizer_ltok) and, when it is, loaded and run: a few texts encoded,
  * every id decoded. Then the bytes go to build_transformer through an
- * anonymous in-memory file (memfd). When the model loads, a prompt goes
+ * anonymous in-memory file (memfd). When the model loads, -m info's account
+ * of its keys (gguf_key_usage) must visit each key once, and a prompt goes
  * through in blocks, then greedy steps. Any crash, sanitizer report or leak
  * is a finding; a one-line refusal is the expected answer to a bad file. */
 #define _GNU_SOURCE
@@ -83,6 +85,18 @@ static void run_vocabulary(const GgufFile *g) {
     free(ltok);
 }
 
+/* The header's metadata count (bytes 16..23 of the file, little-endian). */
+static uint64_t n_kv_of(const uint8_t *file) {
+    uint64_t n = 0;
+    for (int b = 7; b >= 0; b--) n = n << 8 | file[16 + b];
+    return n;
+}
+
+static void count_key(const char *key, int read, void *ctx) {
+    (void)key, (void)read;
+    (*(int *)ctx)++;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
     int opt = data[0], n_ctx = 1 + data[1] % 40;
@@ -104,10 +118,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #if HAVE_SIMD
     use_simd = !(opt & 2);
 #endif
-    gguf_set_conversion(opt & 4 ? WEIGHT_F32 : WEIGHT_Q8_0);
+    gguf_set_conversion(opt & 4 ? GGUF_TO_F32 : opt & 8 ? GGUF_TO_Q8_0 : GGUF_KEEP);
     PositionOverrides o = {0};
     Transformer t;
     if (build_transformer(&t, path, &o, n_ctx, opt & 1 ? KV_F16 : KV_F32, err, sizeof err) == 0) {
+        int keys = 0; // -m info's mapped and ignored keys: every key visited once
+        if (gguf_key_usage(&t, count_key, &keys, err, sizeof err) == 0 && (uint64_t)keys != n_kv_of(data + 2))
+            abort();
         int V = t.config.vocab_size, tokens[64];
         for (int i = 0; i < n_ctx; i++) tokens[i] = (i * 7 + 1) % V;
         int prompt = n_ctx < 5 ? n_ctx : 5, status;

@@ -8,8 +8,10 @@ Q5_K file, whose 256-value blocks need rows of 256) and one it refuses
 (Q2_K); tied and untied classifier; linear and YaRN scaling keys;
 general.alignment 64; GGUF version 2 (the same layout, another number);
 metadata of every value type, arrays of each, and nested arrays (for the
-parser). Each file is a seed twice: with option bytes 0 (q8_0 conversion)
-and 7 (f16 cache, portable kernels, float32 conversion). The small-* seeds
+parser). Each file is a seed twice: with option bytes 0 (the loader's
+default: Q4_0 and Q4_1 kept, the other quantized types made q8_0) and 7 (f16
+cache, portable kernels, float32 conversion); the Q4_0 and Q4_1 files a third
+time with 8 (everything made q8_0). The small-* seeds
 repeat the block types in one layer of width 32 (a few KB each instead of
 40-270): a mutant of a small file costs a tenth of the time, so a long
 campaign reaches millions of executions in hours."""
@@ -118,7 +120,7 @@ def write_gguf_seeds(out):
                  ("small-q5_1", Q.Q5_1, small)]
     for name, qtype, kw in variants:
         data = write_one(gguf, tmp, qtype, **kw)
-        for opt, ctx in ((0, 20), (7, 9)):
+        for opt, ctx in ((0, 20), (7, 9)) + (((8, 12),) if qtype in (Q.Q4_0, Q.Q4_1) else ()):
             (out / f"{name}-{opt}").write_bytes(bytes([opt, ctx]) + data)
     data = bytearray(write_one(gguf, tmp, Q.F32))
     data[4:8] = (2).to_bytes(4, "little")  # version 2: the same layout for a little-endian file

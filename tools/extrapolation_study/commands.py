@@ -46,8 +46,10 @@ class Where:
 
 
 def model_args(ckpt, tok):
-    """[ckpt] and -z TOK unless TOK is the tokenizer.bin run finds beside the checkpoint."""
-    args = [Path(ckpt)]
+    """[ckpt] and -z TOK unless TOK is the tokenizer.bin run finds beside the checkpoint; a GGUF
+    with --gguf-convert q8_0: the studies' cells were made with q8_0 weights (model-q8_0.bin's),
+    and run now keeps a GGUF's Q4_0 and Q4_1 matrices as stored by default."""
+    args = [Path(ckpt)] + (["--gguf-convert", "q8_0"] if str(ckpt).endswith(".gguf") else [])
     if tok is not None and Path(tok).resolve() != (Path(ckpt).parent / "tokenizer.bin").resolve():
         args += ["-z", Path(tok)]
     return args
