@@ -78,6 +78,9 @@ FUZZ_SEEDS = tests/fuzz/build/seeds
 # tests/test_gguf_archs.py, every refusal and each qwen2 and phi3 file (10 s); of
 # tests/test_gguf_quants.py, every non-finite scale, the Q4_K_M-like mix and the Q4_0 and Q4_1 files
 # kept as stored.
+# The q8_0 KV cache's tests the sanitizer build runs: generation and ppl blocks
+# through it, the sizes, the refusal (not the bundled model's 4x windows).
+KV_Q8_SAN_TESTS = threads or bytes or refused
 GGUF_SAN_TESTS = bad or truncated or refused or unsupported or architecture or untied or arch_run_bit_identical \
 	or info_keys or Q4_K_M or q4_kept or q4_mixes
 
@@ -235,6 +238,7 @@ sanitize: venv
 	./tests/test_run-san-avx2
 	./tests/test_tokenizer-san
 	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_modes.py tests/test_loader.py
+	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_kv_q8.py -k "$(KV_Q8_SAN_TESTS)"
 	RUN=$(CURDIR)/run-san $(PYTHON) -m pytest -q tests/test_gguf_load.py tests/test_gguf_archs.py tests/test_gguf_quants.py \
 		-k "$(GGUF_SAN_TESTS)"
 ifeq ($(HAVE_CLANG),yes)

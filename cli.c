@@ -183,7 +183,8 @@ static const Flag FLAGS[] = {
      "sliding-window attention in every layer: a query sees the n most recent\n"
      "positions, itself included; 0 = none; default the checkpoint's"},
     {"--kv", NULL, MODEL | ROPE, CHOICE, 0, 0, FIELD(kv_type), KV_NAMES, "<type>",
-     "KV cache element type, default f32; f16 halves it"},
+     "KV cache element type, default f32; f16 halves it; q8_0 (blocks of 32,\n"
+     "kv_dim a multiple of 32) takes 9/32 of it"},
     {"--q8-activations", NULL, MODEL, CHOICE, 0, 0, FIELD(q8_activations), ACTIVATION_NAMES, "<type>",
      "q8_0 weights: how prompts and ppl windows multiply them, default f32\n"
      "(float32 activations); int8 quantizes the activations as generation,\n"

@@ -100,7 +100,8 @@ void position_setup_text(char *out, size_t size, const Transformer *t) {
     if (p->window > 0)
         append(out, size, "; window %d (layers %d..%d)", p->window, p->window_first_layer, t->config.n_layers - 1);
     else append(out, size, "; window off");
-    append(out, size, "; KV cache %s", KV_NAMES[t->kv_type]);
+    append(out, size, "; KV cache %s, %zu bytes per position", KV_NAMES[t->kv_type],
+           kv_position_bytes(t, t->kv_type));
 }
 
 /* The context E that Self-Extend with group size G and neighbour window W
@@ -158,7 +159,8 @@ void print_position_json(const Transformer *t) {
     out_printf(", \"sliding_window\": ");
     if (p->window > 0) out_printf("{\"size\": %d, \"first_layer\": %d}", p->window, p->window_first_layer);
     else out_printf("null");
-    out_printf(", \"kv\": \"%s\"}", KV_NAMES[t->kv_type]);
+    out_printf(", \"kv\": \"%s\", \"kv_bytes_per_position\": %zu}", KV_NAMES[t->kv_type],
+               kv_position_bytes(t, t->kv_type));
 }
 
 /* ---- -m info -------------------------------------------------------------- */
@@ -276,6 +278,15 @@ static void print_gguf_keys(const GgufKeys *k, int read, int json) {
     if (json) putchar(']');
 }
 
+/* The q8_0 cache's bytes per position, or why this model cannot have one. */
+static const char *kv_q8_text(char *out, size_t size, const Transformer *t) {
+    size_t bytes = kv_position_bytes(t, KV_Q8_0);
+    if (bytes) snprintf(out, size, "%zu", bytes);
+    else snprintf(out, size, "none (kv_dim %d is no multiple of %d)",
+                  t->config.dim / t->config.n_heads * t->config.n_kv_heads, KV_Q8_BLOCK);
+    return out;
+}
+
 /* -m info's text: one "name value" line per fact, the checkpoint first. */
 static void print_info_text(const ModeInput *in) {
     const Transformer *t = in->t;
@@ -329,6 +340,8 @@ static void print_info_text(const ModeInput *in) {
     field("rope_scaling", "%s", text);
     position_setup_text(text, sizeof text, t);
     field("position", "%s (a run without position flags)", text);
+    field("kv_cache", "bytes per position (keys and values, every layer) with --kv f32 %zu, f16 %zu, q8_0 %s",
+          kv_position_bytes(t, KV_F32), kv_position_bytes(t, KV_F16), kv_q8_text(text, sizeof text, t));
     field("tokenizer", "%s%s", in->tok_path, tok->from_gguf ? " (the GGUF's own vocabulary, tokenizer.ggml.*)" : "");
     field("tokenizer_kind", "%s, version %d", tokenizer_type_name(tok), tok->version);
     int kinds[PIECE_N_KINDS];
@@ -403,6 +416,10 @@ static void print_info_json(const ModeInput *in) {
     print_json_number(r->high_freq);
     printf("}, \"position\": ");
     print_position_json(t);
+    printf(", \"kv_cache_bytes_per_position\": {\"f32\": %zu, \"f16\": %zu, \"q8_0\": ",
+           kv_position_bytes(t, KV_F32), kv_position_bytes(t, KV_F16));
+    if (kv_position_bytes(t, KV_Q8_0)) printf("%zu}", kv_position_bytes(t, KV_Q8_0));
+    else printf("null}");
     int kinds[PIECE_N_KINDS];
     count_kinds(tok, kinds);
     printf(", \"tokenizer\": {\"file\": ");

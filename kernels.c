@@ -1,6 +1,7 @@
 /* kernels.c: the fast versions of run.c's ops (see kernels.h for what each
  * computes). Sections:
- *   1. KV cache elements: float32 or IEEE half, and the weighted sum of rows
+ *   1. KV cache elements: float32, IEEE half or q8_0 blocks, and the weighted
+ *      sum of rows
  *   2. SIMD kernels (AVX2 + FMA; AVX-512 where the compiler targets it), each
  *      beside its portable C version
  *   3. attention over the cache: one query's scores; a block of queries in
@@ -84,12 +85,77 @@ float half_to_float_c(uint16_t h) {
     return f;
 }
 
-size_t kv_elem_bytes(int kv_type) { return kv_type == KV_F16 ? sizeof(uint16_t) : sizeof(float); }
+/* One q8_0 group of gs values (kernels.h's quantize_q8, which the q8_0 KV
+ * cache shares): q = round(x / scale), scale = max|x| / 127, returned; a
+ * group holding a NaN or an infinity gets q = 0 and scale NaN. */
+static inline float quantize_group(int8_t *restrict q, const float *restrict xg, int gs) {
+    // max |x| on the bits of |x|, which order as the values do (and are
+    // above those of FLT_MAX exactly for infinities and NaN): an integer
+    // maximum, which compilers vectorize (a float one must keep NaN's rules)
+    uint32_t amax_bits = 0;
+    for (int i = 0; i < gs; i++) {
+        uint32_t bits;
+        memcpy(&bits, xg + i, 4);
+        bits &= 0x7fffffffu;
+        amax_bits = bits > amax_bits ? bits : amax_bits;
+    }
+    if (amax_bits > 0x7f7fffffu) { // a NaN or an infinity: no integer can hold it (converting one is undefined)
+        memset(q, 0, (size_t)gs);
+        return NAN; // the group's products come out NaN, as with float32 weights
+    }
+    float amax;
+    memcpy(&amax, &amax_bits, 4);
+    // 1/s overflows to infinity when s is subnormal: then divide by s (|x / s| <= 127 always)
+    float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+    if (isinf(inv))
+        for (int i = 0; i < gs; i++) q[i] = (int8_t)(int)(xg[i] / s + (xg[i] >= 0.0f ? 0.5f : -0.5f));
+    else
+        for (int i = 0; i < gs; i++) { // round half away from zero; |q| <= 127
+            float v = xg[i] * inv;
+            q[i] = (int8_t)(int)(v + (v >= 0.0f ? 0.5f : -0.5f));
+        }
+    return s;
+}
 
-/* cache[offset .. offset+n) = src, converted to the cache's type */
+/* A q8_0 cache block: KV_Q8_BLOCK values along a cache row, their scale
+ * first (float32), then the values as int8; element e lies in block
+ * e / KV_Q8_BLOCK at place e % KV_Q8_BLOCK. */
+typedef struct {
+    float scale;
+    int8_t q[KV_Q8_BLOCK];
+} KvBlock;
+_Static_assert(sizeof(KvBlock) == 4 + KV_Q8_BLOCK, "a q8_0 cache block is its scale and its values");
+
+size_t kv_bytes(int kv_type, size_t n) {
+    if (kv_type == KV_Q8_0) return n / KV_Q8_BLOCK * sizeof(KvBlock);
+    return n * (kv_type == KV_F16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+/* Element e of a q8_0 cache: its block's scale into *scale, and the int8
+ * values from e to the end of the block, KV_Q8_BLOCK - e % KV_Q8_BLOCK of them. */
+static inline const int8_t *q8_at(const void *cache, size_t e, float *scale) {
+    const KvBlock *b = (const KvBlock *)cache + e / KV_Q8_BLOCK;
+    *scale = b->scale;
+    return b->q + e % KV_Q8_BLOCK;
+}
+
+/* The run of a q8_0 slice [offset + i, offset + n) that lies in one block. */
+static inline int q8_run(size_t offset, int i, int n) {
+    int left = KV_Q8_BLOCK - (int)((offset + i) % KV_Q8_BLOCK);
+    return n - i < left ? n - i : left;
+}
+
+/* cache[offset .. offset+n) = src, converted to the cache's type (q8_0:
+ * whole blocks, offset and n multiples of KV_Q8_BLOCK) */
 void kv_store(void *cache, int kv_type, size_t offset, const float *src, int n) {
     if (kv_type == KV_F32) {
         memcpy((float *)cache + offset, src, (size_t)n * sizeof(float));
+        return;
+    }
+    if (kv_type == KV_Q8_0) {
+        KvBlock *b = (KvBlock *)cache + offset / KV_Q8_BLOCK;
+        for (int i = 0; i < n / KV_Q8_BLOCK; i++)
+            b[i].scale = quantize_group(b[i].q, src + (size_t)i * KV_Q8_BLOCK, KV_Q8_BLOCK);
         return;
     }
     uint16_t *h = (uint16_t *)cache + offset;
@@ -102,13 +168,48 @@ void kv_load(float *out, const void *cache, int kv_type, size_t offset, int n) {
         memcpy(out, (const float *)cache + offset, (size_t)n * sizeof(float));
         return;
     }
+    if (kv_type == KV_Q8_0) {
+        for (int i = 0, run; i < n; i += run) {
+            float s;
+            const int8_t *restrict q = q8_at(cache, offset + i, &s);
+            float *restrict o = out + i;
+            run = q8_run(offset, i, n);
+            for (int c = 0; c < run; c++) o[c] = s * q[c];
+        }
+        return;
+    }
     const uint16_t *h = (const uint16_t *)cache + offset;
     for (int i = 0; i < n; i++) out[i] = half_to_float(h[i]);
+}
+
+/* x = what a cache of kv_type gives back for x (n values; q8_0: n a
+ * multiple of KV_Q8_BLOCK): the same values as kv_store then kv_load. */
+void kv_round(float *x, int kv_type, int n) {
+    if (kv_type == KV_F16)
+        for (int i = 0; i < n; i++) x[i] = half_to_float(float_to_half(x[i]));
+    if (kv_type != KV_Q8_0) return;
+    for (int b = 0; b < n / KV_Q8_BLOCK; b++) {
+        int8_t q[KV_Q8_BLOCK];
+        float *xb = x + (size_t)b * KV_Q8_BLOCK, s = quantize_group(q, xb, KV_Q8_BLOCK);
+        for (int i = 0; i < KV_Q8_BLOCK; i++) xb[i] = s * q[i];
+    }
 }
 
 /* q . cache[offset .. offset+n) */
 static inline float kv_dot(const float *q, const void *cache, int kv_type, size_t offset, int n) {
     if (kv_type == KV_F32) return dot(q, (const float *)cache + offset, n);
+    if (kv_type == KV_Q8_0) { // per block: its scale times the float sum of q x the int8 values
+        float sum = 0.0f;
+        for (int i = 0, run; i < n; i += run) {
+            float s, part = 0.0f;
+            const int8_t *restrict k = q8_at(cache, offset + i, &s);
+            run = q8_run(offset, i, n);
+#pragma omp simd reduction(+ : part)
+            for (int c = 0; c < run; c++) part += q[i + c] * k[c];
+            sum += s * part;
+        }
+        return sum;
+    }
     const uint16_t *h = (const uint16_t *)cache + offset;
     float sum = 0.0f, row[64]; // converted 64 at a time, then the float dot
     for (int i0 = 0; i0 < n; i0 += 64) {
@@ -126,17 +227,41 @@ static inline void kv_axpy(float *out, float a, const void *cache, int kv_type, 
         for (int i = 0; i < n; i++) out[i] += a * v[i];
         return;
     }
+    if (kv_type == KV_Q8_0) {
+        for (int i = 0, run; i < n; i += run) {
+            float s;
+            const int8_t *restrict v = q8_at(cache, offset + i, &s);
+            float *restrict o = out + i, as = a * s;
+            run = q8_run(offset, i, n);
+            for (int c = 0; c < run; c++) o[c] += as * v[c];
+        }
+        return;
+    }
     const uint16_t *h = (const uint16_t *)cache + offset;
     for (int i = 0; i < n; i++) out[i] += a * half_to_float(h[i]);
 }
 
 /* out += a[0] * row t + a[1] * row t+1 + a[2] * row t+2 + a[3] * row t+3 of
- * a cache, rows `stride` apart from offset: one pass over out for four rows. */
+ * a cache, rows `stride` apart from offset: one pass over out for four rows
+ * (q8_0: stride a multiple of KV_Q8_BLOCK, so the rows' blocks line up). */
 static inline void kv_axpy4(float *out, const float *a, const void *cache, int kv_type, size_t offset, int stride,
                             int n) {
     if (kv_type == KV_F32) {
         const float *v0 = (const float *)cache + offset, *v1 = v0 + stride, *v2 = v1 + stride, *v3 = v2 + stride;
         for (int i = 0; i < n; i++) out[i] += a[0] * v0[i] + a[1] * v1[i] + a[2] * v2[i] + a[3] * v3[i];
+        return;
+    }
+    if (kv_type == KV_Q8_0) {
+        for (int i = 0, run; i < n; i += run) {
+            float s[4];
+            const int8_t *restrict v0 = q8_at(cache, offset + i, s);
+            const int8_t *restrict v1 = q8_at(cache, offset + (size_t)stride + i, s + 1);
+            const int8_t *restrict v2 = q8_at(cache, offset + 2 * (size_t)stride + i, s + 2);
+            const int8_t *restrict v3 = q8_at(cache, offset + 3 * (size_t)stride + i, s + 3);
+            float a0 = a[0] * s[0], a1 = a[1] * s[1], a2 = a[2] * s[2], a3 = a[3] * s[3], *restrict o = out + i;
+            run = q8_run(offset, i, n);
+            for (int c = 0; c < run; c++) o[c] += a0 * v0[c] + a1 * v1[c] + a2 * v2[c] + a3 * v3[c];
+        }
         return;
     }
     const uint16_t *h0 = (const uint16_t *)cache + offset, *h1 = h0 + stride, *h2 = h1 + stride, *h3 = h2 + stride;
@@ -1107,7 +1232,7 @@ void kv_scores(float *out, const float *q, const void *cache, int kv_type, size_
  *   sum_l  (ATT_QUERIES doubles)    the statistics' sum of weights
  * and, shared by the G heads (one head's step at a time):
  *   pv     (head_size, ATT_QUERIES) p's weighted values
- *   k, v   (ATT_KEYS, head_size)    an f16 cache's key and value tile as float32
+ *   k, v   (ATT_KEYS, head_size)    an f16 or q8_0 cache's key and value tile as float32
  *   alpha, tile_max, shift, tile_u, dm (ATT_QUERIES)  exp(m - m'),
  *                                   online_softmax_tile's scratch and the tally's
  *   s_g                             second queries' scores
@@ -1566,37 +1691,7 @@ void matrix_row(float *out, Matrix m, int row, int cols) {
 void quantize_q8(int8_t *qv, float *scale, const float *x, int B, int n, int gs) {
     long groups = (long)B * n / gs, g; // groups in parallel for blocks (one took 18% of a q8_0 prompt's time)
 #pragma omp parallel for private(g) if ((long)B * n >= PARALLEL_MIN_WORK)
-    for (g = 0; g < groups; g++) {
-        const float *xg = x + g * gs;
-        int8_t *q = qv + g * gs;
-        // max |x| on the bits of |x|, which order as the values do (and are
-        // above those of FLT_MAX exactly for infinities and NaN): an integer
-        // maximum, which compilers vectorize (a float one must keep NaN's rules)
-        uint32_t amax_bits = 0;
-        for (int i = 0; i < gs; i++) {
-            uint32_t bits;
-            memcpy(&bits, xg + i, 4);
-            bits &= 0x7fffffffu;
-            amax_bits = bits > amax_bits ? bits : amax_bits;
-        }
-        if (amax_bits > 0x7f7fffffu) { // a NaN or an infinity: no integer can hold it (converting one is undefined)
-            memset(q, 0, (size_t)gs);
-            scale[g] = NAN; // the group's products come out NaN, as with float32 weights
-            continue;
-        }
-        float amax;
-        memcpy(&amax, &amax_bits, 4);
-        // 1/s overflows to infinity when s is subnormal: then divide by s (|x / s| <= 127 always)
-        float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
-        if (isinf(inv))
-            for (int i = 0; i < gs; i++) q[i] = (int8_t)(int)(xg[i] / s + (xg[i] >= 0.0f ? 0.5f : -0.5f));
-        else
-            for (int i = 0; i < gs; i++) { // round half away from zero; |q| <= 127
-                float v = xg[i] * inv;
-                q[i] = (int8_t)(int)(v + (v >= 0.0f ? 0.5f : -0.5f));
-            }
-        scale[g] = s;
-    }
+    for (g = 0; g < groups; g++) scale[g] = quantize_group(qv + g * gs, x + g * gs, gs);
 }
 
 /* Tiles of the dot-product kernels: rows of w x tokens of x that one call

@@ -3,11 +3,12 @@
  * run.c states each operation as a formula and a plain loop (its
  * matmul_reference is the definition of matmul); kernels.c computes the same
  * things fast: weights stored float32, q8_0, q4_0 or q4_1, a KV cache of
- * float32 or IEEE half, SIMD tiles (AVX-512 or AVX2) that let one load of a
- * weight serve many tokens, and threads. Every kernel here has a portable C
- * version; tests/test_kernels.c (tests/test_q4.c for q4_0 and q4_1) checks
- * each one against run.c's matmul_reference or a double-precision reference.
- * Read run.c first; come here to see how the time is spent.
+ * float32, IEEE half or q8_0, SIMD tiles (AVX-512 or AVX2) that let one load
+ * of a weight serve many tokens, and threads. Every kernel here has a
+ * portable C version; tests/test_kernels.c (tests/test_q4.c for q4_0 and
+ * q4_1) checks each one against run.c's matmul_reference or a
+ * double-precision reference. Read run.c first; come here to see how the
+ * time is spent.
  *
  * Shape names are model.h's (dim, kv_dim, head_size, n_ctx, ...); B is the
  * number of tokens a call carries.
@@ -152,17 +153,31 @@ static inline float exp_fast(float x) {
 }
 
 /* ------------------------------------------------------------------------
- * The KV cache: rows of kv_dim values per position, float32 or IEEE 754 half
- * precision (--kv f16: half the memory; 11 significant bits, range +-65504).
- * Values are converted on write and read back as float for the arithmetic.
- * `offset` counts elements from the start of `cache`; rows are `stride`
- * elements apart.
+ * The KV cache: rows of kv_dim values per position, float32, IEEE 754 half
+ * precision (--kv f16: half the memory; 11 significant bits, range +-65504)
+ * or q8_0 (--kv q8_0: 9/32 of the memory): blocks of KV_Q8_BLOCK consecutive
+ * values of a row, each block one float32 scale = max|x| / 127 and the
+ * values q = round(x / scale) as int8, as quantize_q8 makes them (so |x -
+ * scale q| <= scale / 2; a block holding a NaN or an infinity reads back as
+ * NaN). Blocks run along the whole row, across heads, so kv_dim must be a
+ * multiple of KV_Q8_BLOCK (build_transformer refuses other shapes) and any
+ * head_size works; the scale is float32, not half, so that it is exact and
+ * small blocks (max|x| < 0.008, where a half scale would lose bits) keep the
+ * bound. Values are converted on write and read back as float for the
+ * arithmetic. `offset` counts elements from the start of `cache`; rows are
+ * `stride` elements apart; a q8_0 cache is written in whole blocks.
  * ------------------------------------------------------------------------ */
 
-/* Bytes of one element: 4 for KV_F32, 2 for KV_F16. */
-size_t kv_elem_bytes(int kv_type);
-/* cache[offset .. offset+n) = src, converted to the cache's type */
+#define KV_Q8_BLOCK 32 /* values per block of a q8_0 cache */
+/* Bytes of n elements of a cache of kv_type: 4 n for KV_F32, 2 n for KV_F16,
+ * 36 n / 32 for KV_Q8_0 (n a multiple of KV_Q8_BLOCK). */
+size_t kv_bytes(int kv_type, size_t n);
+/* cache[offset .. offset+n) = src, converted to the cache's type (q8_0:
+ * offset and n multiples of KV_Q8_BLOCK) */
 void kv_store(void *cache, int kv_type, size_t offset, const float *src, int n);
+/* x = what a cache of kv_type gives back for x: kv_store then kv_load, in
+ * place (q8_0: n a multiple of KV_Q8_BLOCK) */
+void kv_round(float *x, int kv_type, int n);
 /* out = cache[offset .. offset+n) as float32 */
 void kv_load(float *out, const void *cache, int kv_type, size_t offset, int n);
 /* out[j] = q . row j, for the n_keys rows of n values from offset on
@@ -214,8 +229,8 @@ static inline uint16_t float_to_half(float x) {
  * below) s_t is the second pair's score for the keys they name; with frames
  * (exact dynamic NTK; below) q and k_t are rotated per query first.
  * out, q: (B, n_heads, head_size); keys, values: one layer's (n_ctx, kv_dim)
- * of key_type / value_type, KV_F32 or KV_F16 (an f16 tile is converted to
- * float32 first, then the same code). Tiles of 128 queries x ATT_KEYS keys
+ * of key_type / value_type, KV_F32, KV_F16 or KV_Q8_0 (an f16 or q8_0 tile
+ * is converted to float32 first, then the same code). Tiles of 128 queries x ATT_KEYS keys
  * (kernels.c); keys past the last query's position, or older than the first
  * query's window, are never read. scratch: (threads,
  * attention_block_floats(head_size, n_heads / n_kv_heads)) floats; the heads

@@ -176,9 +176,10 @@ void rope_prepare(Transformer *t, int B, int pos0) {
  * (n_ctx - 1 once the cache is full) is not its row: each query gets a second
  * rotation, at its place, for the sinks (attention_block's second queries).
  * Keys go into key_rot, rotated at their rows, and values into value_rows,
- * float32: the block's own from st->k and st->v, the older ones from their
- * slots, before the block's tokens take their slots (where they evict keys
- * its first queries still see). Rotates st->q at its rows and copies it into
+ * float32: the block's own from st->k and st->v, rounded as the cache rounds
+ * them (kv_round: the values one token at a time reads), the older ones from
+ * their slots, before the block's tokens take their slots (where they evict
+ * keys its first queries still see). Rotates st->q at its rows and copies it into
  * q_second at the places. */
 static CacheView sinks_block(Transformer *t, void *key_cache, void *value_cache, int B, int pos0) {
     const Config *c = &t->config;
@@ -191,9 +192,11 @@ static CacheView sinks_block(Transformer *t, void *key_cache, void *value_cache,
     for (row = 0; row < n_rows; row++) {
         int pos = row < n_sinks ? row : row + shift; // the key's position in the text
         float *k = st->key_rot + (size_t)row * kv_dim, *v = st->value_rows + (size_t)row * kv_dim;
-        if (pos >= pos0) { // one of the block's
+        if (pos >= pos0) { // one of the block's, as the cache will hold it (what one token reads)
             memcpy(k, st->k + (size_t)(pos - pos0) * kv_dim, (size_t)kv_dim * sizeof(float));
             memcpy(v, st->v + (size_t)(pos - pos0) * kv_dim, (size_t)kv_dim * sizeof(float));
+            kv_round(k, t->kv_type, kv_dim);
+            kv_round(v, t->kv_type, kv_dim);
         } else {
             size_t at = (size_t)cache_slot(t, pos) * kv_dim;
             kv_load(k, key_cache, t->kv_type, at, kv_dim);

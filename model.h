@@ -271,7 +271,7 @@ static inline char *read_file(const char *path, const char *what, size_t *n_out,
  * in memory: kernels.h). */
 enum { WEIGHT_F32 = 0, WEIGHT_Q8_0 = 1, WEIGHT_FILE_TYPES = 2, WEIGHT_Q4_0 = 2, WEIGHT_Q4_1 = 3, WEIGHT_N_TYPES };
 enum { ROPE_INTERLEAVED = 0, ROPE_NEOX = 1 };
-enum { KV_F32 = 0, KV_F16 = 1 }; /* KV cache element type (run --kv) */
+enum { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2 }; /* KV cache element type (run --kv; kernels.h) */
 enum { ROPE_NONE = 0, ROPE_LINEAR, ROPE_NTK, ROPE_DYNAMIC, ROPE_YARN, ROPE_LLAMA3, ROPE_LONGROPE, ROPE_N_SCALINGS };
 enum { BIAS_QKV = 1, BIAS_O = 2, BIAS_MLP = 4, BIAS_ALL = 7 };
 

@@ -159,7 +159,7 @@ size_t expected_file_size(const Config *c, const RopeConfig *r) {
  * (index = ROPE_NONE .., ROPE_INTERLEAVED ..; NULL ends a list of choices). */
 const char *const SCALING_NAMES[] = {"none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", NULL};
 const char *const LAYOUT_NAMES[] = {"interleaved", "neox", NULL};
-const char *const KV_NAMES[] = {"f32", "f16", NULL};
+const char *const KV_NAMES[] = {"f32", "f16", "q8_0", NULL};
 const char *const WEIGHT_NAMES[] = {"f32", "q8_0", "q4_0", "q4_1", NULL};
 const char *const GGUF_CONVERT_NAMES[] = {"f32", "q8_0", "native", NULL};
 const char *const DYNAMIC_NAMES[] = {"hf", "exact", NULL}; // PositionSettings.dynamic_exact = 0, 1
@@ -679,8 +679,8 @@ static int build_run_state(Transformer *t, const char *ctx_name, char *err, size
         FLOATS(st->scores, c->n_heads * n_ctx), FLOATS(st->logits, B * c->vocab_size),
         FLOATS(st->attn_tiles, B > 1 ? threads * attention_block_floats((int)head_size, c->n_heads / c->n_kv_heads)
                                      : 0),
-        {&st->key_cache, cache_values, kv_elem_bytes(t->kv_type)},
-        {&st->value_cache, cache_values, kv_elem_bytes(t->kv_type)},
+        {&st->key_cache, kv_bytes(t->kv_type, cache_values), 1}, // (n_layers, n_ctx, kv_dim) of kv_type
+        {&st->value_cache, kv_bytes(t->kv_type, cache_values), 1},
         FLOATS(st->rope_cos, rows * n_pairs), FLOATS(st->rope_sin, rows * n_pairs),
         // only with a pre-RoPE key cache: one layer of rotated keys; with Self-Extend the block's
         // queries and the layer's keys at their group positions; with sinks in blocks the queries
@@ -704,12 +704,13 @@ static int build_run_state(Transformer *t, const char *ctx_name, char *err, size
         FLOATS(st->mm.x_sum, q8 ? B * widest / 32 : 0), // q4_1's block sums (group_size 32)
 #undef FLOATS
     };
-    double total = 0, cache = 2.0 * cache_values * kv_elem_bytes(t->kv_type), memory = (double)physical_memory();
+    double total = 0, cache = 2.0 * kv_bytes(t->kv_type, cache_values), memory = (double)physical_memory();
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) total += (double)bufs[i].n * bufs[i].size;
     if (memory > 0 && total > memory) {
         fail(err, err_len, "%s: the KV cache (%.1f GiB) and buffers for this context need %.1f GiB, more than this "
-             "machine's %.1f GiB of memory (a smaller context fits; --kv f16 halves the cache)", ctx_name,
-             cache / (1 << 30), total / (1 << 30), memory / (1 << 30));
+             "machine's %.1f GiB of memory (a smaller context fits; %s)", ctx_name, cache / (1 << 30),
+             total / (1 << 30), memory / (1 << 30), t->kv_type == KV_F32 ? "--kv f16 halves the cache, --kv q8_0 "
+             "takes 9/32 of it" : t->kv_type == KV_F16 ? "--kv q8_0 takes 9/16 of this cache" : "the cache is q8_0");
         return BUILD_BAD_SETTINGS;
     }
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
@@ -780,6 +781,10 @@ static int check_positions(const Transformer *t, const PositionOverrides *ov, ch
     const RopeConfig *r = &t->rope;
     const PositionSettings *p = &t->pos;
     int head_size = t->config.dim / t->config.n_heads, sinks = t->keys == KEYS_SINKS;
+    int kv_dim = head_size * t->config.n_kv_heads;
+    if (t->kv_type == KV_Q8_0 && kv_dim % KV_Q8_BLOCK) // blocks run along a cache row (kernels.h)
+        return fail(err, err_len, "--kv q8_0: expected kv_dim (n_kv_heads %d x head_size %d) a multiple of %d, "
+                    "got %d (--kv f16 takes any shape)", t->config.n_kv_heads, head_size, KV_Q8_BLOCK, kv_dim);
     if (sinks && p->n_sinks >= t->n_ctx)
         return fail(err, err_len, "--sinks %d: expected fewer than the %d tokens of the cache (--ctx)", p->n_sinks,
                     t->n_ctx);
@@ -861,10 +866,11 @@ int configure_transformer(Transformer *t, const char *path, const PositionOverri
 
 /* Load a checkpoint, apply the command line's overrides, size everything
  * for n_ctx positions (0 = train_ctx) with a KV cache of kv_type (KV_F32 |
- * KV_F16). Returns 0; BUILD_BAD_INPUT with a message for a bad checkpoint or
- * no memory; BUILD_BAD_SETTINGS for position settings that do not fit
- * together, or a context whose buffers exceed the machine's memory (bad
- * usage: they come from flags). The messages name the flag that set the
+ * KV_F16 | KV_Q8_0). Returns 0; BUILD_BAD_INPUT with a message for a bad
+ * checkpoint or no memory; BUILD_BAD_SETTINGS for position settings that do
+ * not fit together, a q8_0 cache on a kv_dim it cannot hold, or a context
+ * whose buffers exceed the machine's memory (bad usage: they come from
+ * flags). The messages name the flag that set the
  * context: overrides->ctx_flag, else --ctx.
  * Owns the mapping and the run state; release with free_transformer. */
 int build_transformer(Transformer *t, const char *path, const PositionOverrides *overrides, int n_ctx, int kv_type,
@@ -876,6 +882,12 @@ int build_transformer(Transformer *t, const char *path, const PositionOverrides 
         snprintf(ctx_name, sizeof ctx_name, "%s (a context of %d positions)", overrides->ctx_flag, t->n_ctx);
     else snprintf(ctx_name, sizeof ctx_name, n_ctx > 0 ? "--ctx %d" : "--ctx %d (the default: train_ctx)", t->n_ctx);
     return build_run_state(t, ctx_name, err, err_len);
+}
+
+size_t kv_position_bytes(const Transformer *t, int kv_type) {
+    const Config *c = &t->config;
+    size_t kv_dim = (size_t)(c->dim / c->n_heads) * c->n_kv_heads;
+    return kv_type == KV_Q8_0 && kv_dim % KV_Q8_BLOCK ? 0 : 2 * (size_t)c->n_layers * kv_bytes(kv_type, kv_dim);
 }
 
 /* Release everything build_transformer (or a failed call of it) acquired. */
@@ -1105,7 +1117,7 @@ int forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWant
 
     for (int l = 0; l < c->n_layers; l++) {
         size_t ld = (size_t)l * dim;                                       // layer l's norm weights
-        size_t kv_layer = (size_t)l * t->n_ctx * kv_dim * kv_elem_bytes(t->kv_type); // layer l in the caches
+        size_t kv_layer = kv_bytes(t->kv_type, (size_t)l * t->n_ctx * kv_dim); // layer l in the caches
         void *key_cache = (char *)st->key_cache + kv_layer;                // (n_ctx, kv_dim)
         void *value_cache = (char *)st->value_cache + kv_layer;            // (n_ctx, kv_dim)
 
@@ -1489,23 +1501,22 @@ void generate_mode(const ModeInput *in) {
 static void describe(char *out, size_t size, const Transformer *t, const char *checkpoint, const Tokenizer *tok,
                      const PositionOverrides *ov, double load_seconds) {
     const Config *c = &t->config;
-    size_t kv_bytes = 2 * (size_t)c->n_layers * t->n_ctx * (c->dim / c->n_heads) * c->n_kv_heads *
-                      kv_elem_bytes(t->kv_type);
+    size_t cache_bytes = kv_position_bytes(t, t->kv_type) * t->n_ctx;
     char biases[32] = ""; // only some families have them
     if (c->bias_flags)
         snprintf(biases, sizeof biases, "; biases%s%s%s", c->bias_flags & BIAS_QKV ? " qkv" : "",
                  c->bias_flags & BIAS_O ? " o" : "", c->bias_flags & BIAS_MLP ? " mlp" : "");
     char setup[512];
-    position_setup_text(setup, sizeof setup, t); // ends with the KV cache's type; its size follows
+    position_setup_text(setup, sizeof setup, t); // ends with the KV cache's type and bytes per position
     int threads = 1; // as build_run_state counts them (a mode that runs no model has no run state)
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
     int len = snprintf(out, size,
-            "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, train_ctx %d%s; weights %s; %s %.1f MiB; "
+            "%s: dim %d, hidden %d, %d layers, %d heads (%d kv), vocab %d, train_ctx %d%s; weights %s; %s, %.1f MiB; "
             "%d threads%s%s%s; loaded in %.2f s\n",
             shown_path(checkpoint), c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size,
-            c->train_ctx, biases, WEIGHT_NAMES[c->weight_type], setup, kv_bytes / 1048576.0, threads,
+            c->train_ctx, biases, WEIGHT_NAMES[c->weight_type], setup, cache_bytes / 1048576.0, threads,
             tok ? "; tokenizer " : "", tok ? tokenizer_type_name(tok) : "",
             tok && tok->from_gguf ? " from the GGUF's metadata (tokenizer.ggml.*)" : "", load_seconds);
     if (ov->factor.given && !ov->attn_factor.given && t->rope.attn_factor > 0 &&

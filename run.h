@@ -97,9 +97,9 @@ typedef struct {
     float *attn_tiles;  // (threads, attention_block_floats(head_size, n_heads / n_kv_heads)) attention_block's
                         // scratch, B > 1 or sinks
     float *logits;      // (B, vocab_size)
-    void *key_cache;    // (n_layers, n_ctx, kv_dim) float32 or IEEE half (--kv f16); keys
+    void *key_cache;    // (n_layers, n_ctx, kv_dim) float32, IEEE half or q8_0 blocks (--kv; kernels.h); keys
                         // rotated, or before RoPE for every strategy but KEYS_ROTATED_ONCE
-    void *value_cache;  // (n_layers, n_ctx, kv_dim) float32 or IEEE half
+    void *value_cache;  // (n_layers, n_ctx, kv_dim) of the same type
     MatmulScratch mm;   // matmul's scratch (kernels.h)
     float *rope_cos;    // (table_rows, n_pairs) mscale * cos(pos * inv_freq[i]); n_pairs = rot_dim/2
     float *rope_sin;    // (table_rows, n_pairs) mscale * sin(pos * inv_freq[i])
@@ -124,7 +124,7 @@ typedef struct {
     int n_ctx;            // positions this run can hold (KV cache and table rows)
     int table_rows;       // rows of the RoPE table: n_ctx, and with sinks in blocks FORWARD_BLOCK - 1 more
     int table_len;        // KEYS_PER_LENGTH: the sequence length the table rows were built for
-    int kv_type;          // KV_F32 | KV_F16: what key_cache and value_cache hold (--kv)
+    int kv_type;          // KV_F32 | KV_F16 | KV_Q8_0: what key_cache and value_cache hold (--kv)
     Weights weights;
     RunState state;
     void *mapping;        // the whole checkpoint file, mmap'd read-only
@@ -168,9 +168,9 @@ void rope_build_rows(Transformer *t, int len, int first, int n);
  * of them with a window, and the sinks' rows whatever the window). */
 typedef struct {
     const void *keys;       // (rows, kv_dim) of one layer: rotated keys; with frames, keys before RoPE
-    int key_type;           // KV_F32 | KV_F16
+    int key_type;           // KV_F32 | KV_F16 | KV_Q8_0
     const void *values;     // (rows, kv_dim) of one layer, the values of the same rows
-    int value_type;         // KV_F32 | KV_F16
+    int value_type;         // KV_F32 | KV_F16 | KV_Q8_0
     int pos0;               // the row of the block's first query
     int window;             // a query sees this many most recent rows (itself included); 0 = all
     SecondQueries second;   // Self-Extend's grouped pairs, or the sinks; q NULL = none (kernels.h)
@@ -190,6 +190,10 @@ int configure_transformer(Transformer *t, const char *path, const PositionOverri
                           int kv_type, char *err, size_t err_len);
 void free_transformer(Transformer *t);
 int block_limit(const Transformer *t);
+/* Bytes the KV cache takes per position: a key and a value row of every
+ * layer, of kv_type (KV_F32 ..; -m info, the load line and the JSON reports
+ * say it); 0 for a q8_0 cache the model's kv_dim cannot hold. */
+size_t kv_position_bytes(const Transformer *t, int kv_type);
 
 /* ---- 4. Ops -------------------------------------------------------------- */
 

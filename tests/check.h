@@ -91,6 +91,7 @@ void test_attention_block(void);
 void test_attention_block_self_extend(void);
 void test_attention_block_sinks_and_frames(void);
 void test_half(void);
+void test_kv_q8(void);
 /* test_modes.c */
 void test_ppl_score_arguments(void);
 void test_passkey_text(void);

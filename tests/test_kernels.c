@@ -693,7 +693,8 @@ void test_attention_block_sinks_and_frames(void) {
  * tokens (kernels.c's attention_block: tiles of 128 queries x 48 keys, online
  * softmax; SIMD tiles in a SIMD build), the same block with the portable
  * loops forced (use_simd = 0), and the same tokens one at a time (kv_scores /
- * kv_mix), with a float32 cache and an f16 one.
+ * kv_mix), with a float32 cache, an f16 one and, where kv_dim is a multiple of
+ * 32 (head size 16 on 2 kv heads, 64 on any), a q8_0 one.
  * Shapes: head sizes 8, 16, 24, 64, and 20 (not a multiple of 8: the
  * products' last row tiles of 2); B = 2, 7, 17 (two 8-float vectors of
  * queries and one of 1 with AVX2, two 16-float ones with AVX-512), 140 (a
@@ -710,8 +711,9 @@ void test_attention_block_sinks_and_frames(void) {
  * head layouts and query scales take turns over those cases.
  * Cache rows the block must not read (past its last position, or older than
  * its first query's window) hold NaN: reading one would turn the output NaN.
- * The f16 cases compare against the reference on the f16-rounded keys and
- * values, so the same tolerance holds.
+ * The f16 and q8_0 cases compare against the reference on the keys and
+ * values as those caches hold them (rounded to half; quantized and read
+ * back), so the same tolerance holds; test_kv_q8 bounds the quantization.
  * Threads: the block with the scratch of 1 and of 2 threads (OpenMP set to 2)
  * gives bit-identical output (each tile of queries is computed by the same
  * code whatever thread runs it).
@@ -725,7 +727,8 @@ void test_attention_block_sinks_and_frames(void) {
 void test_attention_block(void) {
     int head_sizes[] = {8, 16, 24, 64, 20}, heads[][2] = {{4, 2}, {6, 1}, {3, 3}}, blocks[] = {2, 7, 17, 140};
     int windows[] = {0, 1, 7, 40, 60, 100}, n_ctx = 150, n_windows = sizeof windows / sizeof windows[0];
-    double worst[2][3] = {{0}}; // [f32, f16 cache][block, portable block, one at a time]
+    double worst[3][3] = {{0}}; // [f32, f16, q8_0 cache][block, portable block, one at a time]
+    int q8_cases = 0;
     int differ_by_threads = 0, thread_cases = 0;
 #ifdef _OPENMP
     int max_threads = omp_get_max_threads(); // restored at the end
@@ -747,7 +750,10 @@ void test_attention_block(void) {
                     float *cache[2] = {malloc(sizeof(float) * cache_n), malloc(sizeof(float) * cache_n)};
                     float *rounded[2] = {malloc(sizeof(float) * cache_n), malloc(sizeof(float) * cache_n)};
                     uint16_t *half[2] = {malloc(sizeof(uint16_t) * cache_n), malloc(sizeof(uint16_t) * cache_n)};
-                    double *ref[2] = {malloc(sizeof(double) * B * dim), malloc(sizeof(double) * B * dim)};
+                    double *ref[3] = {malloc(sizeof(double) * B * dim), malloc(sizeof(double) * B * dim),
+                                      malloc(sizeof(double) * B * dim)};
+                    int q8 = kv_dim % 32 == 0; // a q8_0 cache needs whole blocks per row
+                    void *q8c[2] = {malloc(kv_bytes(KV_Q8_0, cache_n)), malloc(kv_bytes(KV_Q8_0, cache_n))};
                     fill_randn(q, (size_t)B * dim, peaked ? 8.0f : 1.0f);
                     for (int kv = 0; kv < 2; kv++) { // keys, values: float32, f16, f16 as float
                         fill_randn(cache[kv], cache_n, 1.0f);
@@ -758,15 +764,25 @@ void test_attention_block(void) {
                     }
                     attention_ref(ref[0], q, cache[0], cache[1], B, pos0, nh, nkv, hs, W);
                     attention_ref(ref[1], q, rounded[0], rounded[1], B, pos0, nh, nkv, hs, W);
+                    if (q8) { // the reference on the q8_0 values (rounded[] reused: f16's is done)
+                        for (int kv = 0; kv < 2; kv++) {
+                            kv_store(q8c[kv], KV_Q8_0, 0, cache[kv], (int)cache_n);
+                            kv_load(rounded[kv], q8c[kv], KV_Q8_0, 0, (int)cache_n);
+                        }
+                        attention_ref(ref[2], q, rounded[0], rounded[1], B, pos0, nh, nkv, hs, W);
+                        q8_cases++;
+                    }
                     for (int kv = 0; kv < 2; kv++) // rows no query of the block sees: NaN
                         for (size_t e = 0; e < cache_n; e++)
                             if ((int)(e / kv_dim) < first || (int)(e / kv_dim) >= end)
                                 cache[kv][e] = NAN, half[kv][e] = float_to_half(NAN);
+                    for (int kv = 0; q8 && kv < 2; kv++) // whole rows of NaN: NaN blocks
+                        kv_store(q8c[kv], KV_Q8_0, 0, cache[kv], (int)cache_n);
                     Transformer t = attention_fixture(nh, nkv, hs, n_ctx, scores, tiles);
-                    for (int f16 = 0; f16 < 2; f16++) {
-                        const void *keys = f16 ? (void *)half[0] : (void *)cache[0];
-                        const void *values = f16 ? (void *)half[1] : (void *)cache[1];
-                        int type = f16 ? KV_F16 : KV_F32;
+                    for (int f16 = 0; f16 < 2 + q8; f16++) { // f16: 0 float32, 1 f16, 2 q8_0
+                        const void *keys = f16 == 2 ? q8c[0] : f16 ? (void *)half[0] : (void *)cache[0];
+                        const void *values = f16 == 2 ? q8c[1] : f16 ? (void *)half[1] : (void *)cache[1];
+                        int type = f16 == 2 ? KV_Q8_0 : f16 ? KV_F16 : KV_F32;
                         CacheView rk = {keys, type, values, type, pos0, W, {NULL, NULL, 0, 0}, NULL}, one = rk;
                         t.kv_type = type;
                         double *r = ref[f16];
@@ -790,15 +806,18 @@ void test_attention_block(void) {
                         for (int e = 0; e < B * dim; e++) worst[f16][2] = fmax(worst[f16][2], abs_err(out2[e], r[e]));
                     }
                     free(q), free(out), free(out2), free(scores), free(tiles);
-                    for (int kv = 0; kv < 2; kv++) free(cache[kv]), free(rounded[kv]), free(half[kv]), free(ref[kv]);
+                    for (int kv = 0; kv < 2; kv++) free(cache[kv]), free(rounded[kv]), free(half[kv]), free(q8c[kv]);
+                    for (int r = 0; r < 3; r++) free(ref[r]);
                 }
 #ifdef _OPENMP
     omp_set_num_threads(max_threads);
 #endif
-    for (int f16 = 0; f16 < 2; f16++)
+    for (int f16 = 0; f16 < 3; f16++)
         CHECK(worst[f16][0] < 2e-5 && worst[f16][1] < 2e-5 && worst[f16][2] < 2e-5,
               "attention vs double, %s cache: block %.3g, portable block %.3g, one token at a time %.3g "
-              "(expected < 2e-5)", f16 ? "f16" : "float32", worst[f16][0], worst[f16][1], worst[f16][2]);
+              "(expected < 2e-5)", (const char *[]){"float32", "f16", "q8_0"}[f16], worst[f16][0], worst[f16][1],
+              worst[f16][2]);
+    CHECK(q8_cases >= 20, "attention block: only %d cases with a q8_0 cache (kv_dim a multiple of 32)", q8_cases);
     CHECK(differ_by_threads == 0, "attention block: %d of %d cases differ between 1 and 2 threads",
           differ_by_threads, thread_cases);
 }
@@ -875,4 +894,96 @@ void test_half(void) {
         bad += float_to_half_c(f) != float_to_half(f);
     }
     CHECK(bad == 0, "float_to_half_c disagrees with the compiler's conversion on %d values", bad);
+}
+
+/* The q8_0 KV cache (--kv q8_0) against a float64 reference: rows of kv_dim
+ * values (96: three blocks; several rows) stored with kv_store and read back
+ * with kv_load, scored with kv_scores and mixed with kv_mix over head slices
+ * that start inside a block (head sizes 8, 16, 24 and 48 at every column a
+ * head can start at), with n_keys and n_rows leaving a remainder after
+ * kv_mix's groups of four rows.
+ * Tolerance, from the quantization step: each value comes back within
+ * scale / 2 of what was stored (scale = its block's max|x| / 127), plus the
+ * float32 rounding of scale q (2^-24 relative); a score q . k then within
+ * sum_i |q_i| scale_i / 2 and a mix within sum_j |w_j| scale_ij / 2, plus
+ * float32 sums of at most 48 terms (1e-5 relative here). The quantized
+ * values are the reference's, so the kernels' arithmetic is checked to float
+ * rounding too: against the same sums in double over the dequantized values,
+ * 2e-5 per unit of magnitude.
+ * Non-finite values: a block holding a NaN or an infinity reads back NaN
+ * everywhere (as quantize_q8 makes a weight group: scale NaN, q 0), and the
+ * other blocks of its row are untouched; zeros read back 0. */
+void test_kv_q8(void) {
+    enum { KV_DIM = 96, ROWS = 11 };
+    float x[ROWS * KV_DIM], back[ROWS * KV_DIM], q[48], w[ROWS], out[ROWS], mix[48];
+    size_t bytes = kv_bytes(KV_Q8_0, ROWS * KV_DIM);
+    CHECK(bytes == ROWS * KV_DIM / 32 * 36 && kv_bytes(KV_F16, 32) == 64 && kv_bytes(KV_F32, 32) == 128,
+          "kv_bytes: q8_0 %zu for %d values (expected 36 per 32), f16 %zu, f32 %zu", bytes, ROWS * KV_DIM,
+          kv_bytes(KV_F16, 32), kv_bytes(KV_F32, 32));
+    void *cache = malloc(bytes);
+    for (int r = 0; r < ROWS; r++) // rows of different magnitudes: the scale follows each block
+        fill_randn(x + r * KV_DIM, KV_DIM, (float)pow(2.0, r - 4));
+    for (int r = 0; r < ROWS; r++) kv_store(cache, KV_Q8_0, (size_t)r * KV_DIM, x + r * KV_DIM, KV_DIM);
+    kv_load(back, cache, KV_Q8_0, 0, ROWS * KV_DIM);
+    double half_step[ROWS * KV_DIM / 32], worst_value = 0; // per block: scale / 2, and the worst |err| / that
+    for (int b = 0; b < ROWS * KV_DIM / 32; b++) {
+        double amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmax(amax, fabs(x[b * 32 + i]));
+        half_step[b] = amax / 127 / 2;
+        for (int i = 0; i < 32; i++)
+            worst_value = fmax(worst_value, fabs((double)back[b * 32 + i] - x[b * 32 + i]) /
+                                                (half_step[b] * (1 + 1e-6) + amax * 1.2e-7));
+    }
+    CHECK(worst_value <= 1.0, "kv_store/kv_load q8_0: a value off by %.3g x (scale / 2 + rounding)", worst_value);
+    int sizes[] = {8, 16, 24, 48};
+    double worst_bound = 0, worst_sum = 0; // |err| against the bound; kernels against double on the same values
+    for (int si = 0; si < 4; si++)
+        for (int col = 0; col + sizes[si] <= KV_DIM; col += sizes[si]) {
+            int n = sizes[si];
+            fill_randn(q, (size_t)n, 1.0f);
+            fill_randn(w, ROWS, 1.0f);
+            kv_scores(out, q, cache, KV_Q8_0, (size_t)col, KV_DIM, ROWS, n);
+            kv_mix(mix, w, cache, KV_Q8_0, (size_t)col, KV_DIM, ROWS, n);
+            for (int j = 0; j < ROWS; j++) {
+                double exact = 0, same = 0, bound = 0, mag = 0;
+                for (int i = 0; i < n; i++) {
+                    size_t e = (size_t)j * KV_DIM + col + i;
+                    exact += (double)q[i] * x[e], same += (double)q[i] * back[e];
+                    bound += fabs(q[i]) * half_step[e / 32] * (1 + 1e-5), mag += fabs(q[i] * back[e]);
+                }
+                worst_bound = fmax(worst_bound, fabs(out[j] - exact) / (bound + 2e-5 * mag));
+                worst_sum = fmax(worst_sum, fabs(out[j] - same) / (2e-5 * (mag + 1e-30)));
+            }
+            for (int i = 0; i < n; i++) {
+                double exact = 0, same = 0, bound = 0, mag = 0;
+                for (int j = 0; j < ROWS; j++) {
+                    size_t e = (size_t)j * KV_DIM + col + i;
+                    exact += (double)w[j] * x[e], same += (double)w[j] * back[e];
+                    bound += fabs(w[j]) * half_step[e / 32] * (1 + 1e-5), mag += fabs(w[j] * back[e]);
+                }
+                worst_bound = fmax(worst_bound, fabs(mix[i] - exact) / (bound + 2e-5 * mag));
+                worst_sum = fmax(worst_sum, fabs(mix[i] - same) / (2e-5 * (mag + 1e-30)));
+            }
+        }
+    CHECK(worst_bound <= 1.0 && worst_sum <= 1.0,
+          "kv_scores/kv_mix q8_0: %.3g x the quantization bound, %.3g x 2e-5 against double on the same values",
+          worst_bound, worst_sum);
+    // a NaN in block 1 of row 0, an infinity in block 2 of row 1, row 2 all zeros
+    float bad[3 * KV_DIM], got[3 * KV_DIM];
+    fill_randn(bad, 3 * KV_DIM, 1.0f);
+    bad[40] = NAN, bad[KV_DIM + 70] = -INFINITY;
+    memset(bad + 2 * KV_DIM, 0, KV_DIM * sizeof(float));
+    kv_store(cache, KV_Q8_0, 0, bad, 3 * KV_DIM);
+    kv_load(got, cache, KV_Q8_0, 0, 3 * KV_DIM);
+    int wrong = 0;
+    for (int e = 0; e < 3 * KV_DIM; e++) {
+        int poisoned = e / 32 == 1 || e / 32 == (KV_DIM + 64) / 32;
+        if (poisoned ? !isnan(got[e]) : !(fabs(got[e] - bad[e]) <= 0.05)) wrong++; // randn: max|x| < 6.35
+    }
+    float ones[32];
+    for (int i = 0; i < 32; i++) ones[i] = 1.0f;
+    kv_scores(out, ones, cache, KV_Q8_0, 32, KV_DIM, 1, 32);
+    CHECK(wrong == 0 && isnan(out[0]), "kv_store q8_0 with NaN, infinity and zeros: %d values wrong; "
+          "a NaN block's score %g (expected NaN)", wrong, out[0]);
+    free(cache);
 }

@@ -315,23 +315,24 @@ def machine_memory():
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.mark.parametrize("mode", ["generate", "passkey"])
-def test_context_past_the_machines_memory_is_refused_before_allocating(tmp_path, mode):
+@pytest.mark.parametrize("mode,kv", [("generate", "f32"), ("passkey", "f32"), ("generate", "q8_0")])
+def test_context_past_the_machines_memory_is_refused_before_allocating(tmp_path, mode, kv):
     """A context whose KV cache exceeds the machine's physical memory is
     refused with one line naming what set it (--ctx, or passkey's --lengths)
     and the two sizes, before anything is allocated: the run is capped at 1
     GiB of address space, so an allocation first would fail with another
     message. (It used to be accepted: calloc only reserves pages, and the run
     failed or swapped later as the cache filled.) The model has enough layers
-    that 8,000,000 positions need 1.25x the machine's memory."""
-    ctx, per_layer_position = 8_000_000, 2 * 64 * 4  # keys and values of dim 64, float32
-    n_layers = -(-int(1.25 * machine_memory()) // (per_layer_position * ctx))
+    that 8,000,000 positions need 1.25x the machine's memory; with --kv q8_0
+    the sizes are the q8_0 cache's (36 bytes per 32 values)."""
+    ctx, per_layer_position = 8_000_000, 2 * 64 * (4 if kv == "f32" else 36 / 32)  # keys and values of dim 64
+    n_layers = -(-int(1.25 * machine_memory()) // int(per_layer_position * ctx))
     tok = tmp_path / "tokenizer.bin"
     export.write_tokenizer(tok, SYN_PIECES, SYN_SCORES)
     ckpt, _, _ = make_model(tmp_path, n_layers=n_layers, dim=64, n_heads=4, n_kv_heads=4)
     args = ["-i", "the cat", "--ctx", str(ctx)] if mode == "generate" else \
         ["-m", "passkey", "--lengths", str(ctx - 9)]  # its 5-digit key's answer takes 9 more
-    cmd = [str(RUN), str(ckpt), "-z", str(tok), *args]
+    cmd = [str(RUN), str(ckpt), "-z", str(tok), *args, "--kv", kv]
     p = subprocess.run(cmd, capture_output=True, timeout=HANG_GUARD_S, preexec_fn=limited_address_space(1 << 30))
     check_error(p, 2, ["--ctx 8000000" if mode == "generate" else "--lengths (a context of 8000000 positions)"])
     err = p.stderr.decode()

@@ -18,6 +18,8 @@ Accuracy bounds, and why:
   scale = max |v| / 127 over the value's group.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -156,7 +158,7 @@ def test_kv_f16_halves_the_cache(tmp_path, syn_tokenizer):
     sizes = []
     for kv in ("f32", "f16"):
         err = run_ok(ckpt, "-z", syn_tokenizer, "-n", "1", "--ctx", "4096", "--kv", kv).stderr.decode()
-        sizes.append(float(err.split("KV cache " + kv)[1].split("MiB")[0]))
+        sizes.append(float(re.search(r"KV cache " + kv + r", \d+ bytes per position, ([0-9.]+) MiB", err).group(1)))
     assert sizes[1] == pytest.approx(sizes[0] / 2, rel=0.01), sizes
 
 

@@ -21,7 +21,7 @@ from conftest import TEXT, make_model, run_ok
 # Every key of the "position" object, in the order run prints them.
 POSITION_KEYS = ["ctx", "layout", "base", "rot_dim", "scaling", "factor", "orig_ctx", "beta_fast", "beta_slow",
                  "attn_factor", "low_freq", "high_freq", "dynamic", "keys", "self_extend", "sinks",
-                 "sliding_window", "kv"]
+                 "sliding_window", "kv", "kv_bytes_per_position"]
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,13 @@ Tolerances, and why:
   fast block path scores a block's own keys before they are rounded to half
   and the reference reads them back from the cache (half rounding: 5e-4
   relative per value); the same 2e-2 order as test_forward.c's f16 check.
+- q8_0 cache (Q8_CACHE_TOL = 5e-2): both builds read every key and value
+  as the cache holds it (sinks' blocks round their own rows as the cache
+  does: kv_round), but the keys and values come from projections summed in
+  another order, and a value within float rounding of a quantization
+  boundary rounds to the next int8 in one build: one quantum (max|x| / 127
+  of its block) in a few of the 10^4 cached values. Measured: at most 9e-3
+  on logits of magnitude up to ~40 (f32 cache cases: 3e-5).
 - q8_0 weights: blocks multiply float32 activations by the q8_0 rows in both
   builds (1e-4 as above). Attention sinks and exact dynamic NTK go in blocks
   in the fast build and one token at a time in the reference (their token
@@ -38,6 +45,9 @@ from conftest import ROOT, TEXT, make_model, run_ok
 
 REFERENCE = ROOT / "run-reference"
 
+# A q8_0 cache: Q8_CACHE_TOL, see the module's comment.
+Q8_CACHE_TOL = 5e-2
+
 # The bundled model over a short text: every key strategy and the f16 cache.
 BUNDLED_CASES = [
     ("rotated-once", [], 1e-4),
@@ -48,6 +58,9 @@ BUNDLED_CASES = [
     ("self-extend", ["--ctx", "384", "--self-extend", "4", "64"], 1e-4),
     ("sinks", ["--ctx", "128", "--sinks", "4", "--streaming"], 1e-4),
     ("window", ["--window", "100"], 1e-4),
+    ("q8_0-cache", ["--kv", "q8_0"], Q8_CACHE_TOL),
+    ("q8_0-cache-yarn", ["--ctx", "512", "--rope-scaling", "yarn", "--rope-factor", "2", "--kv", "q8_0"],
+     Q8_CACHE_TOL),
 ]
 
 
@@ -109,6 +122,15 @@ GQA_CASES = [
     ("sinks", ["--ctx", "24", "--sinks", "2", "--streaming"], 1e-4),
     ("int8-activations", ["--ctx", "64", "--q8-activations", "int8"], None),
 ]
+# The same checkpoint with a q8_0 cache, every key strategy: rotated once
+# (and a sliding window), per length (a block past L: per-query frames over
+# the q8_0 keys), Self-Extend, sinks streamed.
+GQA_CASES += [(name + "-q8_0-cache", args + ["--kv", "q8_0"], Q8_CACHE_TOL)
+              for name, args in (("rotated-once", ["--ctx", "64"]), ("window", ["--ctx", "64", "--window", "20"]),
+                                 ("self-extend", ["--ctx", "64", "--self-extend", "2", "8"]),
+                                 ("per-length", ["--ctx", "64", "--rope-scaling", "dynamic", "--rope-factor", "2",
+                                                 "--rope-dynamic", "exact", "--rope-orig-ctx", "16"]),
+                                 ("sinks", ["--ctx", "24", "--sinks", "2", "--streaming"]))]
 
 
 @pytest.mark.parametrize("name,args,tol", GQA_CASES, ids=[c[0] for c in GQA_CASES])

@@ -137,6 +137,7 @@ int main(void) {
     test_attention_block_self_extend();
     test_attention_block_sinks_and_frames();
     test_half();
+    test_kv_q8();
     test_block_prefill();
     test_block_strategies();
     test_ppl_score_arguments();

@@ -8,6 +8,7 @@
  *                   (pre-RoPE cache), 2 Self-Extend G=2 W=4, 3 attention sinks S=2
  *           bits 4-5 window: 0 the checkpoint's, 1 --window 3, 2 --window 0
  *           bit 6   --rope-scaling yarn --rope-factor 2 on top of the checkpoint's
+ *           bit 7   KV cache q8_0 (over bit 0; refused unless kv_dim is a multiple of 32)
  *   byte 1: n_ctx = 1 + byte % 40 (small, so a run stays fast whatever the header says)
  * The checkpoint goes into an anonymous in-memory file (memfd), which the
  * loader maps like any regular file. When it loads, a prompt of up to n_ctx
@@ -56,7 +57,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     use_simd = !(opt & 2);
 #endif
     Transformer t;
-    int rc = build_transformer(&t, path, &o, n_ctx, opt & 1 ? KV_F16 : KV_F32, err, sizeof err);
+    int kv_type = opt & 128 ? KV_Q8_0 : opt & 1 ? KV_F16 : KV_F32;
+    int rc = build_transformer(&t, path, &o, n_ctx, kv_type, err, sizeof err);
     if (rc == 0) {
         int V = t.config.vocab_size, n = t.keys == KEYS_SINKS ? n_ctx + 3 : n_ctx, tokens[64];
         for (int i = 0; i < n && i < 64; i++) tokens[i] = (i * 7 + 1) % V;

@@ -9,8 +9,8 @@ fuzzers start from files the loaders accept and mutate from there):
     OUT_DIR/checkpoint/   option bytes + a checkpoint: format versions 0 (llama2.c),
                           1 and 2; float32 and q8_0; shared and unshared classifier;
                           interleaved and neox; GQA; every stored scaling; biases,
-                          a sliding window, LongRoPE (fuzz_checkpoint.c says what the
-                          option bytes choose)
+                          a sliding window, LongRoPE; a kv_dim of 32 with the q8_0
+                          KV cache (fuzz_checkpoint.c says what the option bytes choose)
     OUT_DIR/tokenizer/    vocab_size - 1, bos_id + 1, eos_id + 1 (u16 each) + a tokenizer file:
                           llama2.c's version 1, LTOK version 3 sentencepiece-type and
                           byte-level (with merges, special pieces, a chat template,
@@ -57,7 +57,11 @@ CHECKPOINTS = [
     ("v2-longrope-q8", dict(rope_scaling="longrope", rope_factor=4.0, rope_orig_ctx=4,
                             weight_type="q8_0", group_size=8, qkv_bias=True)),
 ]
-OPTIONS = [(0, 20), (1 | 2, 35), (4, 30), (8 | 16, 25), (12, 39), (32 | 64, 10)]
+OPTIONS = [(0, 20), (1 | 2, 35), (4, 30), (8 | 16, 25), (12, 39), (32 | 64, 10), (128 | 1, 20)]
+# A checkpoint whose kv_dim (2 kv heads x 16) holds q8_0 cache blocks, with the
+# q8_0 cache (option bit 7) and each key strategy, a window, YaRN, portable kernels
+KV32 = dict(SMALL, dim=64, hidden_dim=32)
+KV32_OPTIONS = [(128, 30), (128 | 2 | 4, 25), (128 | 8, 39), (128 | 12, 30), (128 | 16 | 64, 20)]
 
 
 def byte_level_tokenizer():
@@ -92,6 +96,10 @@ def main():
         data = tmp.read_bytes()
         for opt, ctx in OPTIONS:
             (out / "checkpoint" / f"{name}-{opt}").write_bytes(bytes([opt, ctx]) + data)
+    cfg = export.normalize_config(KV32)
+    export.write_checkpoint(tmp, cfg, export.random_tensors(cfg, seed=3))
+    for opt, ctx in KV32_OPTIONS:
+        (out / "checkpoint" / f"v1-kv32-{opt}").write_bytes(bytes([opt, ctx]) + tmp.read_bytes())
     from conftest import write_legacy  # llama2.c's format, the test-only writer
     cfg = export.normalize_config(SMALL)
     write_legacy(tmp, cfg, export.random_tensors(cfg, seed=2))
