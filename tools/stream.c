@@ -97,7 +97,7 @@ static float one_token(int use_kernel, const float *array, const int *shape, con
         int last = m == 7 * layers; // the classifier
         int d = last ? vocab : rows[m % 7], n = last ? dim : cols[m % 7];
         if (use_kernel) {
-            Matrix mat = {WEIGHT_F32, 0, w, NULL};
+            Matrix mat = {.type = WEIGHT_F32, .values = w}; // float32: no scales
             matmul(out, x, mat, 1, n, d, NULL);
             total += out[d - 1];
         } else {
