@@ -4,7 +4,8 @@
  * package's GGUFWriter).
  *
  * Input: two option bytes, then the GGUF file's bytes.
- *   byte 0: bit 0 KV cache f16 instead of f32; bit 1 portable kernels (when
+ *   byte 0: bit 0 KV cache f16 instead of f32, bit 4 q8_0 (over bit 0;
+ *           refused unless kv_dim is a multiple of 32); bit 1 portable kernels (when
  *           built in); bit 2 quantized tensors converted to float32
  *           (--gguf-convert f32), else bit 3 to q8_0 (--gguf-convert q8_0),
  *           else as the loader's default (Q4_0 and Q4_1 kept as stored)
@@ -121,7 +122,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     gguf_set_conversion(opt & 4 ? GGUF_TO_F32 : opt & 8 ? GGUF_TO_Q8_0 : GGUF_KEEP);
     PositionOverrides o = {0};
     Transformer t;
-    if (build_transformer(&t, path, &o, n_ctx, opt & 1 ? KV_F16 : KV_F32, err, sizeof err) == 0) {
+    if (build_transformer(&t, path, &o, n_ctx, opt & 16 ? KV_Q8_0 : opt & 1 ? KV_F16 : KV_F32, err, sizeof err) == 0) {
         int keys = 0; // -m info's mapped and ignored keys: every key visited once
         if (gguf_key_usage(&t, count_key, &keys, err, sizeof err) == 0 && (uint64_t)keys != n_kv_of(data + 2))
             abort();

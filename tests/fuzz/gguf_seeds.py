@@ -11,7 +11,9 @@ metadata of every value type, arrays of each, and nested arrays (for the
 parser). Each file is a seed twice: with option bytes 0 (the loader's
 default: Q4_0 and Q4_1 kept, the other quantized types made q8_0) and 7 (f16
 cache, portable kernels, float32 conversion); the Q4_0 and Q4_1 files a third
-time with 8 (everything made q8_0). The small-* seeds
+time with 8 (everything made q8_0); and every file with 16 (a q8_0 KV cache,
+which runs the 64-wide files, kv_dim 32, and refuses the small ones, kv_dim
+16). The small-* seeds
 repeat the block types in one layer of width 32 (a few KB each instead of
 40-270): a mutant of a small file costs a tenth of the time, so a long
 campaign reaches millions of executions in hours."""
@@ -120,7 +122,7 @@ def write_gguf_seeds(out):
                  ("small-q5_1", Q.Q5_1, small)]
     for name, qtype, kw in variants:
         data = write_one(gguf, tmp, qtype, **kw)
-        for opt, ctx in ((0, 20), (7, 9)) + (((8, 12),) if qtype in (Q.Q4_0, Q.Q4_1) else ()):
+        for opt, ctx in ((0, 20), (7, 9), (16, 14)) + (((8, 12),) if qtype in (Q.Q4_0, Q.Q4_1) else ()):
             (out / f"{name}-{opt}").write_bytes(bytes([opt, ctx]) + data)
     data = bytearray(write_one(gguf, tmp, Q.F32))
     data[4:8] = (2).to_bytes(4, "little")  # version 2: the same layout for a little-endian file
