@@ -53,7 +53,8 @@ typedef struct {
     const unsigned char *value; // the value's bytes; an array: its first element
     uint32_t elem_type;         // an array: its elements' type
     uint64_t count;             // an array: its elements
-    int looked_up;              // 1 once gguf_find_key found it (a reader asked for this key)
+    int looked_up;              // 1 once gguf_find_key found it (a reader asked for this key; the one
+                                // field a lookup writes, through the const GgufFile it is given)
 } GgufKV;
 
 typedef struct {
@@ -128,10 +129,13 @@ int gguf_load_checkpoint(Transformer *t, const char *path, int fd, size_t file_s
 enum { GGUF_TO_F32 = 0, GGUF_TO_Q8_0 = 1, GGUF_KEEP = 2 };
 void gguf_set_conversion(int conversion);
 /* -m info's account of a GGUF checkpoint's metadata: each key in file order,
- * with 1 when loading it reads the key (the model's configuration and RoPE
- * scaling, the tokenizer's tokenizer.ggml.* and chat template) and 0 when the
- * load passes it by (general.name, licences, ...). The file in t's mapping is
- * parsed again and both readers run on it as at load. 0, or -1 and err. */
+ * with 1 when the load looks the key up (to read it: the model's
+ * configuration and RoPE scaling, and with `tokenizer` the tokenizer's
+ * tokenizer.ggml.* and chat template; or to check that a feature it does not
+ * run is off, such as a sliding window of 0) and 0 when the load passes it
+ * by (general.name, licences, ...). The file in t's mapping is parsed again
+ * and the readers run on it as at load (the tokenizer's only when the
+ * tokenizer came from this file). 0, or -1 and err. */
 typedef void (*GgufKeyVisit)(const char *key, int read, void *ctx);
-int gguf_key_usage(const Transformer *t, GgufKeyVisit visit, void *ctx, char *err, size_t err_len);
+int gguf_key_usage(const Transformer *t, int tokenizer, GgufKeyVisit visit, void *ctx, char *err, size_t err_len);
 #endif

@@ -621,9 +621,10 @@ static int memory_type(uint32_t ggml_type) {
 static int check_part(const Reader *rd, const Slot *s, const GgufTensor *t, const char *name) {
     char tn[32];
     if (!t) return fail(rd->err, rd->err_len, "%s: missing tensor %s", rd->path, name);
-    int vector = s->rows == 1;
-    size_t rows = s->file_rows ? s->file_rows : s->rows; // a fused tensor: all its parts' rows
-    if ((vector ? t->n_dims != 1 : t->n_dims != 2) || t->dims[0] != s->cols || (!vector && t->dims[1] != rows)) {
+    int vector = s->vec != NULL;
+    size_t rows = s->file_rows ? s->file_rows : s->rows; // a fused tensor: all its parts' rows (then never 1)
+    int flat = t->n_dims == 1 && (vector || rows == 1);   // a vector, or a matrix of one row stored as one
+    if (!(flat || (!vector && t->n_dims == 2 && t->dims[1] == rows)) || t->dims[0] != s->cols) {
         char got[96] = "";
         for (uint32_t d = t->n_dims, len = 0; d > 0 && len < sizeof got; d--)
             len += (uint32_t)snprintf(got + len, sizeof got - len, "%s%" PRIu64, d < t->n_dims ? ", " : "",
@@ -911,7 +912,7 @@ int gguf_load_checkpoint(Transformer *t, const char *path, int fd, size_t file_s
     return 0;
 }
 
-int gguf_key_usage(const Transformer *t, GgufKeyVisit visit, void *ctx, char *err, size_t err_len) {
+int gguf_key_usage(const Transformer *t, int tokenizer, GgufKeyVisit visit, void *ctx, char *err, size_t err_len) {
     GgufFile g;
     Config c = {0}; // zeroed, as gguf_load_checkpoint's are: read_config fills what the file holds
     RopeConfig r = {0};
@@ -921,7 +922,7 @@ int gguf_key_usage(const Transformer *t, GgufKeyVisit visit, void *ctx, char *er
     Reader rd = {&g, "checkpoint", err, err_len, NULL};
     int rc = gguf_parse(&g, "checkpoint", t->mapping, t->file_size, err, err_len);
     if (rc == 0) rc = read_config(&rd, &c, &r);
-    if (rc == 0 && gguf_tokenizer_ltok(&g, &ltok, &ltok_size, note, err, err_len) == 0) free(ltok);
+    if (rc == 0 && tokenizer && gguf_tokenizer_ltok(&g, &ltok, &ltok_size, note, err, err_len) == 0) free(ltok);
     for (uint64_t k = 0; rc == 0 && k < g.n_kv; k++) visit(gguf_show(g.kv[k].key, key, sizeof key), g.kv[k].looked_up, ctx);
     gguf_free(&g);
     return rc;

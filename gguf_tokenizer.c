@@ -687,16 +687,20 @@ static void strip(const char *s, size_t *a, size_t *b) {
  * (?!\1)[^\\])*)\1 searched in the whole template): its source range
  * [*a, *b). Returns 1, or 0 when there is none. */
 static int date_string(const char *s, size_t n, size_t *a, size_t *b) {
+    // A value in " (0) or ' (1) that runs to the end unclosed: every later one in the same quote does too
+    // (it starts at an escaped quote of that value, and reads the same bytes from there on), so it is
+    // not scanned again; each `set` costs the bytes up to its value, and a template is read in linear time.
+    int open_to_end[2] = {0, 0};
     for (size_t p = find(s, n, 0, "set"); p != NOT_FOUND; p = find(s, n, p + 1, "set")) {
         size_t q = p + 3, w, sp = 0;
         while ((w = space_at(s, n, q)) > 0) q += w, sp++;
-        if (!sp || find(s, n, q, "date_string") != q) continue;
+        if (!sp || n - q < strlen("date_string") || memcmp(s + q, "date_string", strlen("date_string"))) continue;
         q += strlen("date_string");
         while ((w = space_at(s, n, q)) > 0) q += w;
         if (q >= n || s[q] != '=') continue;
         q++;
         while ((w = space_at(s, n, q)) > 0) q += w;
-        if (q >= n || (s[q] != '"' && s[q] != '\'')) continue;
+        if (q >= n || (s[q] != '"' && s[q] != '\'') || open_to_end[s[q] == '\'']) continue;
         size_t r = q + 1; // the value: escaped pairs and other bytes, up to the same quote
         while (r < n && s[r] != s[q] && !(s[r] == '\\' && r + 1 == n)) r += s[r] == '\\' ? 2 : 1;
         if (r < n && s[r] == s[q]) {
@@ -704,6 +708,7 @@ static int date_string(const char *s, size_t n, size_t *a, size_t *b) {
             *b = r;
             return 1;
         }
+        open_to_end[s[q] == '\''] = 1;
     }
     return 0;
 }

@@ -256,13 +256,16 @@ static void add_gguf_key(const char *key, int read, void *ctx) {
     k->keys[read] = grown, k->len[read] += n, k->n[read]++;
 }
 
-/* The two lists of t's GGUF keys, or 0 when t is not a GGUF (or, which the
- * load rules out, it cannot be read again). */
-static int gguf_keys(const Transformer *t, GgufKeys *k) {
+/* The two lists of the checkpoint's GGUF keys (its tokenizer's keys read
+ * only when the tokenizer is its own), or 0 when it is not a GGUF (or, which
+ * the load rules out, it cannot be read again). */
+static int gguf_keys(const ModeInput *in, GgufKeys *k) {
     char err[512];
+    const Transformer *t = in->t;
     memset(k, 0, sizeof *k);
     if (!t->mapping || memcmp(t->mapping, "GGUF", 4)) return 0;
-    return gguf_key_usage(t, add_gguf_key, k, err, sizeof err) == 0;
+    int own_tokenizer = in->tok->from_gguf && !strcmp(in->tok_path, in->checkpoint);
+    return gguf_key_usage(t, own_tokenizer, add_gguf_key, k, err, sizeof err) == 0;
 }
 
 /* One list as text ("3: a, b, c") or as a JSON array. */
@@ -303,7 +306,7 @@ static void print_info_text(const ModeInput *in) {
     else if (c->version == 0) field("format", "llama2.c (version 0: RoPE, eps and token ids fixed)");
     else field("format", "LRPE version %d", c->version);
     GgufKeys keys;
-    if (gguf_keys(t, &keys)) { // the metadata the load mapped, and what it passed by
+    if (gguf_keys(in, &keys)) { // the metadata the load mapped, and what it passed by
         for (int read = 1; read >= 0; read--) {
             printf("%-18s ", read ? "gguf_keys_mapped" : "gguf_keys_ignored");
             print_gguf_keys(&keys, read, 0);
@@ -388,7 +391,7 @@ static void print_info_json(const ModeInput *in) {
         printf("\"gguf_version\": %d, \"converted_bytes\": %zu, ", read_le_i32((const unsigned char *)t->mapping + 4),
                t->converted_size);
     GgufKeys keys;
-    if (gguf_keys(t, &keys)) {
+    if (gguf_keys(in, &keys)) {
         printf("\"gguf_keys_mapped\": ");
         print_gguf_keys(&keys, 1, 1);
         printf(", \"gguf_keys_ignored\": ");

@@ -158,7 +158,7 @@ static inline float exp_fast(float x) {
  * or q8_0 (--kv q8_0: 9/32 of the memory): blocks of KV_Q8_BLOCK consecutive
  * values of a row, each block one float32 scale = max|x| / 127 and the
  * values q = round(x / scale) as int8, as quantize_q8 makes them (so |x -
- * scale q| <= scale / 2; a block holding a NaN or an infinity reads back as
+ * scale q| <= scale / 2, up to float rounding; a block holding a NaN or an infinity reads back as
  * NaN). Blocks run along the whole row, across heads, so kv_dim must be a
  * multiple of KV_Q8_BLOCK (build_transformer refuses other shapes) and any
  * head_size works; the scale is float32, not half, so that it is exact and

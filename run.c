@@ -25,7 +25,7 @@
  * checkpoint format and the weights' shapes. The other modes live in files of
  * their own (modes.h lists them: chat.c, ppl.c, passkey.c, tokenize.c,
  * rope_mode.c); kernels.c computes matmul and attention over the KV cache fast
- * (SIMD, q8_0 weights, a half-precision cache, threads) and can be skipped on
+ * (SIMD, q8_0 and 4-bit weights, half-precision and q8_0 caches, threads) and can be skipped on
  * a first reading; tokenizer.c is the only code that knows BPE; export.py is
  * the only writer of checkpoints.
  */
@@ -665,7 +665,8 @@ static int build_run_state(Transformer *t, const char *ctx_name, char *err, size
     size_t kv_dim = head_size * c->n_kv_heads, n_ctx = t->n_ctx, n_pairs = t->rope.rot_dim / 2;
     size_t cache_values = (size_t)c->n_layers * n_ctx * kv_dim;
     size_t B = (size_t)block_limit(t); // tokens one forward_block call may carry
-    size_t rows = (size_t)t->table_rows, widest = hidden > dim ? hidden : dim, q8 = c->weight_type != WEIGHT_F32;
+    size_t rows = (size_t)t->table_rows, widest = hidden > dim ? hidden : dim;
+    size_t quantized = c->weight_type != WEIGHT_F32; // q8_0, q4_0 or q4_1: x quantized for int8 products
     size_t threads = 1, sinks = t->keys == KEYS_SINKS && B > 1, frames = t->keys == KEYS_PER_LENGTH && B > 1;
     size_t n_coarse = (n_ctx - 1) / ATT_KEYS + 1; // a frame's coarse rows (kernels.h's QueryFrames)
 #ifdef _OPENMP
@@ -694,14 +695,14 @@ static int build_run_state(Transformer *t, const char *ctx_name, char *err, size
         {(void **)&st->frame_freq, frames ? B * n_pairs : 0, sizeof(double)},
         // matmul's input transposed (blocks); with q8_0 weights, quantized
         FLOATS(st->mm.x_t, B > 1 ? widest * cols_round_up((int)B) : 0),
-        {(void **)&st->mm.x_q, q8 ? B * widest : 0, sizeof(int8_t)},
-        FLOATS(st->mm.x_scale, q8 ? B * widest / c->group_size : 0),
-        FLOATS(st->mm.w_rows, q8 && B > 1 ? (size_t)threads * ROW_CHUNK * widest : 0),
-        {(void **)&st->mm.x_qt, q8 && B > 1 ? widest * simd_round_up((int)B) : 0, sizeof(uint8_t)},
-        FLOATS(st->mm.x_scale_t, q8 && B > 1 ? widest / c->group_size * simd_round_up((int)B) : 0),
-        {(void **)&st->mm.w_sums, q8 && B > 1 ? (size_t)threads * ROW_CHUNK * widest / c->group_size : 0,
+        {(void **)&st->mm.x_q, quantized ? B * widest : 0, sizeof(int8_t)},
+        FLOATS(st->mm.x_scale, quantized ? B * widest / c->group_size : 0),
+        FLOATS(st->mm.w_rows, quantized && B > 1 ? (size_t)threads * ROW_CHUNK * widest : 0),
+        {(void **)&st->mm.x_qt, quantized && B > 1 ? widest * simd_round_up((int)B) : 0, sizeof(uint8_t)},
+        FLOATS(st->mm.x_scale_t, quantized && B > 1 ? widest / c->group_size * simd_round_up((int)B) : 0),
+        {(void **)&st->mm.w_sums, quantized && B > 1 ? (size_t)threads * ROW_CHUNK * widest / c->group_size : 0,
          sizeof(int32_t)},
-        FLOATS(st->mm.x_sum, q8 ? B * widest / 32 : 0), // q4_1's block sums (group_size 32)
+        FLOATS(st->mm.x_sum, quantized ? B * widest / 32 : 0), // q4_1's block sums (group_size 32)
 #undef FLOATS
     };
     double total = 0, cache = 2.0 * kv_bytes(t->kv_type, cache_values), memory = (double)physical_memory();
@@ -928,7 +929,7 @@ void rmsnorm(float *out, const float *x, const float *w, int B, int n, float eps
 /* out = x @ w^T,  out[b][i] = sum_k x[b][k] * w[i][k]
  * x (B, n), w (d, n) float32 -> out (B, d)
  * The definition of matmul. The forward pass calls kernels.c's matmul, which
- * computes this same product over float32 or q8_0 weights with SIMD tiles
+ * computes this same product over float32, q8_0, q4_0 or q4_1 weights with SIMD tiles
  * and threads; the tests check every one of its paths against this loop, and
  * `make reference` builds a ./run-reference whose forward pass calls this
  * loop instead (project, section 5). */
@@ -1068,7 +1069,7 @@ static void project(RunState *st, float *out, const float *x, Matrix w, const fl
     Matrix w_l = matrix_rows(w, (size_t)l * d, (size_t)n); // layer l's (d, n)
 #ifdef REFERENCE
     // make reference: the definition, over the layer's rows as float32
-    // (q8_0 rows dequantized: q * scale, model.h)
+    // (quantized rows dequantized by matrix_row: kernels.h gives each type's formula)
     float *w_f32 = w_l.type == WEIGHT_F32 ? NULL : malloc((size_t)d * n * sizeof(float));
     if (w_l.type != WEIGHT_F32 && !w_f32) die(EXIT_BAD_INPUT, "out of memory");
     for (int i = 0; w_f32 && i < d; i++) matrix_row(w_f32 + (size_t)i * n, w_l, i, n);

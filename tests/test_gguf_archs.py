@@ -344,6 +344,19 @@ BAD = ["qwen2-missing-bias", "qwen2-bias-wrong-length", "qwen2-sliding-window", 
        "phi3-longrope-without-original-context", "phi3-factors-with-yarn", "phi3-bias", "other-architecture"]
 
 
+def test_gguf_phi3_one_row_ffn_up_stored_flat_refused(tmp_path):
+    """With feed_forward_length 1, phi3's fused ffn_up holds 2 rows (gate,
+    up): a flat tensor of one row's values is refused, not read past (the
+    loader once took any one-row slot's tensor as a vector and read the up
+    row from the bytes after it)."""
+    config, tensors = hf_model(tmp_path / "src", "phi3", intermediate_size=1, **longrope(8))
+    path = gguf_of_hf(tmp_path / "flat.gguf", config, tensors, drop=("blk.1.ffn_up.weight",), extra=[
+        ("blk.1.ffn_up.weight", np.zeros(64, np.float32), None)])[0]
+    refused(path, "blk.1.ffn_up.weight", "shape [64]", "expected [2, 64]")
+    whole = gguf_of_hf(tmp_path / "whole.gguf", config, tensors)[0]  # the same model, stored right, runs
+    run_ok(whole, "-z", whole, "-n", "2", "-i", "a")
+
+
 @pytest.mark.parametrize("kind", BAD)
 def test_gguf_arch_refused(kind, tmp_path):
     path, words = _bad(kind, tmp_path)

@@ -294,6 +294,17 @@ def chat_note(template):
     return notes[0] if notes else None
 
 
+def test_hostile_date_block_reads_in_linear_time(tmp_path, gguf_tok_driver):
+    """The Llama 3.1 date search reads a template once: 300,000 `set `
+    before the date block (it once scanned the rest of the template for
+    `date_string` after each `set`: hours for these 1.2 MB) and the driver
+    answers well inside c_convert's 60 s."""
+    template = LLAMA31_TEMPLATE.replace("DATE_BLOCK", "{# " + "set " * 300000 + "#}" + LLAMA31_DATE_BLOCK)
+    path = write_vocab(tmp_path / "t.gguf", edit(BPE, tokenizer__chat_template=("str", template)))
+    code, out, err = c_convert(gguf_tok_driver, path)
+    assert code == 0 and out, err
+
+
 @pytest.mark.parametrize("name", list(ACCEPTED))
 def test_same_bytes_as_export(name, tmp_path, gguf_tok_driver):
     """gguf_tokenizer.c's file is export.py's, byte for byte; its note on

@@ -124,7 +124,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Transformer t;
     if (build_transformer(&t, path, &o, n_ctx, opt & 16 ? KV_Q8_0 : opt & 1 ? KV_F16 : KV_F32, err, sizeof err) == 0) {
         int keys = 0; // -m info's mapped and ignored keys: every key visited once
-        if (gguf_key_usage(&t, count_key, &keys, err, sizeof err) == 0 && (uint64_t)keys != n_kv_of(data + 2))
+        if (gguf_key_usage(&t, 1, count_key, &keys, err, sizeof err) == 0 && (uint64_t)keys != n_kv_of(data + 2))
             abort();
         int V = t.config.vocab_size, tokens[64];
         for (int i = 0; i < n_ctx; i++) tokens[i] = (i * 7 + 1) % V;
