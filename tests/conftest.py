@@ -404,19 +404,26 @@ def trained_byte_vocab():
     return vocab, [(export.bytes_to_gpt2(a), export.bytes_to_gpt2(b)) for a, b in merges]
 
 
+def c_driver(tmp_path_factory, env, name, args, quiet=False):
+    """Path of a test driver binary: $env when set (make test-py builds them
+    with ./run's flags), else built here as `cc ARGS -o NAME -lm` in the
+    checkout (quiet: and with no compiler warning). Skips without a C compiler."""
+    if os.environ.get(env):
+        return os.environ[env]
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip(f"no C compiler found (set CC or {env})")
+    exe = tmp_path_factory.mktemp(name) / name
+    cmd = [cc, *args, "-o", str(exe), "-lm"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0 and not (quiet and res.stderr), f"building {name} failed: {' '.join(cmd)}\n{res.stderr}"
+    return str(exe)
+
+
 @pytest.fixture(scope="session")
 def driver(tmp_path_factory):
     """Path of a tok_driver binary: $TOK_DRIVER, or built from tests/tok_driver.c."""
-    if os.environ.get("TOK_DRIVER"):
-        return os.environ["TOK_DRIVER"]
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler found (set CC or TOK_DRIVER)")
-    exe = tmp_path_factory.mktemp("tok") / "tok_driver"
-    cmd = [cc, "-O2", "-I.", "tests/tok_driver.c", "-o", str(exe), "-lm"]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 0, f"building tok_driver failed: {' '.join(cmd)}\n{res.stderr}"
-    return str(exe)
+    return c_driver(tmp_path_factory, "TOK_DRIVER", "tok_driver", ["-O2", "-I.", "tests/tok_driver.c"])
 
 
 def mix_strings(pools, extras, count, seed, extra_rate, pool_rate):

@@ -30,9 +30,7 @@ present, gives the logits of export.py's q8_0 conversion of it under
 --gguf-convert q8_0, and as shipped (Q4_1 kept) the answer to a question.
 """
 import json
-import os
 import pathlib
-import shutil
 import subprocess
 
 import gguf
@@ -42,7 +40,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 import export
-from conftest import ROOT, run, run_ok  # noqa: F401
+from conftest import ROOT, c_driver, run, run_ok  # noqa: F401
 from test_convert import export_ok, text_file  # noqa: F401
 from test_gguf import CFG, GGUF_NAMES, encode, llama_metadata, make_gguf, write_gguf
 from test_gguf_load import _exported, _info, _logits, assert_same_model, refused
@@ -81,17 +79,9 @@ NON_FINITE = {"inf": 0x7C00, "-inf": 0xFC00, "nan": 0x7E00}
 def quant_driver(tmp_path_factory):
     """Path of a quant_driver binary: $QUANT_DRIVER (make test-py builds
     tests/quant_driver with ./run's flags), or built here the same way."""
-    if os.environ.get("QUANT_DRIVER"):
-        return os.environ["QUANT_DRIVER"]
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler found (set CC or QUANT_DRIVER)")
-    exe = tmp_path_factory.mktemp("quant") / "quant_driver"
-    cmd = [cc, "-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-std=c11", "-Wall", "-Wextra", "-I.",
-           "tests/quant_driver.c", "gguf_quants.c", "kernels.c", "-o", str(exe), "-lm"]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 0 and not res.stderr, f"building quant_driver: {' '.join(cmd)}\n{res.stderr}"
-    return str(exe)
+    return c_driver(tmp_path_factory, "QUANT_DRIVER", "quant_driver",
+                    ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-std=c11", "-Wall", "-Wextra", "-I.",
+                     "tests/quant_driver.c", "gguf_quants.c", "kernels.c"], quiet=True)
 
 
 def c_dequantize(driver, qtype, blocks, matrix=False):

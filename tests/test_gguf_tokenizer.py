@@ -34,9 +34,7 @@ that every value type, empty arrays and text that is not UTF-8 can be
 written; the small models with tests/test_gguf.py's make_gguf.
 """
 import json
-import os
 import pathlib
-import shutil
 import struct
 import subprocess
 import sys
@@ -47,7 +45,7 @@ gguf = pytest.importorskip("gguf", reason="the gguf package is not installed")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 import export  # noqa: E402
-from conftest import ROOT, SYN_VOCAB, check_error, make_model, run, run_ok  # noqa: E402
+from conftest import ROOT, SYN_VOCAB, c_driver, check_error, make_model, run, run_ok  # noqa: E402
 from test_gguf import gpt2_vocab, llama_metadata, make_gguf, syn_gguf_vocab  # noqa: E402
 from test_tokenizer_export import CHAT_CASES, LLAMA31_DATE_BLOCK, LLAMA31_TEMPLATE, TEXTS  # noqa: E402
 
@@ -258,17 +256,8 @@ REFUSED = {
 def gguf_tok_driver(tmp_path_factory):
     """Path of a gguf_tok_driver binary: $GGUF_TOK_DRIVER, or built from
     tests/gguf_tok_driver.c with gguf.c, gguf_tokenizer.c and tokenizer.c."""
-    if os.environ.get("GGUF_TOK_DRIVER"):
-        return os.environ["GGUF_TOK_DRIVER"]
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler found (set CC or GGUF_TOK_DRIVER)")
-    exe = tmp_path_factory.mktemp("driver") / "gguf_tok_driver"
-    cmd = [cc, "-O1", "-std=c11", "-I.", "tests/gguf_tok_driver.c", "gguf.c", "gguf_tokenizer.c", "tokenizer.c",
-           "-o", str(exe), "-lm"]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 0, f"building gguf_tok_driver failed: {' '.join(cmd)}\n{res.stderr}"
-    return exe
+    return c_driver(tmp_path_factory, "GGUF_TOK_DRIVER", "gguf_tok_driver",
+                    ["-O1", "-std=c11", "-I.", "tests/gguf_tok_driver.c", "gguf.c", "gguf_tokenizer.c", "tokenizer.c"])
 
 
 def c_convert(driver, path):
