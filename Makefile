@@ -349,8 +349,10 @@ extrapolation: build venv
 	$(if $(EXTRAPOLATION_ALONE)$(EXTRAPOLATION_QUICK),,$(PYTHON) tools/attention_study.py $(EXTRAPOLATION_J) --results docs/extrapolation/attention-cells)
 
 # The benchmark (tools/bench.py): random checkpoints shaped like stories15M,
-# 42M and 110M and SmolLM2 (when models/smollm2 is there), f32 and q8_0, 1 and
-# 2 threads, beside llama.cpp and llama2.c in one interleaved run when
+# 42M, 110M and TinyLlama-1.1B (1B) and SmolLM2 (when models/smollm2 is
+# there), f32 and q8_0, and the 4-bit GGUFs q4_0, q4_1 and q4_k_m that run
+# and llama.cpp read alike (made by llama-quantize; SmolLM2's q4_1 as
+# shipped), 1 and 2 threads, beside llama.cpp and llama2.c in one interleaved run when
 # tools/build_peers.sh has built them in PEERS (default $TMPDIR/peers);
 # generation next to this machine's read limit and prompts in GFLOP/s next to
 # its FMA peak (both from tools/peak.c); then long-window perplexity (15M,

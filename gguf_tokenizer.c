@@ -24,7 +24,7 @@
  *   tokenizer.ggml.pre         gpt2: gpt-2 -> gpt2, llama-bpe and llama3 -> llama3, qwen2, smollm; absent,
  *                              "default" (llama.cpp's fallback rules) or another name: refused
  *   tokenizer.ggml.add_space_prefix  llama: false is refused; gpt2: true is refused
- *   tokenizer.ggml.{bos,eos,eot,padding}_token_id  the ids (negative: none). No EOT: the last special
+ *   tokenizer.ggml.{bos,eos,eot,padding}_token_id  the ids (negative or 0xFFFFFFFF: none). No EOT: the last special
  *                              piece reading <|eot_id|>, else <|im_end|>, <|end|>, <end_of_turn>
  *   tokenizer.ggml.add_bos_token  default: true for llama when there is a BOS, false for gpt2
  *   tokenizer.ggml.eom_token_id   one more stop id
@@ -884,13 +884,16 @@ static int recognize_chat_template(Vocab *v, char *note) {
  * 4. Ids, stop ids and the file's bytes
  * ========================================================================== */
 
-/* An id key: absent or negative -> -1 (none); else inside the vocabulary. */
+/* An id key: absent, negative or 0xFFFFFFFF -> -1 (none: llama.cpp stores
+ * its "no token", -1, as a u32, e.g. llama-convert-llama2c-to-ggml's
+ * padding_token_id); else inside the vocabulary. */
+#define NO_TOKEN_U32 0xFFFFFFFFll
 static int token_id(Vocab *v, const char *key, int *out) {
     int64_t x;
     int got = gguf_get_int(v->g, key, &x, v->err, v->err_len);
     *out = -1;
     if (got < 0) return -1;
-    if (got == 0 || x < 0) return 0;
+    if (got == 0 || x < 0 || x == NO_TOKEN_U32) return 0;
     if (x >= v->n)
         return fail(v->err, v->err_len, "%s: %s=%" PRId64 " is outside the vocabulary (%d tokens)", v->g->path, key, x,
                     v->n);

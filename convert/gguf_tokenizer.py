@@ -50,9 +50,9 @@ def gguf_tokenizer(meta):
         tok = _gguf_sentencepiece(meta, texts, types, notes)
     n, pieces, kinds = len(texts), tok["pieces"], tok["kinds"]
 
-    def token_id(key):
+    def token_id(key):  # absent, negative or 0xFFFFFFFF (llama.cpp's -1 stored as a u32): none
         v = meta.get(key, "int", None)
-        if v is None or v < 0:
+        if v is None or v < 0 or v == 0xFFFFFFFF:
             return -1
         if v >= n:
             raise ExportError(f"{path}: {key}={v} is outside the vocabulary ({n} tokens)")

@@ -157,6 +157,8 @@ ACCEPTED = {
     "sp-add-bos-false": edit(SP, tokenizer__ggml__add_bos_token=("bool", False)),
     "sp-no-bos": edit(SP, tokenizer__ggml__bos_token_id=None),
     "sp-eos-negative": edit(SP, tokenizer__ggml__eos_token_id=("i32", -1)),
+    # llama.cpp's "no token" as its converters store it: -1 as a u32
+    "sp-pad-none-u32": edit(SP, tokenizer__ggml__padding_token_id=("u32", 0xFFFFFFFF)),
     "sp-ids-of-other-types": edit(SP, tokenizer__ggml__bos_token_id=("u64", 1), tokenizer__ggml__eos_token_id=("i8", 2),
                                   tokenizer__ggml__padding_token_id=("u16", 0), tokenizer__ggml__eot_token_id=("i64", 2),
                                   tokenizer__ggml__eom_token_id=("u8", 0)),

