@@ -144,8 +144,11 @@ OUTSIDE = "expected a path inside the repository or under ../shared/models or ..
 # The planted citations, joined here so that this file itself cites nothing
 # (the checker reads the tests too): a path into the team's notes beside the
 # checkout, and a document the repository does not have.
-TEAM_NOTE = "/".join(["..", "shared", "docs", "rope-spec.md"])
-ABSENT_DOC = "STYLE" + ".md"
+MD = "." + "md"
+TEAM_NOTE = "/".join([".."] + ["sha" + "red", "do" + "cs", "rope-spec" + MD])
+ABSENT_DOC = "STYLE" + MD
+ELSEWHERE = "/".join([".."] * 2 + ["else" + "where", "DESIGN" + MD])  # a document outside any checkout
+TEAM_LINK = "/".join([".."] + ["sha" + "red", "do" + "cs", "DESIGN" + MD])
 TEAM_NOTE_BARE = TEAM_NOTE[len("../"):]
 MACHINE = "expected a path every clone has"
 LONG = "expected at most 100 lines"
@@ -199,12 +202,12 @@ PLANTS = {
         [f"util.c:{end('util.c')}: outside-doc at util.c:./docs/guides.md: "
          "expected a document of the repository, found ./docs/guides.md"]),
     "a tests/ comment cites a document outside and a home folder": (
-        {"tests__test_helper_dot_py": "# reads ../../elsewhere/DESIGN.md from /home/someone when it is there\n"
+        {"tests__test_helper_dot_py": f"# reads {ELSEWHERE} from /home/someone when it is there\n"
                                       + py_function("test_long", 150)},
         ["tests/test_helper.py:1: machine-path at tests/test_helper.py:/home/someone: "
          f"{MACHINE}, found /home/someone",
-         "tests/test_helper.py:1: outside-doc at tests/test_helper.py:../../elsewhere/DESIGN.md: "
-         f"{OUTSIDE}, found ../../elsewhere/DESIGN.md"]),
+         f"tests/test_helper.py:1: outside-doc at tests/test_helper.py:{ELSEWHERE}: "
+         f"{OUTSIDE}, found {ELSEWHERE}"]),
     "a tests/ docstring names a document the repository lacks": (
         {"tests__test_helper_dot_py": f'"""Cases from {ABSENT_DOC}."""\n' + py_function("test_long", 150)},
         ["tests/test_helper.py:1: outside-doc at tests/test_helper.py:" + ABSENT_DOC + ": "
@@ -214,9 +217,9 @@ PLANTS = {
         ["tests/check.c:1: machine-path at tests/check.c:/tmp/pytest-of-bob/pytest-1/x: "
          f"{MACHINE}, found /tmp/pytest-of-bob/pytest-1/x"]),
     "a link out of the repository": (
-        {"README_dot_md": CLEAN["README.md"] + "[design](../shared/docs/DESIGN.md)\n"},
-        [f"README.md:{end('README.md')}: outside-doc at README.md:../shared/docs/DESIGN.md: "
-         "expected a file of the repository, found ../shared/docs/DESIGN.md"]),
+        {"README_dot_md": CLEAN["README.md"] + f"[design]({TEAM_LINK})\n"},
+        [f"README.md:{end('README.md')}: outside-doc at README.md:{TEAM_LINK}: "
+         f"expected a file of the repository, found {TEAM_LINK}"]),
     "a home folder in a doc": (
         {"docs__guide_dot_md": GUIDE + "The numbers are in /home/alice/runs/bench.md.\n"},
         [f"docs/guide.md:{end('docs/guide.md')}: machine-path at docs/guide.md:/home/alice/runs/bench.md: "
